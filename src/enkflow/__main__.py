@@ -1,0 +1,5 @@
+import sys
+
+from enkflow.cli import main
+
+sys.exit(main())

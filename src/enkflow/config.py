@@ -1,0 +1,135 @@
+"""The one configuration schema, loaded from TOML and validated.
+
+Every section is a pydantic model that forbids unknown keys; a validation
+failure becomes a :class:`~enkflow.errors.ConfigError` naming the dotted path
+of the key at fault (``analysis.localization.radius``) and the file.
+
+Sections are added here as subsystems grow; ``docs/configuration.md``
+documents every key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from enkflow.errors import ConfigError
+
+
+class Strict(BaseModel):
+    """Base of every section: unknown keys are errors, values are not coerced loosely."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, use_enum_values=False)
+
+
+class Method(str, Enum):
+    """Analysis methods: global (one analysis) and local (one per domain)."""
+
+    ETKF = "etkf"
+    ESTKF = "estkf"
+    DENKF = "denkf"
+    ENKF = "enkf"
+    LETKF = "letkf"
+    LESTKF = "lestkf"
+
+    @property
+    def is_local(self) -> bool:
+        return self in (Method.LETKF, Method.LESTKF)
+
+
+class Taper(str, Enum):
+    GASPARI_COHN = "gaspari-cohn"
+    GAUSSIAN = "gaussian"
+    STEP = "step"
+
+
+class RadiusConvention(str, Enum):
+    """How ``radius`` is read.
+
+    ``half-width``: the Gaspari-Cohn half-width c (weight reaches 0 at 2c).
+    ``cutoff``: PDAF's cut-off radius (weight reaches 0 at the cut-off; c = cutoff/2).
+    """
+
+    HALF_WIDTH = "half-width"
+    CUTOFF = "cutoff"
+
+
+class Metric(str, Enum):
+    SPHERE = "sphere"  # great-circle distance in km, coordinates lon/lat in degrees
+    CARTESIAN = "cartesian"  # Euclidean distance in grid units, 1-3 coordinates
+    PERIODIC = "periodic"  # 1-D index distance on a ring of `period` points
+
+
+class LocalizationConfig(Strict):
+    taper: Taper = Taper.GASPARI_COHN
+    radius: float = Field(gt=0, description="see `convention`; km on the sphere, grid units otherwise")
+    convention: RadiusConvention = RadiusConvention.HALF_WIDTH
+    metric: Metric = Metric.CARTESIAN
+    period: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _period_for_ring(self) -> "LocalizationConfig":
+        if self.metric is Metric.PERIODIC and self.period is None:
+            raise ValueError("metric 'periodic' needs 'period' (the ring length in grid units)")
+        return self
+
+
+class InflationConfig(Strict):
+    """Inflation; all default to no inflation. See :class:`enkflow.analysis.Inflation`."""
+
+    prior: float = Field(default=1.0, ge=1.0, description="multiplicative prior factor (1/forgetting factor)")
+    posterior: float = Field(default=1.0, ge=1.0, description="multiplicative factor on analysis anomalies")
+    rtpp: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior perturbations, alpha")
+    rtps: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior spread, alpha")
+
+
+class AnalysisConfig(Strict):
+    method: Method = Method.LETKF
+    inflation: InflationConfig = InflationConfig()
+    localization: LocalizationConfig | None = None
+    seed: int = 0
+    kernel: str = Field(default="batched", pattern="^(batched|reference)$")
+
+    @model_validator(mode="after")
+    def _local_needs_radius(self) -> "AnalysisConfig":
+        if self.method.is_local and self.localization is None:
+            raise ValueError(f"method '{self.method.value}' needs an [analysis.localization] table with 'radius'")
+        return self
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+
+
+def validate(model: type[M], data: dict[str, Any], *, file: str | None = None, prefix: str = "") -> M:
+    """Validate ``data`` against ``model``; the first error becomes a ConfigError with its key path."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = _dotted(tuple(p for p in (prefix,) if p) + tuple(err["loc"]))
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            msg = "unknown key"
+        else:
+            msg = err["msg"]
+        raise ConfigError(msg, key=key or None, file=file) from None
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; a syntax error becomes a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("configuration file not found", file=str(p)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML: {exc}", file=str(p)) from None

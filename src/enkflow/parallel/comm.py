@@ -1,0 +1,109 @@
+"""Communicator: mpi4py's when launched by mpiexec, a serial stand-in otherwise.
+
+Only this module imports mpi4py. The numerics receive a :class:`Comm` and call
+its few collective methods, so serial, threaded and MPI runs share one code path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Comm(Protocol):
+    """The collective operations enkflow needs."""
+
+    rank: int
+    size: int
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray: ...
+    def allgather_rows(self, a: np.ndarray) -> np.ndarray: ...
+    def bcast(self, a: Any, root: int = 0) -> Any: ...
+    def allgather_obj(self, obj: Any) -> list[Any]: ...
+    def barrier(self) -> None: ...
+
+
+class SerialComm:
+    """One process: every collective is the identity."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
+        return np.array(a, copy=True)
+
+    def allgather_rows(self, a: np.ndarray) -> np.ndarray:
+        return np.array(a, copy=True)
+
+    def bcast(self, a: Any, root: int = 0) -> Any:
+        return a
+
+    def allgather_obj(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        return None
+
+
+class MPIComm:
+    """Wraps an ``mpi4py.MPI.Comm``; buffers go through the uppercase (no-pickle) API."""
+
+    def __init__(self, comm: Any):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+
+    def allreduce_sum(self, a: np.ndarray) -> np.ndarray:
+        a = np.ascontiguousarray(a)
+        out = np.empty_like(a)
+        self.comm.Allreduce(a, out, op=self._MPI.SUM)
+        return out
+
+    def allgather_rows(self, a: np.ndarray) -> np.ndarray:
+        """Concatenate every rank's ``a`` along axis 0 (rank order); same trailing shape."""
+        a = np.ascontiguousarray(a)
+        rows = np.array(self.comm.allgather(a.shape[0]), dtype=np.int64)
+        row_elems = int(np.prod(a.shape[1:], dtype=np.int64))
+        out = np.empty((int(rows.sum()),) + a.shape[1:], dtype=a.dtype)
+        counts = rows * row_elems
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        mpitype = self._MPI._typedict[a.dtype.char]
+        self.comm.Allgatherv(a, [out, counts, displs, mpitype])
+        return out
+
+    def bcast(self, a: Any, root: int = 0) -> Any:
+        if isinstance(a, np.ndarray):
+            self.comm.Bcast(a, root=root)
+            return a
+        return self.comm.bcast(a, root=root)
+
+    def allgather_obj(self, obj: Any) -> list[Any]:
+        # Only for small metadata (counts, names); bulk data always uses buffers.
+        return self.comm.allgather(obj)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
+
+
+def launched_by_mpiexec() -> bool:
+    """True when an MPI launcher started this process (avoids importing MPI otherwise)."""
+    return any(k in os.environ for k in _MPI_ENV)
+
+
+def get_comm(force_serial: bool = False) -> Comm:
+    """The world communicator under mpiexec, else a :class:`SerialComm`."""
+    if force_serial or not launched_by_mpiexec():
+        return SerialComm()
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return SerialComm()
+    return MPIComm(MPI.COMM_WORLD)

@@ -1,0 +1,34 @@
+"""Shared fixtures: a temporary directory per test, the venv's executables."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def mpiexec() -> str:
+    """Path of the mpiexec that came with the `mpich` wheel (skips if absent)."""
+    exe = BIN / "mpiexec"
+    if not exe.exists():
+        found = shutil.which("mpiexec")
+        if not found:
+            pytest.skip("no mpiexec: install the 'mpich' wheel (pip install -e .[dev])")
+        return found
+    return str(exe)
+
+
+@pytest.fixture
+def subprocess_env() -> dict[str, str]:
+    """Environment for child processes: the venv first on PATH, one BLAS thread."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return env
