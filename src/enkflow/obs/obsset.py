@@ -1,0 +1,68 @@
+"""An observation set: values, error variances, coordinates and kinds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from enkflow.errors import InputError
+
+
+@dataclass(frozen=True, eq=False)
+class ObsSet:
+    """Observations of one analysis time.
+
+    Attributes
+    ----------
+    values : (n_obs,) float64
+        Observed values y.
+    error_var : (n_obs,) float64
+        Observation error variances, the diagonal of R; all > 0.
+    coords : (n_obs, n_dim) float64
+        Locations in the localization metric's coordinates: (lon, lat) in
+        degrees on the sphere, grid units in Cartesian or periodic index space.
+    kinds : (n_obs,) int32
+        Observation kind codes (0 when there is only one kind).
+    """
+
+    values: np.ndarray
+    error_var: np.ndarray
+    coords: np.ndarray
+    kinds: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        v = np.ascontiguousarray(self.values, dtype=np.float64).reshape(-1)
+        n = v.size
+        r = np.ascontiguousarray(self.error_var, dtype=np.float64).reshape(-1)
+        c = np.asarray(self.coords, dtype=np.float64)
+        if c.ndim == 1:
+            c = c.reshape(-1, 1)
+        c = np.ascontiguousarray(c)
+        k = np.zeros(n, np.int32) if self.kinds is None else np.ascontiguousarray(self.kinds, dtype=np.int32)
+        if r.shape != (n,):
+            raise InputError(f"obs.error_var has shape {r.shape}, expected ({n},) like obs.values", item="obs.error_var")
+        if c.shape[0] != n:
+            raise InputError(f"obs.coords has {c.shape[0]} rows, expected {n} (one per observation)", item="obs.coords")
+        if k.shape != (n,):
+            raise InputError(f"obs.kinds has shape {k.shape}, expected ({n},)", item="obs.kinds")
+        for name, a in (("obs.values", v), ("obs.error_var", r), ("obs.coords", c)):
+            bad = ~np.isfinite(a)
+            if bad.any():
+                first = np.argwhere(bad)[0]
+                raise InputError(f"{name} holds NaN or Inf at index {tuple(int(i) for i in first)}", item=name, index=tuple(int(i) for i in first))
+        if n and (r <= 0).any():
+            i = int(np.argmax(r <= 0))
+            raise InputError(f"obs.error_var must be > 0; observation {i} has {r[i]!r}", item="obs.error_var", index=i)
+        object.__setattr__(self, "values", v)
+        object.__setattr__(self, "error_var", r)
+        object.__setattr__(self, "coords", c)
+        object.__setattr__(self, "kinds", k)
+
+    @property
+    def n_obs(self) -> int:
+        return int(self.values.size)
+
+    def subset(self, idx: np.ndarray) -> "ObsSet":
+        """The observations at positions ``idx``."""
+        return ObsSet(self.values[idx], self.error_var[idx], self.coords[idx], self.kinds[idx])
