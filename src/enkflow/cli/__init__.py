@@ -14,6 +14,7 @@ from enkflow.errors import EnkflowError
 COMMANDS = [
     "l96",
     "bench",
+    "synth",
 ]
 
 
