@@ -39,10 +39,10 @@ OBS_FILE = "obs.nc"
 REFERENCE = "Zheng, Y., et al. (2020), Geosci. Model Dev., 13, 3607-3625, doi:10.5194/gmd-13-3607-2020"
 MIN_MEMBERS = 2
 
-# The title must not name the member: attributes of different lengths could move
-# the data of one member file relative to another.
+# One title for members and truth, naming no member: attributes of different
+# lengths could move the data of one file relative to another. The truth is the
+# file with global attribute member = 0.
 _RESTART_TITLE = "enkflow synthetic global land restart"
-_TRUTH_TITLE = "enkflow synthetic global land truth"
 _OBS_TITLE = "enkflow synthetic global land observations"
 
 
@@ -121,7 +121,6 @@ def write_restart(
     shift: float,
     seed: int,
     format: NcFormat = NcFormat.NC4,
-    title: str = _RESTART_TITLE,
 ) -> None:
     """Write one restart file (not atomically; see :func:`atomic_output`).
 
@@ -177,7 +176,7 @@ def write_restart(
             "long_name": "patch weight relative to the grid cell (auxiliary, not assimilated)", "units": "1",
             "coordinates": "land_lat land_lon"}, hdf5)
         ds.setncatts({
-            "title": title,
+            "title": _RESTART_TITLE,
             "source": "enkflow synth",
             "Conventions": "CF-1.8",
             "references": REFERENCE,
@@ -296,7 +295,7 @@ def generate(
     patch = sl.patch_fraction(n_land, seed)
     true_land = sl.truth(grid, points.i, points.j)
     with atomic_output(truth_path) as tmp:
-        write_restart(tmp, points, true_land, patch, member=0, shift=0.0, seed=seed, format=fmt, title=_TRUTH_TITLE)
+        write_restart(tmp, points, true_land, patch, member=0, shift=0.0, seed=seed, format=fmt)
 
     sampled = sl.sample_observations(true_land, fraction=obs_fraction, std=obs_std, seed=seed)
     idx = sampled.state_index
