@@ -195,8 +195,8 @@ def write_obs_file(
     obs = data.obs
     if obs.coords.shape[1] != 2:
         raise InputError(f"obs.coords has {obs.coords.shape[1]} columns, expected 2 (lon, lat in degrees)", item="obs.coords")
-    hdf5 = format.startswith("NETCDF4")
-    extra: dict[str, Any] = {"contiguous": True} if hdf5 else {}
+    # HDF5 cannot lay out a zero-length variable contiguously.
+    extra: dict[str, Any] = {"contiguous": True} if format.startswith("NETCDF4") and obs.n_obs else {}
     with netCDF4.Dataset(path, "w", format=format) as ds:
         ds.set_fill_off()
         ds.createDimension(OBS_DIM, obs.n_obs)
