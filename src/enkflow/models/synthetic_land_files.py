@@ -220,8 +220,8 @@ class SynthResult:
 
 
 def _estimated_restart_bytes(grid: sl.LonLatGrid, n_land: int) -> int:
-    # 5 float64 and 2 int32 land variables plus the coordinates; headers are a few kB.
-    return n_land * (5 * 8 + 2 * 4) + 8 * (grid.n_x + grid.n_y) + 16384
+    # 4 float64 and 2 int32 land variables plus the coordinates; headers are a few kB.
+    return n_land * (4 * 8 + 2 * 4) + 8 * (grid.n_x + grid.n_y) + 16384
 
 
 def generate(
