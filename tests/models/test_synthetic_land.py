@@ -205,6 +205,7 @@ def test_reproducible_and_member_count_independent(tiny_run: slf.SynthResult, tm
         with netCDF4.Dataset(a) as da, netCDF4.Dataset(b) as db:
             for v in da.variables:
                 np.testing.assert_array_equal(da[v][:], db[v][:])
+        assert a.read_bytes() == b.read_bytes()
 
 
 def test_cdf5_format(tmp_path: Path) -> None:
