@@ -7,6 +7,7 @@ its few collective methods, so serial, threaded and MPI runs share one code path
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,6 +24,27 @@ class Comm(Protocol):
     def bcast(self, a: Any, root: int = 0) -> Any: ...
     def allgather_obj(self, obj: Any) -> list[Any]: ...
     def barrier(self) -> None: ...
+    def split(self, color: int, key: int = 0) -> "Comm": ...
+    def iscatterv(self, sendbuf: np.ndarray | None, counts: Sequence[int], recvbuf: np.ndarray, root: int = 0) -> Request: ...
+    def igatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts: Sequence[int], root: int = 0) -> Request: ...
+
+
+class Request(Protocol):
+    """A pending non-blocking operation; ``wait()`` completes it."""
+
+    def wait(self) -> None: ...
+
+
+class DoneRequest:
+    """An operation that completed when it was posted (serial stand-in)."""
+
+    def wait(self) -> None:
+        return None
+
+
+def _displs(counts: Sequence[int]) -> np.ndarray:
+    c = np.asarray(counts, dtype=np.int64)
+    return np.concatenate(([0], np.cumsum(c)[:-1])) if c.size else c
 
 
 class SerialComm:
@@ -45,6 +67,32 @@ class SerialComm:
 
     def barrier(self) -> None:
         return None
+
+    def split(self, color: int, key: int = 0) -> "SerialComm":
+        return self
+
+    def iscatterv(self, sendbuf: np.ndarray | None, counts: Sequence[int], recvbuf: np.ndarray, root: int = 0) -> DoneRequest:
+        """Copy ``sendbuf[:counts[0]]`` into ``recvbuf`` (1-D buffers of one dtype)."""
+        n = int(counts[0])
+        if n:
+            np.copyto(recvbuf[:n], sendbuf[:n])  # type: ignore[index]
+        return DoneRequest()
+
+    def igatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts: Sequence[int], root: int = 0) -> DoneRequest:
+        n = int(counts[0])
+        if n:
+            np.copyto(recvbuf[:n], sendbuf[:n])  # type: ignore[index]
+        return DoneRequest()
+
+
+class _MPIRequest:
+    __slots__ = ("req",)
+
+    def __init__(self, req: Any):
+        self.req = req
+
+    def wait(self) -> None:
+        self.req.Wait()
 
 
 class MPIComm:
@@ -88,6 +136,29 @@ class MPIComm:
 
     def barrier(self) -> None:
         self.comm.Barrier()
+
+    def split(self, color: int, key: int = 0) -> "MPIComm":
+        """Sub-communicator of the ranks with the same ``color``, ordered by ``key``."""
+        return MPIComm(self.comm.Split(color, key))
+
+    def _vspec(self, buf: np.ndarray, counts: Sequence[int]) -> list[Any]:
+        c = np.asarray(counts, dtype=np.int64)
+        return [buf, c, _displs(c), self._MPI._typedict[buf.dtype.char]]
+
+    def iscatterv(self, sendbuf: np.ndarray | None, counts: Sequence[int], recvbuf: np.ndarray, root: int = 0) -> _MPIRequest:
+        """Non-blocking scatter of 1-D ``sendbuf`` (on ``root``) in rank-order pieces of ``counts``
+        elements into each rank's 1-D contiguous ``recvbuf`` (``counts[rank]`` elements used).
+        Returns an MPI request; call ``wait()`` before touching either buffer."""
+        send = self._vspec(sendbuf, counts) if self.rank == root else None
+        n = int(counts[self.rank])
+        return _MPIRequest(self.comm.Iscatterv(send, [recvbuf, n, self._MPI._typedict[recvbuf.dtype.char]], root=root))
+
+    def igatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts: Sequence[int], root: int = 0) -> _MPIRequest:
+        """Mirror of :meth:`iscatterv`: gathers each rank's ``counts[rank]`` elements into 1-D
+        ``recvbuf`` on ``root`` in rank order."""
+        n = int(counts[self.rank])
+        recv = self._vspec(recvbuf, counts) if self.rank == root else None
+        return _MPIRequest(self.comm.Igatherv([sendbuf, n, self._MPI._typedict[sendbuf.dtype.char]], recv, root=root))
 
 
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")
