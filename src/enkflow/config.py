@@ -92,7 +92,7 @@ class AnalysisConfig(Strict):
     inflation: InflationConfig = InflationConfig()
     localization: LocalizationConfig | None = None
     seed: int = 0
-    kernel: str = Field(default="batched", pattern="^(batched|reference)$")
+    kernel: str = Field(default="compiled", pattern="^(compiled|reference)$")
 
     @model_validator(mode="after")
     def _local_needs_radius(self) -> "AnalysisConfig":

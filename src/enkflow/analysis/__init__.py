@@ -1,0 +1,29 @@
+"""Analysis: pure numerics, no file or socket I/O.
+
+Global filters (ETKF, ESTKF, DEnKF, EnKF) and local filters (LETKF, LESTKF)
+share one interface: ``analyze(X, HX, obs, ...) -> Xa`` with ``X`` (n_rows, N).
+"""
+
+from enkflow.analysis.domains import LocalDomains
+from enkflow.analysis.geometry import Geometry
+from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
+from enkflow.analysis.inflation import Inflation, inflate_posterior
+from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel, LocalStats
+from enkflow.analysis.localization import Localization
+
+__all__ = [
+    "DEnKF",
+    "ESTKF",
+    "ETKF",
+    "EnKF",
+    "Filter",
+    "Geometry",
+    "Inflation",
+    "Kernel",
+    "LESTKF",
+    "LETKF",
+    "LocalDomains",
+    "LocalStats",
+    "Localization",
+    "inflate_posterior",
+]
