@@ -1,0 +1,26 @@
+"""``enkflow report EXPDIR``: time-to-solution figures of an experiment.
+
+Per-cycle total, queuing, running, I/O and overhead seconds, and their
+mean +- std over cycles with each as a percentage of the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from enkflow.report import load_report, render_report, report_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="time-to-solution table of an experiment directory", description=__doc__)
+    p.add_argument("expdir", help="experiment directory (holding events.jsonl)")
+    p.add_argument("--members", action="store_true", help="also list every member's wait, run and I/O time")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    rep = load_report(args.expdir)
+    print(json.dumps(report_json(rep), indent=1) if args.json else render_report(rep, members=args.members))
+    return 0

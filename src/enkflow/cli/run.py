@@ -1,0 +1,28 @@
+"""``enkflow run EXPERIMENT.toml``: offline cycling with the dynamic running job scheme.
+
+Rerunning the same command after a crash or kill resumes from the recorded
+state: finished cycles and members are not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from enkflow.experiment import Experiment, load_experiment
+from enkflow.report import load_report, render_report
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run (or resume) an offline cycling experiment", description=__doc__)
+    p.add_argument("config", help="experiment TOML file")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    cfg = load_experiment(args.config)
+    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    Experiment(cfg, progress=progress).run()
+    print(render_report(load_report(cfg.expdir)))
+    return 0

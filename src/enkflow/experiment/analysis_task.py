@@ -1,0 +1,47 @@
+"""Entry point of the built-in analysis task: ``python -m enkflow.experiment.analysis_task EXPDIR CYCLE``.
+
+The worker that takes the analysis ID runs this module (prefixed with
+``analysis_task.launcher``, e.g. ``mpiexec -n 4``, for a parallel analysis).
+It loads the experiment's saved configuration, calls
+:func:`enkflow.experiment.analysis_step.run_analysis` and writes the timings
+it returns (seconds) as JSON to ``$ENKFLOW_TIMING_FILE``, from rank 0 only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from enkflow.errors import EnkflowError
+from enkflow.experiment.config import experiment_from_json
+from enkflow.jobs.files import read_json, write_json_atomic
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m enkflow.experiment.analysis_task EXPDIR CYCLE", file=sys.stderr)
+        return 2
+    expdir, cycle = Path(args[0]), int(args[1])
+    try:
+        data = read_json(expdir / "config.json")
+        if data is None:
+            raise EnkflowError(f"{expdir}: no config.json; is it an enkflow experiment directory?")
+        cfg = experiment_from_json(data, file=str(expdir / "config.json"))
+        from enkflow.experiment.analysis_step import run_analysis
+        from enkflow.parallel import get_comm
+
+        timings = run_analysis(cfg, cycle, expdir)
+        out = os.environ.get("ENKFLOW_TIMING_FILE")
+        if out and get_comm().rank == 0:
+            write_json_atomic(out, {k: float(v) for k, v in dict(timings or {}).items()
+                                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    except EnkflowError as exc:
+        print(f"enkflow analysis (cycle {cycle}): error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Checks run before a cycle starts, so that bad input fails early and clearly."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+from enkflow.errors import ConfigError, FileFormatError, StructureMismatchError
+from enkflow.experiment.config import ExperimentConfig
+
+
+def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
+    """Every cycle's observation file exists."""
+    for k in cycles:
+        p = cfg.obs_path(k)
+        if not p.is_file():
+            raise ConfigError(f"observation file of cycle {k} not found: {p}", key="observations.file", file=None)
+
+
+def _check_program(template: str, key: str, env_path: str | None = None) -> None:
+    argv = shlex.split(template)
+    if not argv:
+        raise ConfigError("empty command", key=key)
+    prog = argv[0]
+    if "{" in prog:
+        return  # the program itself is a placeholder; checked when it runs
+    path = env_path if env_path is not None else os.environ.get("PATH", "")
+    if os.sep in prog:
+        if not (os.path.isfile(prog) and os.access(prog, os.X_OK)):
+            raise ConfigError(f"program '{prog}' does not exist or is not executable (command: {template})", key=key)
+    elif shutil.which(prog, path=path) is None:
+        raise ConfigError(f"program '{prog}' not found on PATH (command: {template})", key=key)
+
+
+def check_commands(cfg: ExperimentConfig) -> None:
+    """The model, operator and analysis programs can be found."""
+    path = cfg.model.env.get("PATH", os.environ.get("PATH", ""))
+    _check_program(cfg.model.command, "model.command", path)
+    if cfg.observations.operator:
+        _check_program(cfg.observations.operator, "observations.operator", path)
+    task = cfg.analysis_task
+    if task.launcher.strip():
+        _check_program(task.launcher, "analysis_task.launcher")
+    if task.command is not None:
+        _check_program(task.command, "analysis_task.command")
+    elif importlib.util.find_spec("enkflow.experiment.analysis_step") is None:
+        raise ConfigError("the built-in analysis (enkflow.experiment.analysis_step) is not available in this "
+                          "installation; set analysis_task.command to an analysis program", key="analysis_task.command")
+
+
+def _structure(path: Path) -> tuple[dict[str, int], dict[str, tuple[tuple[str, ...], str]]]:
+    import netCDF4
+
+    try:
+        with netCDF4.Dataset(path, "r") as ds:
+            dims = {n: len(d) for n, d in ds.dimensions.items()}
+            var = {n: (tuple(v.dimensions), str(v.dtype)) for n, v in ds.variables.items()}
+    except OSError as exc:
+        raise FileFormatError(f"cannot open as NetCDF: {exc}", path=str(path)) from None
+    return dims, var
+
+
+def check_restarts(cfg: ExperimentConfig) -> None:
+    """Every member's restart exists and has member 1's dimensions and variables."""
+    ref_path = cfg.restart_path(1)
+    paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
+    for m, p in enumerate(paths, start=1):
+        if not p.is_file():
+            raise FileFormatError(f"restart file of member {m} not found (experiment.restart)", path=str(p))
+    ref_dims, ref_vars = _structure(ref_path)
+    for p in paths[1:]:
+        dims, var = _structure(p)
+        for name, size in ref_dims.items():
+            if dims.get(name) != size:
+                raise StructureMismatchError(f"dimension '{name}' has size {dims.get(name)}, but {size} in {ref_path}",
+                                             path=str(p))
+        for name in sorted(set(ref_vars) | set(var)):
+            if name not in var:
+                raise StructureMismatchError(f"variable missing (present in {ref_path})", path=str(p), variable=name)
+            if name not in ref_vars:
+                raise StructureMismatchError(f"variable not in {ref_path}", path=str(p), variable=name)
+            if var[name] != ref_vars[name]:
+                raise StructureMismatchError(f"dimensions/type {var[name]} differ from {ref_vars[name]} in {ref_path}",
+                                             path=str(p), variable=name)

@@ -1,0 +1,261 @@
+"""The experiment TOML (``enkflow run EXPERIMENT.toml``): schema and loading.
+
+Relative paths are relative to the TOML file's directory. Command templates
+are split like a shell would split them (:func:`shlex.split`) and run
+without a shell; write ``sh -c '...'`` for pipes or redirections. See
+``docs/configuration.md`` for every key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import string
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from enkflow.config import AnalysisConfig, Strict, load_toml, validate
+from enkflow.errors import ConfigError
+from enkflow.jobs.strategies import Resources, Strategy
+
+
+def _fields(template: str) -> set[str]:
+    """The placeholder names of a ``str.format`` template."""
+    names = set()
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None:
+            names.add(name.split(".")[0].split("[")[0])
+    return names
+
+
+def _check_template(template: str, allowed: set[str], what: str) -> None:
+    try:
+        names = _fields(template)
+    except ValueError as exc:
+        raise ValueError(f"invalid {what} template: {exc}") from None
+    unknown = sorted(names - allowed)
+    if unknown:
+        raise ValueError(f"unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)}; "
+                         f"valid: {', '.join('{' + a + '}' for a in sorted(allowed))}")
+    if template.strip() and what.endswith("command"):
+        try:
+            shlex.split(template)
+        except ValueError as exc:
+            raise ValueError(f"cannot split the command like a shell: {exc}") from None
+
+
+MODEL_FIELDS = {"member", "cycle", "restart", "length", "output", "expdir", "workdir"}
+OPERATOR_FIELDS = {"member", "cycle", "restart", "obs", "output", "expdir"}
+ANALYSIS_FIELDS = {"cycle", "expdir", "members", "obs", "config"}
+
+
+class ExperimentSection(Strict):
+    """``[experiment]``: the cycling itself."""
+
+    directory: str = Field(default="experiment", description="experiment directory: state, logs, events, outputs")
+    cycles: int = Field(ge=1, description="number of cycles K")
+    first_cycle: int = Field(default=1, ge=0, description="index of the first cycle")
+    members: int = Field(ge=2, description="ensemble size N_e")
+    restart: str = Field(description="restart file of a member, template with {member}")
+    forecast_length: float = Field(gt=0, description="forecast length per cycle, in the model's time unit, passed as {length}")
+
+    @field_validator("restart")
+    @classmethod
+    def _restart_template(cls, v: str) -> str:
+        _check_template(v, {"member"}, "restart")
+        if "member" not in _fields(v):
+            raise ValueError("the restart template needs {member} (one file per member)")
+        return v
+
+
+class ModelSection(Strict):
+    """``[model]``: the forecast command of one member."""
+
+    command: str = Field(description="template; placeholders {member} {cycle} {restart} {length} {output} {expdir} {workdir}")
+    max_attempts: int = Field(default=3, ge=1, description="non-zero exits of one member before the experiment stops")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment of model runs")
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the model command is empty")
+        _check_template(v, MODEL_FIELDS, "model command")
+        return v
+
+
+class ObservationsSection(Strict):
+    """``[observations]``: observation files and the optional operator stage."""
+
+    file: str = Field(description="observation file of a cycle, template with {cycle}")
+    operator: str | None = Field(default=None, description="H(x) command run after each member's forecast")
+    operator_output: str | None = Field(default=None, description="where the operator writes, template; passed as {output}")
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        _check_template(v, {"cycle"}, "observation file")
+        return v
+
+    @field_validator("operator")
+    @classmethod
+    def _operator(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_template(v, OPERATOR_FIELDS, "operator command")
+        return v
+
+    @field_validator("operator_output")
+    @classmethod
+    def _operator_output(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_template(v, {"member", "cycle"}, "operator_output")
+        return v
+
+    @model_validator(mode="after")
+    def _output_needed(self) -> "ObservationsSection":
+        if self.operator is not None and self.operator_output is None and "output" in _fields(self.operator):
+            raise ValueError("the operator uses {output}: set 'operator_output' (a template with {member} and {cycle})")
+        return self
+
+
+class AnalysisTaskSection(Strict):
+    """``[analysis_task]``: how the analysis task (ID N_e + 1) runs.
+
+    Without ``command`` the built-in analysis
+    (``enkflow.experiment.analysis_step.run_analysis``) runs with the
+    ``[analysis]`` settings; ``command`` runs a user's analysis program instead.
+    """
+
+    command: str | None = Field(default=None, description="external analysis program; {cycle} {expdir} {members} {obs} {config}")
+    launcher: str = Field(default="", description="prefix for a parallel analysis, e.g. 'mpiexec -n 4' or 'srun'")
+    max_attempts: int = Field(default=3, ge=1)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_template(v, ANALYSIS_FIELDS, "analysis command")
+        return v
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, v: str) -> str:
+        _check_template(v, set(), "analysis launcher command")
+        return v
+
+
+class JobsSection(Strict):
+    """``[jobs]``: the job scheme. Times in seconds."""
+
+    strategy: Strategy = Strategy.DYNAMIC
+    workers: int | None = Field(default=None, ge=1, description="N_j pilot jobs (dynamic); default min(N_e, CPUs)")
+    cpus_per_job: int = Field(default=1, ge=1)
+    analysis_cpus: int = Field(default=1, ge=1, description="CPUs of the analysis job (per-member strategy)")
+    time_limit: float = Field(default=3600.0, gt=0, description="wall-clock limit of each job, s")
+    heartbeat: float = Field(default=2.0, gt=0, description="worker heartbeat period, s")
+    lease: float = Field(default=30.0, gt=0, description="a claim whose worker on another host has not beaten for this long is requeued, s")
+    poll: float = Field(default=0.2, gt=0, description="polling period of driver and waiting workers, s")
+    max_resubmits: int = Field(default=20, ge=0, description="jobs submitted per cycle beyond the first set, at most")
+
+    @model_validator(mode="after")
+    def _lease(self) -> "JobsSection":
+        if self.lease <= 2 * self.heartbeat:
+            raise ValueError("lease must exceed twice the heartbeat period")
+        return self
+
+
+class LauncherSection(Strict):
+    """``[launcher]``: where jobs run."""
+
+    kind: str = Field(default="local", pattern="^(local|slurm)$", description="'local' or 'slurm'")
+    cpus: int = Field(default=0, ge=0, description="local: CPUs to share among jobs (0: this machine's count)")
+    partition: str | None = None
+    account: str | None = None
+    nodes: int = Field(default=1, ge=1, description="slurm: nodes per job")
+    extra: list[str] = Field(default_factory=list, description="slurm: more sbatch options")
+    signal_margin: int = Field(default=30, ge=1, description="slurm: SIGTERM this many seconds before the time limit")
+    python: str | None = Field(default=None, description="python running workers (default: this one)")
+
+
+class ExperimentConfig(Strict):
+    """The whole experiment file. ``base_dir`` (not a TOML key) is the directory
+    relative paths are resolved against."""
+
+    experiment: ExperimentSection
+    model: ModelSection
+    observations: ObservationsSection
+    analysis: AnalysisConfig | None = None
+    analysis_task: AnalysisTaskSection = AnalysisTaskSection()
+    jobs: JobsSection = JobsSection()
+    launcher: LauncherSection = LauncherSection()
+    base_dir: str = "."
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ExperimentConfig":
+        if self.analysis_task.command is None and self.analysis is None:
+            raise ValueError("an [analysis] table is needed for the built-in analysis (or set analysis_task.command)")
+        return self
+
+    # -- derived values ---------------------------------------------------------
+
+    def path(self, p: str) -> Path:
+        """``p`` resolved against the TOML file's directory."""
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else (Path(self.base_dir) / q).resolve()
+
+    @property
+    def expdir(self) -> Path:
+        return self.path(self.experiment.directory)
+
+    @property
+    def cycle_numbers(self) -> list[int]:
+        first = self.experiment.first_cycle
+        return list(range(first, first + self.experiment.cycles))
+
+    def restart_path(self, member: int) -> Path:
+        """Restart file of ``member`` (IDs 1..N_e)."""
+        return self.path(self.experiment.restart.format(member=member))
+
+    def obs_path(self, cycle: int) -> Path:
+        """Observation file of ``cycle``."""
+        return self.path(self.observations.file.format(cycle=cycle))
+
+    def operator_output(self, member: int, cycle: int) -> Path | None:
+        t = self.observations.operator_output
+        return None if t is None else self.path(t.format(member=member, cycle=cycle))
+
+    def cycle_dir(self, cycle: int) -> Path:
+        return self.expdir / "cycles" / f"{cycle:04d}"
+
+    def resources(self, cpu_count: int) -> Resources:
+        workers = self.jobs.workers or max(1, min(self.experiment.members, cpu_count))
+        return Resources(workers=workers, cpus_per_job=self.jobs.cpus_per_job, analysis_cpus=self.jobs.analysis_cpus,
+                         time_limit_s=self.jobs.time_limit, nodes=self.launcher.nodes)
+
+    def digest(self) -> str:
+        """Hash of the settings that change results (resuming with different ones is refused)."""
+        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir"})
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def load_experiment(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment TOML; errors name the dotted key and the file."""
+    p = Path(path).resolve()
+    data = load_toml(p)
+    data.setdefault("base_dir", str(p.parent))
+    cfg = validate(ExperimentConfig, data, file=str(p))
+    if cfg.jobs.workers is not None and cfg.jobs.workers > cfg.experiment.members:
+        raise ConfigError(f"N_j = {cfg.jobs.workers} workers exceed N_e = {cfg.experiment.members} members",
+                          key="jobs.workers", file=str(p))
+    return cfg
+
+
+def experiment_from_json(data: dict[str, Any], *, file: str | None = None) -> ExperimentConfig:
+    """The configuration saved in an experiment directory (``config.json``)."""
+    return validate(ExperimentConfig, data, file=file)

@@ -1,0 +1,254 @@
+"""The offline cycle driver (``enkflow run``).
+
+For each cycle: write the task table and the to-do list, submit the jobs of
+the chosen strategy, watch the list (requeueing tasks of dead workers,
+resubmitting jobs for tasks no live job covers), and once the analysis is
+confirmed done cancel the jobs still queued and record the cycle as finished.
+Everything is recorded in ``events.jsonl`` and in files under
+``EXPDIR/cycles/NNNN``, so a rerun resumes where a crash stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from enkflow.errors import EnkflowError, MemberError
+from enkflow.experiment import checks
+from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.state import ExperimentState
+from enkflow.jobs.events import EventLog
+from enkflow.jobs.files import fingerprint, write_json_atomic
+from enkflow.jobs.launcher import JobState, Launcher
+from enkflow.jobs.local import LocalLauncher
+from enkflow.jobs.slurm import SlurmLauncher
+from enkflow.jobs.strategies import PlannedJob, plan
+from enkflow.jobs.tasks import Step, Task, TaskTable
+from enkflow.jobs.todo import TodoList, remaining
+from enkflow.jobs.worker import requeue_stale
+
+
+def make_launcher(cfg: ExperimentConfig) -> Launcher:
+    """The launcher ``[launcher]`` asks for."""
+    if cfg.launcher.kind == "slurm":
+        return SlurmLauncher(cfg.expdir / "slurm", partition=cfg.launcher.partition, account=cfg.launcher.account,
+                             extra=cfg.launcher.extra, signal_margin_s=cfg.launcher.signal_margin)
+    return LocalLauncher(cpus=cfg.launcher.cpus)
+
+
+def _argv(template: str, values: dict[str, object]) -> list[str]:
+    # Split first, then fill in: a path with spaces stays one argument.
+    return [tok.format(**values) for tok in shlex.split(template)]
+
+
+def _fmt_length(x: float) -> str:
+    return f"{x:g}"
+
+
+def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
+    """The task table of ``cycle``: one forecast (+ operator) per member, then the analysis.
+
+    The restart fingerprints are taken now, before any forecast of the cycle.
+    """
+    n = cfg.experiment.members
+    cdir = cfg.cycle_dir(cycle)
+    obs = cfg.obs_path(cycle)
+    tasks: dict[int, Task] = {}
+    for m in range(1, n + 1):
+        restart = cfg.restart_path(m)
+        workdir = cdir / "work" / f"member_{m:03d}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        tmp = restart.with_name(f".{restart.name}.enkflow-{cycle}.tmp")
+        values = {"member": m, "cycle": cycle, "restart": restart, "length": _fmt_length(cfg.experiment.forecast_length),
+                  "output": tmp, "expdir": cfg.expdir, "workdir": workdir}
+        uses_output = "{output}" in cfg.model.command
+        steps = [Step("model", _argv(cfg.model.command, values), skip_if_changed=True,
+                      commit={"from": str(tmp), "to": str(restart)} if uses_output else None)]
+        if cfg.observations.operator:
+            final = cfg.operator_output(m, cycle)
+            op_tmp = None if final is None else final.with_name(f".{final.name}.tmp")
+            if final is not None:
+                final.parent.mkdir(parents=True, exist_ok=True)
+            ov = {"member": m, "cycle": cycle, "restart": restart, "obs": obs, "output": op_tmp or "", "expdir": cfg.expdir}
+            steps.append(Step("operator", _argv(cfg.observations.operator, ov),
+                              commit={"from": str(op_tmp), "to": str(final)} if final is not None and "{output}" in cfg.observations.operator else None))
+        tasks[m] = Task(m, m, steps, str(restart), fingerprint(restart))
+    at = cfg.analysis_task
+    prefix = shlex.split(at.launcher) if at.launcher.strip() else []
+    if at.command is not None:
+        av = {"cycle": cycle, "expdir": cfg.expdir, "members": n, "obs": obs, "config": cfg.expdir / "config.json"}
+        argv = prefix + _argv(at.command, av)
+    else:
+        argv = prefix + [cfg.launcher.python or sys.executable, "-m", "enkflow.experiment.analysis_task", str(cfg.expdir), str(cycle)]
+    tasks[n + 1] = Task(n + 1, None, [Step("analysis", argv)], max_attempts=at.max_attempts)
+    return TaskTable(cycle=cycle, n_members=n, tasks=tasks, events=str(events),
+                     max_attempts=cfg.model.max_attempts, heartbeat_s=cfg.jobs.heartbeat, lease_s=cfg.jobs.lease,
+                     poll_s=cfg.jobs.poll, env=dict(cfg.model.env))
+
+
+@dataclass
+class _Job:
+    id: str
+    role: str
+    covers: frozenset[int] | None
+    t_submit: float
+    state: JobState = JobState.PENDING
+
+
+@dataclass
+class Experiment:
+    """Runs the cycles of ``cfg``. ``progress`` receives one-line status messages."""
+
+    cfg: ExperimentConfig
+    launcher: Launcher | None = None
+    progress: Callable[[str], None] | None = None
+    jobs: list[_Job] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.expdir = self.cfg.expdir
+        self.expdir.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(self.expdir / "events.jsonl")
+        if self.launcher is None:
+            self.launcher = make_launcher(self.cfg)
+
+    def _say(self, msg: str) -> None:
+        if self.progress is not None:
+            self.progress(msg)
+
+    def check(self, cycles: list[int]) -> None:
+        """Pre-flight checks: commands, observation files, restart structure."""
+        checks.check_commands(self.cfg)
+        checks.check_observations(self.cfg, cycles)
+        checks.check_restarts(self.cfg)
+
+    def run(self) -> list[int]:
+        """Run (or resume) every cycle; returns the cycles run by this call."""
+        cfg = self.cfg
+        state, resumed = ExperimentState.open(self.expdir, cfg.digest())
+        write_json_atomic(self.expdir / "config.json", cfg.to_json())
+        todo_cycles = [k for k in cfg.cycle_numbers if k not in state.cycles_done]
+        self.check(todo_cycles)
+        self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
+                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind)
+        try:
+            for k in todo_cycles:
+                checks.check_restarts(cfg)
+                self.run_cycle(k)
+                state.mark_done(k)
+        finally:
+            self.launcher.close()
+        self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
+        return todo_cycles
+
+    # -- one cycle -----------------------------------------------------------------
+
+    def run_cycle(self, cycle: int) -> None:
+        """Run one cycle to the end of its analysis (resuming it if it was started)."""
+        cfg = self.cfg
+        n = cfg.experiment.members
+        cdir = cfg.cycle_dir(cycle)
+        cdir.mkdir(parents=True, exist_ok=True)
+        (cdir / "logs").mkdir(exist_ok=True)
+        if (cdir / "tasks.json").exists():
+            table = TaskTable.read(cdir)
+            self.events.emit("cycle_resume", cycle=cycle)
+        else:
+            self.events.emit("cycle_start", cycle=cycle)
+            table = build_tasks(cfg, cycle, self.events.path)
+            table.write(cdir)
+        todo = TodoList.create(cdir, n)
+        self.jobs = []
+        res = cfg.resources(os.cpu_count() or 1)
+        submitted = 0
+        serial = 0
+        last_msg = ""
+        t0 = time.time()
+        try:
+            while True:
+                requeue_stale(todo, table, self.events, by="driver")
+                snap = todo.snapshot()
+                if snap["failed"]:
+                    self._fail(cycle, snap)
+                if n + 1 in snap["done"]:
+                    break
+                self._refresh()
+                uncovered = self._uncovered(snap)
+                if uncovered:
+                    if submitted > 0 and serial > cfg.jobs.max_resubmits:
+                        raise EnkflowError(f"cycle {cycle}: more than {cfg.jobs.max_resubmits} resubmissions "
+                                           f"(jobs.max_resubmits); see {cdir / 'logs'}")
+                    planned = plan(cfg.jobs.strategy, cycle=cycle, cycle_dir=cdir, n_members=n, todo=uncovered, res=res,
+                                   serial=serial, python=cfg.launcher.python)
+                    self._submit(cycle, planned)
+                    submitted += len(planned)
+                    serial += 1
+                done_m = len([t for t in snap["done"] if t <= n])
+                msg = f"cycle {cycle}: {done_m}/{n} members done" + (", analysis running" if str(n + 1) in snap["claims"] else "")
+                if msg != last_msg:
+                    self._say(f"{msg} ({time.time() - t0:.1f} s)")
+                    last_msg = msg
+                time.sleep(cfg.jobs.poll)
+        finally:
+            self._cancel_active(cycle)
+        self.events.emit("cycle_end", cycle=cycle)
+        self._say(f"cycle {cycle}: analysis done ({time.time() - t0:.1f} s)")
+
+    def _refresh(self) -> None:
+        active = [j for j in self.jobs if j.state is not JobState.FINISHED]
+        if active:
+            st = self.launcher.states([j.id for j in active])
+            for j in active:
+                j.state = st.get(j.id, JobState.FINISHED)
+
+    def _uncovered(self, snap: dict) -> list[int]:
+        """Pending tasks that no pending or running job may run."""
+        active = [j for j in self.jobs if j.state is not JobState.FINISHED]
+        if any(j.covers is None for j in active):
+            return []
+        covered: set[int] = set()
+        for j in active:
+            covered |= j.covers or set()
+        claimed = {int(k) for k in snap["claims"]}
+        return [t for t in remaining(snap) if t not in covered and t not in claimed]
+
+    def _submit(self, cycle: int, planned: list[PlannedJob]) -> None:
+        member_ids: list[str] = []
+        for pj in planned:
+            spec = pj.spec
+            if pj.role == "analysis":
+                spec = dataclasses.replace(spec, after=tuple(member_ids))
+            t = time.time()
+            jid = self.launcher.submit(spec)
+            if pj.role == "member":
+                member_ids.append(jid)
+            self.jobs.append(_Job(jid, pj.role, pj.covers, t))
+            self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role, strategy=self.cfg.jobs.strategy.value,
+                             cpus=spec.cpus, t_submit=t)
+
+    def _cancel_active(self, cycle: int) -> None:
+        self._refresh()
+        active = [j for j in self.jobs if j.state is not JobState.FINISHED]
+        if active:
+            self.launcher.cancel([j.id for j in active])
+            for j in active:
+                self.events.emit("job_cancel", cycle=cycle, job=j.id, role=j.role, state=j.state.value)
+
+    def _fail(self, cycle: int, snap: dict) -> None:
+        n = self.cfg.experiment.members
+        key, rep = sorted(snap["failed"].items(), key=lambda kv: int(kv[0]))[0]
+        task = int(key)
+        count = snap["failures"].get(key, 0)
+        msg = (f"{rep.get('step', 'model')} failed {count} time(s), last exit status {rep.get('returncode')}\n"
+               f"  command: {shlex.join(rep.get('argv', []))}\n"
+               f"  log: {rep.get('log')}\n  stderr (last lines):\n"
+               + "\n".join("    " + line for line in str(rep.get("stderr_tail", "")).splitlines()))
+        self.events.emit("experiment_fail", cycle=cycle, task=task, report=rep)
+        if task <= n:
+            raise MemberError(msg, member=task, cycle=cycle)
+        raise EnkflowError(f"analysis of cycle {cycle}: {msg}")

@@ -1,0 +1,222 @@
+"""A real one-node SLURM on this machine, for tests and benchmarks.
+
+Starts ``munged`` (if no munge daemon answers), ``slurmctld`` and
+``slurmd`` from Debian's packages with a configuration under a private
+directory, and stops what it started. The node can claim more CPUs than the
+machine has (``SlurmdParameters=config_overrides``), which emulates a larger
+node for jobs that mostly wait. Needs root and the packages
+``slurmctld slurmd slurm-client munge``; :func:`ensure_installed` installs
+them with apt-get when missing.
+
+Usage::
+
+    with LocalSlurm(workdir, cpus=16) as slurm:
+        launcher = SlurmLauncher(workdir / "scripts")  # SLURM_CONF is set in os.environ
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from enkflow.errors import EnkflowError
+
+PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+_MUNGE_DIRS = ["/run/munge", "/var/log/munge", "/var/lib/munge", "/etc/munge"]
+
+
+def missing_reason() -> str | None:
+    """Why a local SLURM cannot be started here (None if it can, possibly after installing)."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return "needs a POSIX system"
+    if os.geteuid() != 0:
+        return "needs root to run slurmd/munged and install packages"
+    if all(shutil.which(p, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin") for p in ("slurmctld", "slurmd", "sbatch", "munged")):
+        return None
+    if not shutil.which("apt-get"):
+        return "SLURM is not installed and apt-get is unavailable"
+    return None
+
+
+def ensure_installed(timeout_s: float = 900.0) -> None:
+    """Install SLURM and munge with apt-get if they are absent (root only)."""
+    if all(shutil.which(p, path="/usr/sbin:/usr/bin:/sbin:/bin") for p in ("slurmctld", "slurmd", "sbatch", "munged")):
+        return
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env, timeout=timeout_s)
+        subprocess.run(["apt-get", "install", "-y", "-q", *PACKAGES], check=True, capture_output=True, env=env, timeout=timeout_s)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
+        out = getattr(exc, "stderr", b"") or b""
+        raise EnkflowError(f"installing {' '.join(PACKAGES)} failed: {exc}; {out.decode(errors='replace')[-500:]}") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _munge_ok() -> bool:
+    try:
+        enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=10)
+        if enc.returncode != 0:
+            return False
+        dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=10)
+        return dec.returncode == 0
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+
+
+class LocalSlurm:
+    """A one-node SLURM cluster under ``workdir``; a context manager.
+
+    ``cpus``: CPUs the node offers (may exceed the real count);
+    ``memory_mb``: its RealMemory. While started, ``os.environ['SLURM_CONF']``
+    points at the private configuration so that ``sbatch`` and friends use it.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], *, cpus: int | None = None, memory_mb: int | None = None):
+        self.dir = Path(workdir).resolve()
+        self.cpus = cpus or os.cpu_count() or 1
+        self.memory_mb = memory_mb or max(1024, int(psutil.virtual_memory().total / 2**20 * 0.8))
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = self.dir / "slurm.conf"
+        self._procs: list[subprocess.Popen] = []
+        self._old_conf: str | None = None
+
+    def config_text(self, ctld_port: int, d_port: int) -> str:
+        d = self.dir
+        return "\n".join([
+            "ClusterName=enkflow",
+            f"SlurmctldHost={self.host}",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={d_port}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SchedulerType=sched/backfill",
+            # Schedule within a second of a change: the experiments measure queue waits.
+            "SchedulerParameters=bf_interval=1,sched_min_interval=100000",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "ReturnToService=2",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SlurmdParameters=config_overrides",
+            "KillWait=5",
+            "MinJobAge=30",
+            "InactiveLimit=0",
+            "MessageTimeout=20",
+            f"StateSaveLocation={d}/state",
+            f"SlurmdSpoolDir={d}/spool",
+            f"SlurmctldPidFile={d}/slurmctld.pid",
+            f"SlurmdPidFile={d}/slurmd.pid",
+            f"SlurmctldLogFile={d}/slurmctld.log",
+            f"SlurmdLogFile={d}/slurmd.log",
+            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN",
+            f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ])
+
+    def _start_munge(self) -> None:
+        if _munge_ok():
+            return
+        key = Path("/etc/munge/munge.key")
+        for p in _MUNGE_DIRS:
+            Path(p).mkdir(parents=True, exist_ok=True)
+            shutil.chown(p, "munge", "munge")
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        shutil.chown(key, "munge", "munge")
+        key.chmod(0o400)
+        proc = subprocess.Popen(["runuser", "-u", "munge", "--", "munged", "--foreground"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(proc)
+        for _ in range(50):
+            if _munge_ok():
+                return
+            time.sleep(0.1)
+        raise EnkflowError("munged did not start (checked with 'munge -n | unmunge')")
+
+    def start(self) -> "LocalSlurm":
+        """Start the daemons and wait until the node is idle (at most 60 s)."""
+        reason = missing_reason()
+        if reason:
+            raise EnkflowError(f"cannot start a local SLURM: {reason}")
+        ensure_installed()
+        for sub in ("state", "spool"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(self.config_text(_free_port(), _free_port()))
+        self._old_conf = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = str(self.conf)
+        try:
+            self._start_munge()
+            for exe in ("slurmctld", "slurmd"):
+                log = open(self.dir / f"{exe}.stdout", "wb")
+                # -D: stay in the foreground so that we hold the PID; -c: no state from an earlier run.
+                argv = [f"/usr/sbin/{exe}", "-D", "-f", str(self.conf)] + (["-c", "-i"] if exe == "slurmctld" else [])
+                self._procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+                log.close()
+                if exe == "slurmctld":
+                    self._wait(lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
+                               "slurmctld did not answer 'scontrol ping'")
+            self._wait(self._node_idle, "the node did not become idle")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _node_idle(self) -> bool:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True).stdout
+        return "idle" in out
+
+    def _wait(self, ok, message: str, timeout_s: float = 60.0) -> None:
+        t0 = time.time()
+        while time.time() - t0 < timeout_s:
+            if any(p.poll() is not None for p in self._procs):
+                break
+            if ok():
+                return
+            time.sleep(0.3)
+        logs = ""
+        for name in ("slurmctld.log", "slurmd.log", "slurmctld.stdout", "slurmd.stdout"):
+            p = self.dir / name
+            if p.exists():
+                logs += f"\n--- {name}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+        raise EnkflowError(f"local SLURM: {message} within {timeout_s:.0f} s{logs}")
+
+    def stop(self) -> None:
+        """Cancel every job, then stop the daemons this object started (by PID)."""
+        if any(p.poll() is None for p in self._procs):
+            subprocess.run(["scancel", "--user=root"], capture_output=True, timeout=30)
+            time.sleep(0.5)
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._procs.clear()
+        if self._old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = self._old_conf
+
+    def __enter__(self) -> "LocalSlurm":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,106 @@
+"""How a cycle's tasks are mapped onto batch jobs.
+
+``dynamic``     N_j pilots, each pulling IDs from the to-do list until it is
+                empty; one of them runs the analysis (Zheng et al., GMD 2020).
+``per-member``  one job per member, plus an analysis job that starts when
+                they have all left the queue (a dependency); the usual
+                hand-written workflow, for comparison.
+``single``      one job holding the CPUs of all members at once, running the
+                members side by side and then the analysis; the other
+                reference strategy.
+
+:func:`plan` turns the tasks still to do into job specifications; the driver
+calls it at the start of a cycle and again for tasks no live job covers
+(a job that died, or a resumed cycle).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from enkflow.jobs.launcher import JobSpec
+
+
+class Strategy(str, Enum):
+    DYNAMIC = "dynamic"
+    PER_MEMBER = "per-member"
+    SINGLE = "single"
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A job to submit; ``covers`` is the set of task IDs it may run (None: any)."""
+
+    spec: JobSpec
+    role: str
+    covers: frozenset[int] | None
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Job sizes and limits, from the ``[jobs]`` configuration.
+
+    ``workers``: N_j pilots (dynamic); ``cpus_per_job``: CPUs of a pilot or a
+    member job; ``analysis_cpus``: CPUs of the per-member strategy's analysis
+    job; ``time_limit_s``: wall-clock limit of every job, seconds.
+    """
+
+    workers: int
+    cpus_per_job: int = 1
+    analysis_cpus: int = 1
+    time_limit_s: float = 3600.0
+    nodes: int = 1
+
+
+def worker_argv(cycle_dir: Path, *, time_limit_s: float, threads: int = 1, only: int | None = None,
+                python: str | None = None) -> list[str]:
+    """Command line of a worker on ``cycle_dir``."""
+    argv = [python or sys.executable, "-m", "enkflow.jobs.worker", str(cycle_dir), "--time-limit", f"{time_limit_s:g}"]
+    if threads != 1:
+        argv += ["--threads", str(threads)]
+    if only is not None:
+        argv += ["--task", str(only)]
+    return argv
+
+
+def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, todo: list[int], res: Resources,
+         serial: int = 0, python: str | None = None) -> list[PlannedJob]:
+    """Jobs that together can run the task IDs ``todo`` of one cycle.
+
+    ``serial`` numbers the job names so that resubmissions are told apart.
+    Member and analysis jobs of the per-member strategy are returned in
+    submission order; the analysis job's ``after`` is filled in by the
+    driver with the IDs the member jobs got.
+    """
+    analysis = n_members + 1
+    members = [t for t in todo if t != analysis]
+    logs = cycle_dir / "logs"
+    jobs: list[PlannedJob] = []
+
+    def spec(name: str, argv: list[str], cpus: int) -> JobSpec:
+        return JobSpec(name=f"enk{cycle}-{name}", argv=argv, cpus=cpus, time_limit_s=res.time_limit_s,
+                       log=logs / f"job-{name}.log", nodes=res.nodes, ntasks=1)
+
+    if not todo:
+        return jobs
+    if strategy is Strategy.DYNAMIC:
+        n = max(1, min(res.workers, len(members)))
+        for j in range(n):
+            argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, python=python)
+            jobs.append(PlannedJob(spec(f"pilot{serial}.{j}", argv, res.cpus_per_job), "pilot", None))
+    elif strategy is Strategy.PER_MEMBER:
+        for m in members:
+            argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, only=m, python=python)
+            jobs.append(PlannedJob(spec(f"m{m}.{serial}", argv, res.cpus_per_job), "member", frozenset({m})))
+        if analysis in todo:
+            argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, only=analysis, python=python)
+            jobs.append(PlannedJob(spec(f"analysis.{serial}", argv, res.analysis_cpus), "analysis", frozenset({analysis})))
+    elif strategy is Strategy.SINGLE:
+        threads = max(1, len(members))
+        cpus = max(res.cpus_per_job * threads, res.analysis_cpus)
+        argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, threads=threads, python=python)
+        jobs.append(PlannedJob(spec(f"all.{serial}", argv, cpus), "all", None))
+    return jobs

@@ -1,0 +1,133 @@
+"""The task table of a cycle (``tasks.json``): what each to-do ID runs.
+
+The experiment driver writes it once per cycle; workers only read it, so the
+job layer knows commands, not experiment configuration. Schema::
+
+    {"cycle": k, "n_members": N, "events": "/abs/events.jsonl",
+     "max_attempts": 3, "heartbeat_s": 2.0, "lease_s": 15.0, "poll_s": 0.2,
+     "env": {"VAR": "value"},
+     "tasks": {"1": {"member": 1,
+                     "fingerprint_path": "/abs/member_001.nc",
+                     "fingerprint": {"ino":..., "size":..., "mtime_ns":...},
+                     "steps": [{"name": "model", "argv": [...], "skip_if_changed": true,
+                                "commit": {"from": "/abs/tmp", "to": "/abs/final"} | null}]},
+               ...,
+               "N+1": {"member": null, "steps": [{"name": "analysis", "argv": [...]}]}}}
+
+A step with ``skip_if_changed`` is not rerun when the fingerprinted file no
+longer matches the fingerprint taken before the cycle: its effect (the
+forecast written to the restart) is already there. ``commit`` renames the
+step's output over its destination after a zero exit, which makes any model
+write its restart atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enkflow.errors import EnkflowError
+from enkflow.jobs.files import read_json, write_json_atomic
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a task. ``argv`` is run without a shell."""
+
+    name: str
+    argv: list[str]
+    skip_if_changed: bool = False
+    commit: dict[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "argv": list(self.argv), "skip_if_changed": self.skip_if_changed, "commit": self.commit}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Step":
+        return cls(d["name"], list(d["argv"]), bool(d.get("skip_if_changed", False)), d.get("commit"))
+
+
+@dataclass(frozen=True)
+class Task:
+    """A to-do ID's work: a member forecast (``member`` set) or the analysis."""
+
+    id: int
+    member: int | None
+    steps: list[Step]
+    fingerprint_path: str | None = None
+    fingerprint: dict[str, int] | None = None
+    max_attempts: int | None = None  # overrides the table's limit (the analysis has its own)
+
+    @property
+    def label(self) -> str:
+        return f"member {self.member}" if self.member is not None else "analysis"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "member": self.member,
+            "steps": [s.to_json() for s in self.steps],
+            "fingerprint_path": self.fingerprint_path,
+            "fingerprint": self.fingerprint,
+            "max_attempts": self.max_attempts,
+        }
+
+    @classmethod
+    def from_json(cls, tid: int, d: dict[str, Any]) -> "Task":
+        return cls(tid, d.get("member"), [Step.from_json(s) for s in d["steps"]], d.get("fingerprint_path"),
+                   d.get("fingerprint"), d.get("max_attempts"))
+
+
+@dataclass(frozen=True)
+class TaskTable:
+    """Everything a worker needs to run any task of one cycle."""
+
+    cycle: int
+    n_members: int
+    tasks: dict[int, Task]
+    events: str
+    max_attempts: int = 3
+    heartbeat_s: float = 2.0
+    lease_s: float = 15.0
+    poll_s: float = 0.2
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def analysis(self) -> int:
+        return self.n_members + 1
+
+    def write(self, directory: str | os.PathLike[str]) -> None:
+        """Write ``directory/tasks.json`` atomically."""
+        write_json_atomic(
+            Path(directory) / "tasks.json",
+            {
+                "cycle": self.cycle,
+                "n_members": self.n_members,
+                "events": self.events,
+                "max_attempts": self.max_attempts,
+                "heartbeat_s": self.heartbeat_s,
+                "lease_s": self.lease_s,
+                "poll_s": self.poll_s,
+                "env": self.env,
+                "tasks": {str(k): t.to_json() for k, t in self.tasks.items()},
+            },
+        )
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> "TaskTable":
+        """Read ``directory/tasks.json``."""
+        d = read_json(Path(directory) / "tasks.json")
+        if d is None:
+            raise EnkflowError(f"{directory}: no tasks.json; is this a cycle directory of an enkflow experiment?")
+        return cls(
+            cycle=int(d["cycle"]),
+            n_members=int(d["n_members"]),
+            tasks={int(k): Task.from_json(int(k), v) for k, v in d["tasks"].items()},
+            events=d["events"],
+            max_attempts=int(d["max_attempts"]),
+            heartbeat_s=float(d["heartbeat_s"]),
+            lease_s=float(d["lease_s"]),
+            poll_s=float(d["poll_s"]),
+            env=dict(d.get("env", {})),
+        )

@@ -1,0 +1,386 @@
+"""The pilot worker of the dynamic running job scheme (``enkflow worker``).
+
+A worker loops: take the first ID of the cycle's to-do list, run its steps,
+write a done-marker, mark it done; until the list is empty (Zheng et al.,
+GMD 2020, fig. 3). It
+
+* runs each step as a child process in its own session that the kernel
+  kills if the worker dies (``PR_SET_PDEATHSIG``), so a ``kill -9`` of the
+  worker leaves no orphan model writing a restart;
+* keeps a heartbeat file so that others can tell a dead worker on another
+  host (:func:`is_stale`), and requeues stale claims it finds;
+* on its time limit or SIGTERM stops the running child and puts the task
+  back at the front of the list;
+* confirms a member only after the model exited 0 and its restart was
+  committed: the done-marker (``done/task_NNN.json``) is written atomically
+  after that, and only then is the ID marked done. A member whose forecast
+  finished but was not confirmed (worker killed in between) is recognized by
+  its restart fingerprint and confirmed without running it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from enkflow.jobs.events import EventLog
+from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
+from enkflow.jobs.tasks import Step, Task, TaskTable
+from enkflow.jobs.todo import Claimant, Take, TodoList
+
+# Lines of a failing step's stderr kept for the error message.
+STDERR_TAIL_LINES = 20
+# Seconds between SIGTERM and SIGKILL when stopping a child.
+KILL_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: no parent-death signal; stale claims still time out
+    _prctl = None
+
+
+def _child_setup(parent: int) -> None:
+    # Runs in the child between fork and exec: only async-signal-safe work.
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        # The parent may have died before prctl took effect.
+        if os.getppid() != parent:
+            os._exit(137)
+
+
+def process_alive(pid: int, ctime: float | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, if given, was created at ``ctime`` (s)."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return ctime is None or abs(p.create_time() - ctime) < 0.05
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def is_stale(claim: dict[str, Any], heartbeat_dir: Path, lease_s: float) -> bool:
+    """Whether the worker holding ``claim`` is gone.
+
+    On this host the claimant's PID (with its creation time) decides at once;
+    on another host its heartbeat file must be younger than ``lease_s`` seconds.
+    """
+    if claim.get("host") == hostname():
+        return not process_alive(int(claim["pid"]), claim.get("pid_ctime"))
+    hb = read_json(heartbeat_dir / f"{claim['worker'].split('/')[0]}.json")
+    t = hb.get("t", 0.0) if isinstance(hb, dict) else 0.0
+    return time.time() - max(t, claim.get("since", 0.0)) > lease_s
+
+
+def kill_orphans(claim: dict[str, Any], heartbeat_dir: Path) -> None:
+    """Kill a dead worker's children still running on this host (should PDEATHSIG have missed)."""
+    if claim.get("host") != hostname():
+        return
+    hb = read_json(heartbeat_dir / f"{claim['worker'].split('/')[0]}.json")
+    if not isinstance(hb, dict):
+        return
+    for pid, ctime in hb.get("children", {}).values():
+        if process_alive(pid, ctime):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def requeue_stale(todo: TodoList, table: TaskTable, events: EventLog, *, by: str) -> list[int]:
+    """Requeue at the front every task claimed by a dead worker; returns their IDs."""
+    hb_dir = todo.dir / "workers"
+    stale = todo.requeue_stale(lambda c: is_stale(c, hb_dir, table.lease_s))
+    for task, claim in stale:
+        kill_orphans(claim, hb_dir)
+        events.emit("task_requeue", cycle=table.cycle, task=task, member=_member(table, task), reason="stale", claim=claim, by=by)
+    return [t for t, _ in stale]
+
+
+def _member(table: TaskTable, task: int) -> int | None:
+    return task if task <= table.n_members else None
+
+
+def read_timings(path: Path) -> dict[str, float]:
+    """The numeric entries of a timing JSON file a step wrote (empty if none)."""
+    d = read_json(path, {})
+    if not isinstance(d, dict):
+        return {}
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def io_seconds(timings: dict[str, float]) -> float:
+    """I/O time of a step's timings: the sum of ``read_s``, ``write_s`` and ``output_s``."""
+    return sum(timings.get(k, 0.0) for k in ("read_s", "write_s", "output_s"))
+
+
+class _Stop(Exception):
+    """The worker must stop (time limit or SIGTERM): requeue and leave."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Worker:
+    """One pilot: ``threads`` claim loops in one process (one for a pilot job,
+    N for the strategy that runs a whole cycle in one allocation).
+
+    ``only`` restricts the worker to one task ID (one-job-per-member strategy).
+    ``time_limit_s`` counts from construction; None means no limit.
+    """
+
+    cycle_dir: Path
+    worker_id: str
+    job_id: str = ""
+    threads: int = 1
+    only: int | None = None
+    time_limit_s: float | None = None
+    table: TaskTable = field(init=False)
+    todo: TodoList = field(init=False)
+    events: EventLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cycle_dir = Path(self.cycle_dir)
+        self.table = TaskTable.read(self.cycle_dir)
+        self.todo = TodoList(self.cycle_dir)
+        self.events = EventLog(self.table.events)
+        self.t0 = time.time()
+        self.deadline = None if self.time_limit_s is None else self.t0 + self.time_limit_s
+        self.stop = threading.Event()
+        self.stop_reason = ""
+        self._children: dict[int, tuple[int, float]] = {}
+        self._clock = threading.Lock()
+        self.hb_dir = self.cycle_dir / "workers"
+        for sub in ("workers", "done", "logs", "timing"):
+            (self.cycle_dir / sub).mkdir(exist_ok=True)
+        me = psutil.Process()
+        self.claimant_base = (hostname(), os.getpid(), me.create_time())
+        self.aborted = False
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Ask every loop to stop; running children are stopped and requeued."""
+        if not self.stop.is_set():
+            self.stop_reason = reason
+            self.stop.set()
+
+    def run(self) -> int:
+        """Work until the list is empty; 0 on a clean exit, 3 when the experiment must stop."""
+        self.events.emit("job_start", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id, threads=self.threads)
+        hb = threading.Thread(target=self._heartbeat, daemon=True)
+        hb.start()
+        loops = [threading.Thread(target=self._loop, args=(n,), daemon=True) for n in range(self.threads)]
+        for t in loops:
+            t.start()
+        try:
+            while any(t.is_alive() for t in loops):
+                for t in loops:
+                    t.join(timeout=0.2)
+                if self.deadline is not None and time.time() >= self.deadline:
+                    self.request_stop("time-limit")
+        finally:
+            self.stop.set()
+            self.events.emit("job_end", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id, reason=self.stop_reason or "empty")
+            try:
+                (self.hb_dir / f"{self.worker_id}.json").unlink()
+            except FileNotFoundError:
+                pass
+        return 3 if self.aborted else 0
+
+    def _heartbeat(self) -> None:
+        path = self.hb_dir / f"{self.worker_id}.json"
+        while True:
+            with self._clock:
+                children = {str(k): list(v) for k, v in self._children.items()}
+            write_json_atomic(path, {"t": time.time(), "host": hostname(), "pid": os.getpid(), "children": children}, durable=False)
+            if self.stop.wait(self.table.heartbeat_s) and not children:
+                return
+
+    def _claimant(self, n: int) -> Claimant:
+        host, pid, ctime = self.claimant_base
+        name = self.worker_id if self.threads == 1 else f"{self.worker_id}/{n}"
+        return Claimant(worker=name, host=host, pid=pid, pid_ctime=ctime, job=self.job_id)
+
+    def _loop(self, n: int) -> None:
+        who = self._claimant(n)
+        while not self.stop.is_set():
+            requeue_stale(self.todo, self.table, self.events, by=who.worker)
+            got = self.todo.claim(who, only=self.only)
+            if got is Take.ABORT:
+                self.aborted = True
+                self.stop.set()
+                return
+            if got is Take.EMPTY:
+                return
+            if got is Take.WAIT:
+                self.stop.wait(self.table.poll_s)
+                continue
+            task = self.table.tasks[got]
+            try:
+                self._run_task(task, who)
+            except _Stop as stop:
+                self.todo.requeue(task.id, reason=stop.reason)
+                self.events.emit("task_requeue", cycle=self.table.cycle, task=task.id, member=task.member, reason=stop.reason, worker=who.worker)
+                return
+            if self.only is not None:
+                return
+
+    # -- one task -----------------------------------------------------------------
+
+    def _marker(self, task: Task) -> Path:
+        return self.cycle_dir / "done" / f"task_{task.id:03d}.json"
+
+    def _run_task(self, task: Task, who: Claimant) -> None:
+        cyc = self.table.cycle
+        marker = self._marker(task)
+        if marker.exists():
+            # Confirmed earlier by a worker that died before updating the list.
+            self.todo.complete(task.id, who)
+            return
+        attempt = self.todo.snapshot()["claims"].get(str(task.id), {}).get("attempt", 1)
+        t_start = time.time()
+        self.events.emit("task_start", cycle=cyc, task=task.id, member=task.member, worker=who.worker, job=self.job_id, attempt=attempt)
+        changed = task.fingerprint is not None and fingerprint(task.fingerprint_path) != task.fingerprint
+        run_s = 0.0
+        timings: dict[str, float] = {}
+        recovered = False
+        for i, step in enumerate(task.steps):
+            if step.skip_if_changed and changed:
+                recovered = True
+                self.events.emit("task_recovered", cycle=cyc, task=task.id, member=task.member, step=step.name, worker=who.worker)
+                continue
+            tfile = self.cycle_dir / "timing" / f"task_{task.id:03d}.a{attempt}.{step.name}.json"
+            t1 = time.time()
+            rc, errlog = self._run_step(task, step, attempt, tfile)
+            run_s += time.time() - t1
+            if rc != 0:
+                report = {"returncode": rc, "stderr_tail": _tail(errlog), "argv": step.argv, "log": str(errlog), "step": step.name}
+                final = self.todo.fail(task.id, max_attempts=task.max_attempts or self.table.max_attempts, report=report)
+                self.events.emit("task_fail", cycle=cyc, task=task.id, member=task.member, worker=who.worker, attempt=attempt, final=final, **report)
+                if final:
+                    self.aborted = True
+                    self.stop.set()
+                return
+            if step.commit:
+                os.replace(step.commit["from"], step.commit["to"])
+            for k, v in read_timings(tfile).items():
+                timings[k] = timings.get(k, 0.0) + v
+        t_end = time.time()
+        rec = {
+            "cycle": cyc, "task": task.id, "member": task.member, "worker": who.worker, "job": self.job_id,
+            "attempt": attempt, "t_start": t_start, "t_end": t_end, "run_s": run_s, "io_s": io_seconds(timings),
+            "timings": timings, "recovered": recovered,
+        }
+        write_json_atomic(marker, rec)
+        self.todo.complete(task.id, who)
+        self.events.emit("task_end", **rec)
+
+    def _run_step(self, task: Task, step: Step, attempt: int, tfile: Path) -> tuple[int, Path]:
+        """Run one step; returns (exit status, stderr log). Raises _Stop when told to stop."""
+        logs = self.cycle_dir / "logs"
+        stem = f"task_{task.id:03d}.a{attempt}.{step.name}"
+        env = dict(os.environ)
+        env.update(self.table.env)
+        env["ENKFLOW_TIMING_FILE"] = str(tfile)
+        env["ENKFLOW_CYCLE"] = str(self.table.cycle)
+        if task.member is not None:
+            env["ENKFLOW_MEMBER"] = str(task.member)
+        errlog = logs / f"{stem}.err"
+        with open(logs / f"{stem}.out", "wb") as out, open(errlog, "wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    step.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True, preexec_fn=lambda parent=os.getpid(): _child_setup(parent),
+                )
+            except OSError as exc:
+                err.write(f"cannot start {step.argv[0]!r}: {exc}\n".encode())
+                err.flush()
+                return 127, errlog
+            with self._clock:
+                self._children[task.id] = (proc.pid, psutil.Process(proc.pid).create_time() if process_alive(proc.pid) else 0.0)
+            try:
+                while True:
+                    try:
+                        return proc.wait(timeout=0.1), errlog
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if self.stop.is_set():
+                        _terminate(proc)
+                        raise _Stop(self.stop_reason or "stopped")
+            finally:
+                with self._clock:
+                    self._children.pop(task.id, None)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
+    try:
+        data = path.read_bytes()[-16384:]
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = None, job_id: str | None = None,
+               threads: int = 1, only: int | None = None, time_limit_s: float | None = None) -> int:
+    """Run a pilot worker on ``cycle_dir`` until its to-do list is empty.
+
+    SIGTERM (as SLURM sends at the time limit or on ``scancel``) stops the
+    running task and puts it back at the front. Returns the exit code.
+    """
+    job = job_id or os.environ.get("ENKFLOW_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+    wid = worker_id or f"{hostname()}-{os.getpid()}"
+    w = Worker(Path(cycle_dir), wid, job_id=job, threads=threads, only=only, time_limit_s=time_limit_s)
+    signal.signal(signal.SIGTERM, lambda signum, frame: w.request_stop("sigterm"))
+    signal.signal(signal.SIGINT, lambda signum, frame: w.request_stop("sigint"))
+    return w.run()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The worker's command-line options (shared by ``enkflow worker`` and ``python -m enkflow.jobs.worker``)."""
+    p.add_argument("cycle_dir", help="the cycle directory (EXPDIR/cycles/NNNN) holding tasks.json and todo.json")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="stop after S seconds, putting the running task back at the front of the list")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="run N tasks side by side (one big job)")
+    p.add_argument("--task", type=int, default=None, metavar="ID", help="run only this task ID (one job per member)")
+    p.add_argument("--worker-id", default=None, help="name in claims and events (default host-pid)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m enkflow.jobs.worker``: what launchers start (lighter than the full CLI)."""
+    p = argparse.ArgumentParser(prog="enkflow worker", description="pilot worker of the dynamic running job scheme")
+    add_arguments(p)
+    a = p.parse_args(argv)
+    return run_worker(a.cycle_dir, worker_id=a.worker_id, threads=a.threads, only=a.task, time_limit_s=a.time_limit)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Time-to-solution accounting from an experiment's event log (``enkflow report``).
+
+Per cycle (seconds, from ``events.jsonl``):
+
+``total``     cycle start (before the first job is submitted) to cycle end
+              (the driver saw the analysis confirmed and cancelled leftover jobs).
+``queuing``   time within the cycle when none of the cycle's jobs was running:
+              the experiment was waiting for the batch queue.
+``running``   time when a member forecast (including the model's own restart
+              I/O) or the analysis computation was running.
+``io``        the analysis task's restart I/O: reading the ensemble, writing the
+              updated restarts and the mean/spread output (``read_s + write_s +
+              output_s`` reported by the analysis).
+``overhead``  the rest: job start-up, polling, scheduler latency.
+
+``member_io`` (sum over members of the model's own read and write time) and
+``analysis_compute`` are reported beside them. The summary gives mean +- std
+over cycles of each figure and of its share of the total, as Zheng et al.
+(GMD 2020, Table 2) do.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enkflow.errors import EnkflowError
+from enkflow.jobs.events import iter_events
+
+FIGURES = ("total", "queuing", "running", "io", "overhead")
+
+
+def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``intervals`` clipped to ``[lo, hi]``."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo))
+    total = 0.0
+    cur_a = cur_b = None
+    for a, b in clipped:
+        if cur_b is None or a > cur_b:
+            if cur_b is not None:
+                total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    if cur_b is not None:
+        total += cur_b - cur_a
+    return total
+
+
+@dataclass
+class CycleTiming:
+    """Figures of one cycle, seconds; ``members`` holds per-member records."""
+
+    cycle: int
+    total: float
+    queuing: float
+    running: float
+    io: float
+    overhead: float
+    member_io: float
+    analysis_compute: float
+    jobs: int
+    failures: int
+    requeues: int
+    members: dict[int, dict[str, Any]] = field(default_factory=dict)
+    analysis: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """Every finished cycle of an experiment, with mean and std over cycles."""
+
+    expdir: Path
+    cycles: list[CycleTiming]
+    strategy: str = ""
+    launcher: str = ""
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """``{figure: {mean, std, pct_mean, pct_std}}`` over cycles (std is the sample std; 0 for one cycle)."""
+        out: dict[str, dict[str, float]] = {}
+        for name in FIGURES:
+            vals = [getattr(c, name) for c in self.cycles]
+            pcts = [100.0 * getattr(c, name) / c.total if c.total > 0 else 0.0 for c in self.cycles]
+            out[name] = {
+                "mean": statistics.fmean(vals) if vals else math.nan,
+                "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                "pct_mean": statistics.fmean(pcts) if pcts else math.nan,
+                "pct_std": statistics.stdev(pcts) if len(pcts) > 1 else 0.0,
+            }
+        return out
+
+
+def cycle_timings(events: list[dict[str, Any]]) -> list[CycleTiming]:
+    """The figures of every cycle that has a ``cycle_end`` event."""
+    by_cycle: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if "cycle" in e and isinstance(e["cycle"], int):
+            by_cycle.setdefault(e["cycle"], []).append(e)
+    result = []
+    for k in sorted(by_cycle):
+        ev = by_cycle[k]
+        starts = [e["t"] for e in ev if e["event"] in ("cycle_start", "cycle_resume")]
+        ends = [e["t"] for e in ev if e["event"] == "cycle_end"]
+        if not starts or not ends:
+            continue
+        lo, hi = min(starts), max(ends)
+        result.append(_one_cycle(k, ev, lo, hi))
+    return result
+
+
+def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleTiming:
+    # Job running intervals: job_start .. job_end, or .. the moment its death was noticed.
+    job_start: dict[str, float] = {}
+    job_end: dict[str, float] = {}
+    for e in ev:
+        job = str(e.get("job", ""))
+        if e["event"] == "job_start" and job:
+            job_start.setdefault(job, e["t"])
+        elif e["event"] == "job_end" and job:
+            job_end[job] = e["t"]
+        elif e["event"] == "task_requeue" and e.get("reason") == "stale":
+            j = str((e.get("claim") or {}).get("job", ""))
+            if j:
+                job_end.setdefault(j, e["t"])
+    job_iv = [(t, job_end.get(j, hi)) for j, t in job_start.items()]
+    busy = _union_length(job_iv, lo, hi)
+
+    # Task intervals: task_start .. the same worker's next end, failure or requeue of that task.
+    open_: dict[tuple[int, str], float] = {}
+    task_iv: list[tuple[float, float]] = []
+    members: dict[int, dict[str, Any]] = {}
+    analysis: dict[str, float] = {}
+    failures = requeues = 0
+    for e in sorted(ev, key=lambda x: x["t"]):
+        name = e["event"]
+        task = e.get("task")
+        if name == "task_start":
+            open_[(task, e.get("worker", ""))] = e["t"]
+            if e.get("member") is not None:
+                m = members.setdefault(e["member"], {"attempts": 0, "first_start": e["t"]})
+                m["attempts"] += 1
+        elif name in ("task_end", "task_fail", "task_requeue"):
+            worker = e.get("worker") or (e.get("claim") or {}).get("worker", "")
+            t0 = open_.pop((task, worker), None)
+            if t0 is not None:
+                task_iv.append((t0, e["t"]))
+            if name == "task_fail":
+                failures += 1
+            if name == "task_requeue":
+                requeues += 1
+            if name == "task_end":
+                if e.get("member") is not None:
+                    m = members.setdefault(e["member"], {"attempts": 1, "first_start": e.get("t_start", e["t"])})
+                    m.update(run_s=e.get("run_s", 0.0), io_s=e.get("io_s", 0.0), recovered=e.get("recovered", False),
+                             worker=e.get("worker"), end=e["t"])
+                else:
+                    analysis = {kk: float(v) for kk, v in (e.get("timings") or {}).items()}
+                    analysis["run_s"] = float(e.get("run_s", 0.0))
+    for m in members.values():
+        m["wait_s"] = m.pop("first_start") - lo
+    running_all = _union_length(task_iv, lo, hi)
+    io = sum(analysis.get(x, 0.0) for x in ("read_s", "write_s", "output_s"))
+    running = max(0.0, running_all - io)
+    total = hi - lo
+    queuing = max(0.0, total - busy)
+    overhead = max(0.0, total - queuing - running - io)
+    n_jobs = len({str(e.get("job")) for e in ev if e["event"] == "job_submit"})
+    return CycleTiming(
+        cycle=k, total=total, queuing=queuing, running=running, io=io, overhead=overhead,
+        member_io=sum(float(m.get("io_s", 0.0)) for m in members.values()),
+        analysis_compute=analysis.get("compute_s", max(0.0, analysis.get("run_s", 0.0) - io)),
+        jobs=n_jobs, failures=failures, requeues=requeues, members=members, analysis=analysis,
+    )
+
+
+def load_report(expdir: str | Path) -> Report:
+    """The report of the experiment in ``expdir`` (its ``events.jsonl``)."""
+    d = Path(expdir)
+    path = d / "events.jsonl"
+    if not path.exists():
+        raise EnkflowError(f"{d}: no events.jsonl; is it an enkflow experiment directory?")
+    events = list(iter_events(path))
+    strategy = launcher = ""
+    for e in events:
+        if e["event"] in ("experiment_start", "resume"):
+            strategy, launcher = e.get("strategy", ""), e.get("launcher", "")
+    return Report(d, cycle_timings(events), strategy, launcher)
+
+
+def render_report(rep: Report, *, members: bool = False) -> str:
+    """Per-cycle figures and the mean +- std table, as text."""
+    lines = [f"experiment {rep.expdir}  (strategy {rep.strategy or '?'}, launcher {rep.launcher or '?'})", ""]
+    if not rep.cycles:
+        return "\n".join(lines + ["no finished cycle yet"])
+    hdr = f"{'cycle':>5} {'total':>8} {'queuing':>8} {'running':>8} {'I/O':>7} {'overhead':>8} {'memberI/O':>9} {'an.comp':>8} {'jobs':>4} {'fail':>4} {'requeue':>7}"
+    lines += ["per cycle, seconds:", hdr]
+    for c in rep.cycles:
+        lines.append(f"{c.cycle:>5} {c.total:8.2f} {c.queuing:8.2f} {c.running:8.2f} {c.io:7.2f} {c.overhead:8.2f} "
+                     f"{c.member_io:9.2f} {c.analysis_compute:8.2f} {c.jobs:>4} {c.failures:>4} {c.requeues:>7}")
+        if members:
+            for m, r in sorted(c.members.items()):
+                lines.append(f"        member {m:>3}: wait {r.get('wait_s', 0):7.2f}  run {r.get('run_s', 0):7.2f}  "
+                             f"I/O {r.get('io_s', 0):6.3f}  attempts {r.get('attempts', 0)}"
+                             + ("  (recovered)" if r.get("recovered") else ""))
+    s = rep.summary()
+    lines += ["", f"mean +- std over {len(rep.cycles)} cycle(s) (Zheng et al. 2020, Table 2):",
+              f"{'':10} {'seconds':>20} {'% of total':>16}"]
+    for name, label in (("total", "total"), ("queuing", "queuing"), ("running", "running"), ("io", "I/O"), ("overhead", "overhead")):
+        f = s[name]
+        lines.append(f"{label:10} {f['mean']:11.2f} +- {f['std']:6.2f} {f['pct_mean']:8.1f} +- {f['pct_std']:4.1f}")
+    return "\n".join(lines)
+
+
+def report_json(rep: Report) -> dict[str, Any]:
+    """The report as plain JSON-able data."""
+    return {
+        "expdir": str(rep.expdir), "strategy": rep.strategy, "launcher": rep.launcher,
+        "cycles": [{**{k: v for k, v in c.__dict__.items() if k != "members"},
+                    "members": {str(m): r for m, r in c.members.items()}} for c in rep.cycles],
+        "summary": rep.summary(),
+    }
