@@ -15,6 +15,9 @@ COMMANDS = [
     "l96",
     "bench",
     "synth",
+    "run",
+    "worker",
+    "report",
 ]
 
 
