@@ -18,6 +18,7 @@ COMMANDS = [
     "run",
     "worker",
     "report",
+    "model",
 ]
 
 
