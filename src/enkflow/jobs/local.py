@@ -34,20 +34,23 @@ class _Job:
 class LocalLauncher:
     """Runs jobs as child processes, at most ``cpus`` CPUs' worth at a time.
 
-    ``cpus=0`` means the machine's CPU count. A job asking for more CPUs
-    than the launcher has is an error at submission.
+    ``cpus=0`` means the machine's CPU count, and then a job asking for more
+    (the one-job-for-everything strategy on a small machine) runs when it can
+    have the machine to itself. With an explicit ``cpus`` such a job is an
+    error at submission.
     """
 
     name = "local"
 
     def __init__(self, cpus: int = 0):
+        self.auto = cpus == 0
         self.cpus = cpus or os.cpu_count() or 1
         self._jobs: dict[str, _Job] = {}
         self._order: list[str] = []
         self._seq = 0
 
     def submit(self, spec: JobSpec) -> str:
-        if spec.cpus > self.cpus:
+        if spec.cpus > self.cpus and not self.auto:
             raise ConfigError(f"job '{spec.name}' needs {spec.cpus} CPUs but the local launcher has {self.cpus}",
                               key="launcher.cpus")
         self._seq += 1
@@ -79,7 +82,7 @@ class LocalLauncher:
                 continue
             if any(self._state(d) is not JobState.FINISHED for d in job.spec.after):
                 continue
-            if job.spec.cpus > free:
+            if job.spec.cpus > free and not (self.auto and free == self.cpus):
                 break  # first come, first served: no overtaking
             self._start(jid, job)
             free -= job.spec.cpus
