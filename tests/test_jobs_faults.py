@@ -1,0 +1,141 @@
+"""Fault tests: kill -9 of a member's model, a pilot worker and the analysis at random moments.
+
+Each cycle must complete, no member may run twice to completion (exactly one
+``task_end`` per cycle and task), and the restarts must equal those of a
+fault-free run bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from enkflow.experiment import Experiment, load_experiment
+from enkflow.jobs.events import iter_events
+from jobs_helpers.experiments import make_experiment, restarts, synth_members
+
+N = 4
+
+
+def _find(kind: str, root: Path) -> list[psutil.Process]:
+    """This test's processes of one kind (matched on their command line, under ``root`` only)."""
+    marker = {"model": "enkflow.cli.model", "worker": "enkflow.jobs.worker", "analysis": "toy_analysis.py"}[kind]
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and str(root) in cmd:
+            found.append(p)
+    return found
+
+
+class Killer(threading.Thread):
+    """Kills one process of each planned kind at a random moment of its life."""
+
+    def __init__(self, root: Path, plan: list[str], seed: int):
+        super().__init__(daemon=True)
+        self.root, self.plan, self.rng = root, plan, random.Random(seed)
+        self.killed: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        for kind in self.plan:
+            deadline = time.time() + 30
+            while not self.stop.is_set() and time.time() < deadline:
+                procs = _find(kind, self.root)
+                if procs:
+                    time.sleep(self.rng.uniform(0.0, 0.25))
+                    victim = self.rng.choice(procs)
+                    try:
+                        victim.send_signal(signal.SIGKILL)
+                        self.killed.append(kind)
+                    except psutil.NoSuchProcess:
+                        continue
+                    break
+                time.sleep(0.01)
+            time.sleep(self.rng.uniform(0.1, 0.6))
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_members(tmp_path_factory.mktemp("synth"), N)
+
+
+def _run(root: Path, synth: Path, plan: list[str] | None, seed: int = 0) -> tuple[list[np.ndarray], list[str], Path]:
+    cfg = load_experiment(make_experiment(root, synth, model_sleep=0.3, analysis_sleep=0.6, max_attempts=5))
+    killer = Killer(root, plan or [], seed)
+    if plan:
+        killer.start()
+    try:
+        Experiment(cfg).run()
+    finally:
+        killer.stop.set()
+    if plan:
+        killer.join(timeout=5)
+    return restarts(root, N), killer.killed, cfg.expdir
+
+
+@pytest.mark.slow
+def test_kill9_model_worker_and_analysis(tmp_path: Path, synth: Path) -> None:
+    ref, _, _ = _run(tmp_path / "ref", synth, None)
+    plan = ["model", "worker", "analysis", "worker", "model", "analysis"]
+    got, killed, expdir = _run(tmp_path / "faulty", synth, plan, seed=int(os.environ.get("ENKFLOW_FAULT_SEED", "7")))
+    assert {"model", "worker", "analysis"} <= set(killed), killed
+    for m, (a, b) in enumerate(zip(got, ref), start=1):
+        assert np.array_equal(a, b), f"member {m} differs from the fault-free run"
+    ends: dict[tuple[int, int], int] = {}
+    fails = requeues = 0
+    for e in iter_events(expdir / "events.jsonl"):
+        if e["event"] == "task_end":
+            ends[(e["cycle"], e["task"])] = ends.get((e["cycle"], e["task"]), 0) + 1
+        fails += e["event"] == "task_fail"
+        requeues += e["event"] == "task_requeue"
+    assert ends == {(k, t): 1 for k in (1, 2, 3) for t in range(1, N + 2)}
+    assert fails >= 1 and requeues >= 1
+
+
+def test_sigterm_requeues_the_running_member_at_the_front(tmp_path: Path, synth: Path) -> None:
+    """A worker told to stop (SLURM's SIGTERM before the time limit) puts its member back first."""
+    import subprocess
+    import sys
+
+    from enkflow.experiment.driver import build_tasks
+    from enkflow.jobs.todo import TodoList
+
+    cfg = load_experiment(make_experiment(tmp_path, synth, model_sleep=5.0, cycles=1))
+    cdir = cfg.cycle_dir(1)
+    cdir.mkdir(parents=True)
+    (cfg.expdir / "config.json").write_text("{}")
+    build_tasks(cfg, 1, cfg.expdir / "events.jsonl").write(cdir)
+    todo = TodoList.create(cdir, N)
+    w = subprocess.Popen([sys.executable, "-m", "enkflow.jobs.worker", str(cdir)])
+    deadline = time.time() + 20
+    while not todo.snapshot()["claims"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert todo.snapshot()["claims"].keys() == {"1"}
+    time.sleep(0.5)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=20) == 0
+    snap = todo.snapshot()
+    assert snap["pending"][0] == 1 and not snap["claims"] and not snap["done"]
+    reasons = [e.get("reason") for e in iter_events(cfg.expdir / "events.jsonl") if e["event"] == "task_requeue"]
+    assert reasons == ["sigterm"]
+    assert not _find("model", tmp_path)
+
+
+def test_time_limit_requeues_and_a_new_pilot_finishes(tmp_path: Path, synth: Path) -> None:
+    """Pilots with a 2 s limit cannot finish a 1.5 s member after their first one: requeue, resubmit, done."""
+    cfg = load_experiment(make_experiment(tmp_path, synth, model_sleep=1.5, cycles=1, workers=2, time_limit=2.5))
+    Experiment(cfg).run()
+    ev = list(iter_events(cfg.expdir / "events.jsonl"))
+    assert any(e["event"] == "task_requeue" and e.get("reason") == "time-limit" for e in ev)
+    assert sum(e["event"] == "job_submit" for e in ev) > 2
+    ends = [(e["cycle"], e["task"]) for e in ev if e["event"] == "task_end"]
+    assert sorted(ends) == [(1, t) for t in range(1, N + 2)]
