@@ -1,0 +1,26 @@
+"""Build of the compiled analysis kernel; everything else is in pyproject.toml.
+
+ENKFLOW_MARCH selects the target CPU (default ``native``: the kernel is built
+on the machine that runs it, as HPC codes are; set it to e.g. ``x86-64-v3``
+for a portable build, or to an empty string for the compiler's default).
+"""
+
+import os
+
+from setuptools import Extension, setup
+
+march = os.environ.get("ENKFLOW_MARCH", "native")
+flags = ["-O3", "-std=c11", "-ffp-contract=fast"]
+if march:
+    flags.append(f"-march={march}")
+
+setup(
+    ext_modules=[
+        Extension(
+            "enkflow.analysis._lanes",
+            sources=["src/enkflow/analysis/_c/lanes.c"],
+            extra_compile_args=flags,
+            libraries=["m"],
+        )
+    ]
+)
