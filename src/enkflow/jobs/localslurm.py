@@ -220,3 +220,56 @@ class LocalSlurm:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class BackgroundLoad:
+    """A bounded background load: keeps ``jobs`` one-CPU jobs of other "users" in the queue.
+
+    Each job sleeps a random ``duration_s`` range (seconds, uniform, seeded);
+    whenever fewer than ``jobs`` are queued or running, new ones are submitted,
+    so the node stays busy and experiment jobs must queue behind them as on a
+    shared machine. Start with :meth:`start`, stop (cancelling its jobs) with
+    :meth:`stop`; also a context manager.
+    """
+
+    NAME = "bgload"
+
+    def __init__(self, jobs: int, duration_s: tuple[float, float] = (8.0, 24.0), seed: int = 0, period_s: float = 0.3):
+        import random
+        import threading
+
+        self.jobs = jobs
+        self.duration_s = duration_s
+        self.rng = random.Random(seed)
+        self.period_s = period_s
+        self.submitted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _count(self) -> int:
+        out = subprocess.run(["squeue", "--me", "-h", "-n", self.NAME, "-o", "%i"], capture_output=True, text=True).stdout
+        return len(out.split())
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for _ in range(max(0, self.jobs - self._count())):
+                secs = self.rng.uniform(*self.duration_s)
+                subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", "--output=/dev/null", f"--wrap=sleep {secs:.2f}"],
+                               capture_output=True)
+                self.submitted += 1
+            self._stop.wait(self.period_s)
+
+    def start(self) -> "BackgroundLoad":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        subprocess.run(["scancel", "--me", "-n", self.NAME], capture_output=True)
+
+    def __enter__(self) -> "BackgroundLoad":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
