@@ -47,8 +47,17 @@ class FileFormatError(EnkflowError):
     def __init__(self, message: str, *, path: str, variable: str | None = None):
         self.path = str(path)
         self.variable = variable
+        self._message = message
         where = f"{self.path}" + (f", variable '{variable}'" if variable else "")
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only fields: rebuild from them so the error survives pickling (MPI bcast).
+        return (_rebuild_file_error, (type(self), self._message, self.path, self.variable))
+
+
+def _rebuild_file_error(cls: type, message: str, path: str, variable: str | None) -> "FileFormatError":
+    return cls(message, path=path, variable=variable)
 
 
 class StructureMismatchError(FileFormatError):
@@ -71,3 +80,7 @@ class RankError(EnkflowError):
     def __init__(self, message: str, *, rank: int):
         self.rank = rank
         super().__init__(f"rank {rank}: {message}")
+
+
+class RecoveryError(FileFormatError):
+    """An interrupted in-place update cannot be finished (log unreachable or damaged)."""

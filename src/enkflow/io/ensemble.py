@@ -1,0 +1,414 @@
+"""``EnsembleFiles``: read N_e member restart files into ``X`` and update them in place.
+
+The parallel multi-file algorithm of Zheng et al. (2020, GMD 13, 3607-3625): P ranks own row
+blocks (:class:`enkflow.parallel.RowBlocks`); N_io of them are I/O tasks, each serving a group
+of consecutive ranks. At stage s, I/O task g reads from file (g + s) mod N_e the contiguous byte
+range of its group's rows, posts a non-blocking scatter of them to the group and moves on to the
+next file, so reading overlaps communication and no two I/O tasks read one file at once.
+Writing mirrors it: non-blocking gathers, then ``pwrite``. When an I/O task serves only itself
+(group of one rank, e.g. one process), its I/O threads read straight into the columns of ``X``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from enkflow.errors import EnkflowError, FileFormatError, InputError, RecoveryError
+from enkflow.io import wal
+from enkflow.io.config import IOConfig
+from enkflow.io.rowio import FileSink, RowIO, Scratch, Sink, _spans, pread_full, pwrite_full
+from enkflow.io.storage import FileStructure
+from enkflow.io.validate import state_nbytes, validate_files
+from enkflow.parallel import Comm, RowBlocks, SerialComm
+from enkflow.state import StateLayout
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """What one read or update moved. ``nbytes``: state bytes of all N_e files (file dtypes);
+    ``seconds``: wall time on this rank, barrier to barrier. For a safe update ``log_seconds``
+    is the part spent writing the log and committing, ``prepare_seconds`` the log allocation
+    (zero when :meth:`EnsembleFiles.prepare_update` ran before)."""
+
+    nbytes: int
+    seconds: float
+    safe: bool = False
+    log_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+
+    @property
+    def gbps(self) -> float:
+        """Throughput in GB/s (1e9 bytes per second)."""
+        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+class EnsembleFiles:
+    """N_e member restart files that share one structure, as seen by every rank of ``comm``.
+
+    Parameters
+    ----------
+    paths : sequence of path
+        The member files, member 0 first; column ``m`` of ``X`` is ``paths[m]``.
+    layout : StateLayout
+        Which variables and points form the state vector.
+    mode : "r" or "r+"
+        ``r+`` allows :meth:`update` (checks write access up front).
+    comm : Comm, optional
+        Defaults to a :class:`SerialComm`. Every rank must construct the object (collective).
+    config : IOConfig, optional
+        N_io, threads, request size, crash-safe update settings.
+    recover : bool
+        Finish an interrupted update of these files before anything else (default). With False
+        a pending update raises :class:`RecoveryError`.
+
+    Opening first finishes any interrupted update, then validates every file (existence, length,
+    shared structure, state variables, write access for ``r+``) before reading or writing a
+    single byte; a problem raises :class:`FileFormatError` or :class:`StructureMismatchError`
+    naming the first bad file and variable, on every rank.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        layout: StateLayout,
+        *,
+        mode: Literal["r", "r+"] = "r",
+        comm: Comm | None = None,
+        config: IOConfig | None = None,
+        recover: bool = True,
+    ):
+        if mode not in ("r", "r+"):
+            raise InputError(f"mode must be 'r' or 'r+', got {mode!r}", item="mode")
+        self.paths = [str(p) for p in paths]
+        if not self.paths:
+            raise InputError("no member files given", item="paths")
+        self.layout = layout
+        self.mode = mode
+        self.comm: Comm = comm or SerialComm()
+        self.config = config or IOConfig()
+        self.n_members = len(self.paths)
+        rank, size = self.comm.rank, self.comm.size
+        self.blocks = RowBlocks(layout.n_rows, size)
+        self.row_start, self.row_stop = self.blocks.bounds(rank)
+
+        result: tuple[str, object]
+        if rank == 0:
+            try:
+                recovered = self._recover_pending(recover)
+                result = ("ok", (validate_files(self.paths, layout, writable=mode == "r+"), recovered))
+            except EnkflowError as exc:
+                result = ("err", exc)
+        else:
+            result = ("ok", None)
+        result = self.comm.bcast(result, root=0)
+        if result[0] == "err":
+            raise result[1]  # type: ignore[misc]
+        self.structures: list[FileStructure]
+        self.structures, self.recovered_bytes = result[1]  # type: ignore[misc]
+
+        # I/O groups: consecutive ranks, group g served by its first rank.
+        n_io = min(self.config.io_tasks or min(size, self.n_members), size)
+        self.n_io = n_io
+        self.group = rank * n_io // size
+        members = [r for r in range(size) if r * n_io // size == self.group]
+        self.group_ranks = members
+        self.is_io_task = rank == members[0]
+        self.group_rows = (self.blocks.start(members[0]), self.blocks.stop(members[-1]))
+        self.group_counts = [self.blocks.size(r) for r in members]
+        self.gcomm: Comm = self.comm.split(self.group, rank) if size > 1 else self.comm
+        self.threads = self.config.threads or (min(4, _cpus()) if size == 1 else 1)
+        if len(members) > 1:
+            self.threads = 1
+        self.order = [(self.group + s) % self.n_members for s in range(self.n_members)]
+        self.rowio = RowIO(layout, self.structures, self.config.chunk_kb * 1024)
+        self.state_bytes = state_nbytes(self.structures[0], layout)
+        self._fds: list[int] = []
+        if self.is_io_task:
+            flags = os.O_RDWR if mode == "r+" else os.O_RDONLY
+            try:
+                for p in self.paths:
+                    self._fds.append(os.open(p, flags))
+            except OSError as exc:
+                self.close()
+                raise FileFormatError(f"cannot open: {exc.strerror}", path=p, variable=layout.variables[0].name) from None
+        self._wal: wal.WriteAheadLog | None = None
+
+    # -- housekeeping -----------------------------------------------------------------
+    def _recover_pending(self, allowed: bool) -> int:
+        done = 0
+        for mk in wal.pending_markers(self.paths):
+            if not allowed:
+                raise RecoveryError("an interrupted update of these files is pending; open with recover=True to finish it", path=str(mk))
+            done += wal.recover(mk)
+        return done
+
+    @property
+    def n_local_rows(self) -> int:
+        return self.row_stop - self.row_start
+
+    def close(self) -> None:
+        """Close the files and free the log space. Idempotent."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
+
+    def __enter__(self) -> "EnsembleFiles":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _thread_map(self, fn: Callable[[int, list[int]], None]) -> None:
+        """Run ``fn(k, members)`` on thread k for its share of this task's file order."""
+        t = max(1, min(self.threads, self.n_members))
+        shares = [self.order[k::t] for k in range(t)]
+        if t == 1:
+            fn(0, shares[0])
+            return
+        with ThreadPoolExecutor(t) as ex:
+            for f in [ex.submit(fn, k, shares[k]) for k in range(t)]:
+                f.result()
+
+    def _check_x(self, X: np.ndarray, for_read: bool) -> None:
+        want = (self.n_local_rows, self.n_members)
+        if X.shape != want or X.dtype != np.float64:
+            raise InputError(f"X must be float64 of shape {want} (local rows, members), got {X.dtype} {X.shape}", item="X")
+        if for_read and not X.flags.f_contiguous:
+            raise InputError("X must be in Fortran order (each member's rows contiguous)", item="X")
+
+    # -- read ---------------------------------------------------------------------------
+    def read(self, X: np.ndarray | None = None) -> np.ndarray:
+        """Read this rank's state rows of every member into ``X``.
+
+        Returns ``X`` of shape (n_local_rows, n_members), float64, Fortran order: column ``m``
+        holds rows ``[row_start, row_stop)`` of member file ``paths[m]``. Collective.
+        """
+        return self.read_timed(X)[0]
+
+    def read_timed(self, X: np.ndarray | None = None) -> tuple[np.ndarray, TransferStats]:
+        """:meth:`read`, also returning its :class:`TransferStats`."""
+        if X is None:
+            X = np.empty((self.n_local_rows, self.n_members), dtype=np.float64, order="F")
+        self._check_x(X, True)
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        r0, r1 = self.row_start, self.row_stop
+        if len(self.group_ranks) == 1:
+
+            def work(k: int, members: list[int]) -> None:
+                sc = self.rowio.scratch()
+                for m in members:
+                    self.rowio.read(m, self._fds[m], r0, r1, X[:, m], sc)
+
+            self._thread_map(work)
+        elif self.is_io_task:
+            g0, g1 = self.group_rows
+            bufs = [np.empty(g1 - g0, dtype=np.float64) for _ in range(2)]
+            sc = self.rowio.scratch()
+            reqs = []
+            for s, m in enumerate(self.order):
+                if s >= 2:
+                    reqs[s - 2].wait()
+                b = bufs[s % 2]
+                self.rowio.read(m, self._fds[m], g0, g1, b, sc)
+                reqs.append(self.gcomm.iscatterv(b, self.group_counts, X[:, m], root=0))
+            for rq in reqs[-2:]:
+                rq.wait()
+        else:
+            reqs = [self.gcomm.iscatterv(None, self.group_counts, X[:, m], root=0) for m in self.order]
+            for rq in reqs:
+                rq.wait()
+        self.comm.barrier()
+        return X, TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0)
+
+    # -- write --------------------------------------------------------------------------
+    def _emit_all(self, X: np.ndarray, sinks: Callable[[int], Sink]) -> None:
+        """Send the final bytes of every member's rows (values from ``X``) to ``sinks(k)`` (thread k)."""
+        r0, r1 = self.row_start, self.row_stop
+        if len(self.group_ranks) == 1:
+
+            def work(k: int, members: list[int]) -> None:
+                sc = self.rowio.scratch()
+                sink = sinks(k)
+                for m in members:
+                    col = X[:, m] if X.flags.f_contiguous else np.ascontiguousarray(X[:, m])
+                    self.rowio.emit(m, self._fds[m], r0, r1, col, sc, sink)
+
+            self._thread_map(work)
+        elif self.is_io_task:
+            g0, g1 = self.group_rows
+            bufs = [np.empty(g1 - g0, dtype=np.float64) for _ in range(2)]
+            cols: list[np.ndarray] = []
+
+            def post(s: int) -> object:
+                m = self.order[s]
+                cols.append(np.ascontiguousarray(X[:, m]))
+                return self.gcomm.igatherv(cols[-1], bufs[s % 2], self.group_counts, root=0)
+
+            sc = self.rowio.scratch()
+            sink = sinks(0)
+            reqs = [post(s) for s in range(min(2, self.n_members))]
+            for s, m in enumerate(self.order):
+                reqs[s].wait()  # type: ignore[attr-defined]
+                self.rowio.emit(m, self._fds[m], g0, g1, bufs[s % 2], sc, sink)
+                if s + 2 < self.n_members:
+                    reqs.append(post(s + 2))
+        else:
+            cols = [np.ascontiguousarray(X[:, m]) for m in self.order] if not X.flags.f_contiguous else [X[:, m] for m in self.order]
+            reqs = [self.gcomm.igatherv(c, None, self.group_counts, root=0) for c in cols]
+            for rq in reqs:
+                rq.wait()
+
+    def _log_sizes(self) -> list[int]:
+        """Bytes each of this task's log files receives per update."""
+        if not self.is_io_task:
+            return []
+        g0, g1 = self.group_rows if len(self.group_ranks) > 1 else (self.row_start, self.row_stop)
+        per_file = 0
+        for p in self.layout.pieces(g0, g1, self.rowio.chunk_elems):
+            vs = self.structures[0].variables[p.var.name]
+            isz = vs.dtype.itemsize
+            if not vs.contiguous:
+                inner = int(np.prod(vs.shape[1:], dtype=np.int64)) if len(vs.shape) > 1 else 1
+                per_file += (-(-p.elem_stop // inner) - p.elem_start // inner) * inner * isz
+            elif p.select is None:
+                per_file += p.n_rows * isz
+            else:
+                per_file += sum(int(p.select[k1 - 1] - p.select[k0] + 1) * isz for k0, k1 in _spans(p, self.rowio.chunk_elems))
+        t = max(1, min(self.threads, self.n_members))
+        return [per_file * len(self.order[k::t]) for k in range(t)]
+
+    def prepare_update(self) -> float:
+        """Allocate the crash-safe update's log space now (e.g. in a thread while the analysis
+        runs) so that :meth:`update` does not pay for it. Returns the seconds it took on this
+        rank. Collective only in that every rank may call it; it does no communication."""
+        if self.mode != "r+" or not self.config.safe_update.enabled or not self.is_io_task:
+            return 0.0
+        sizes = self._log_sizes()
+        if self._wal is None:
+            cfg = self.config.safe_update
+            if cfg.log_dir is not None:
+                d = Path(cfg.log_dir)
+            else:
+                shm = None if cfg.durable else wal.default_log_dir(sum(sizes))
+                d = shm if shm is not None else Path(os.path.abspath(self.paths[0])).parent / ".enkflow-wal"
+            self._wal = wal.WriteAheadLog(d, f"{wal.ensemble_key(self.paths)}-g{self.group}", durable=cfg.durable)
+        return self._wal.prepare(sizes)
+
+    def update(self, X: np.ndarray, *, safe: bool | None = None) -> TransferStats:
+        """Write ``X`` (n_local_rows, n_members) float64 back into the member files, in place.
+
+        Only the state variables' bytes change (converted to each file's dtype and byte order;
+        unmasked points and every other variable and attribute stay byte-identical). With
+        ``safe`` (default: ``config.safe_update.enabled``) a kill at any instant leaves the
+        files recoverable: the next open finishes the update. Collective.
+        """
+        if self.mode != "r+":
+            raise FileFormatError("opened read-only (mode 'r'); open with mode='r+' to update", path=self.paths[0], variable=self.layout.variables[0].name)
+        self._check_x(X, False)
+        safe = self.config.safe_update.enabled if safe is None else safe
+        nbytes = self.state_bytes * self.n_members
+        if not safe:
+            self.comm.barrier()
+            t0 = time.perf_counter()
+            fsink = FileSink(self._fds, self.paths)
+            self._emit_all(X, lambda k: fsink)
+            self.comm.barrier()
+            return TransferStats(nbytes, time.perf_counter() - t0)
+
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        prep = self.prepare_update()
+        durable = self.config.safe_update.durable
+        uid = self.comm.bcast(str(uuid.uuid4()) if self.comm.rank == 0 else None, root=0)
+        log_sinks: list[wal.LogSink] = []
+        lock = threading.Lock()
+        if self.is_io_task:
+            assert self._wal is not None
+            log_sinks = self._wal.sinks(uid)
+
+        def sink_for(k: int) -> Sink:
+            with lock:
+                return log_sinks[k]
+
+        self._emit_all(X, sink_for)
+        if self.is_io_task and durable:
+            self._wal.sync()  # type: ignore[union-attr]
+        mine = (list(self._wal.paths) if self.is_io_task else [], [r for s in log_sinks for r in s.records])  # type: ignore[union-attr]
+        everything = self.comm.allgather_obj(mine)
+        marker = None
+        if self.comm.rank == 0:
+            logs: list[str] = []
+            records: list[list[object]] = []
+            for lpaths, recs in everything:
+                base = len(logs)
+                logs.extend(lpaths)
+                for r in recs:
+                    records.append([r[0], r[1], r[2], base + int(r[3]), r[4], r[5], r[6]])
+            marker = wal.commit(self.paths, logs, records, uid, durable)
+        self.comm.barrier()
+        t_log = time.perf_counter() - t0
+        # From here the update is committed: the files are written, and a kill is finished by recovery.
+        if len(self.group_ranks) == 1:
+            fsink = FileSink(self._fds, self.paths)
+            self._emit_all(X, lambda k: fsink)
+        elif self.is_io_task:
+            self._redo([r for s in log_sinks for r in s.records])
+        if durable and self.is_io_task:
+            for fd in self._fds:
+                os.fsync(fd)
+        self.comm.barrier()
+        if marker is not None:
+            wal.clear(marker, durable)
+        self.comm.barrier()
+        return TransferStats(nbytes, time.perf_counter() - t0, True, t_log, prep)
+
+    def _redo(self, records: list[list[object]]) -> None:
+        """Write this task's committed log records into the files (group mode)."""
+        assert self._wal is not None
+        buf = np.empty(self.rowio.chunk_elems * 8, dtype=np.uint8)
+        from enkflow.io import library
+
+        for r in records:
+            m, kind, lfd, lo, n = int(r[0]), r[1], self._wal.fds[int(r[3])], int(r[4]), int(r[5])  # type: ignore[call-overload]
+            if kind == "b":
+                done = 0
+                while done < n:
+                    k = min(buf.size, n - done)
+                    pread_full(lfd, buf[:k], lo + done, self._wal.paths[int(r[3])], None)  # type: ignore[call-overload]
+                    pwrite_full(self._fds[m], buf[:k], int(r[2]) + done)  # type: ignore[call-overload]
+                    done += k
+            else:
+                var, i0, i1, dt = r[2]  # type: ignore[misc]
+                vals = np.empty(n, dtype=np.uint8)
+                pread_full(lfd, vals, lo, self._wal.paths[int(r[3])], var)  # type: ignore[call-overload]
+                library.write_slab(self.paths[m], var, i0, i1, vals.view(np.dtype(dt)))
+
+
+__all__ = ["EnsembleFiles", "Scratch", "TransferStats"]

@@ -1,0 +1,337 @@
+"""Crash-safe in-place update: a write-ahead log of the new bytes, a commit marker, idempotent redo.
+
+Protocol of one update (see docs/io.md):
+
+1. *log*: every byte range about to change is written, with its final content, to log files
+   on a fast tier (default ``/dev/shm``: survives any process kill, costs one memory copy).
+   Each record carries a 64-bit word-sum checksum.
+2. *commit*: a small JSON marker listing the files, the log files and every record is written
+   beside the first member file, atomically (temporary file + ``rename``).
+3. *write*: the member files are updated in place.
+4. *clear*: the marker is removed.
+
+A kill before step 2 leaves no marker: the files were never touched and the half-written log
+is ignored. A kill after step 2 leaves the marker: the next :func:`recover` (run by every
+``EnsembleFiles`` open) verifies every record's checksum, then writes every record again and
+removes the marker. Writing a record twice gives the same bytes, so recovery may itself be
+killed and rerun. With ``durable=True`` the logs and marker are fsync'ed before step 3 and the
+files before step 4, which extends the guarantee from process kills to power loss, provided the
+log directory is on persistent storage.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from enkflow.errors import RecoveryError
+from enkflow.io import library
+from enkflow.io.rowio import pread_full, pwrite_full
+
+MAGIC = b"ENKWAL01"
+HEADER = 64  # bytes: MAGIC + update id (ascii) + padding
+MARKER_PREFIX = ".enkflow-update-"
+
+
+def checksum(data: np.ndarray | memoryview) -> int:
+    """Sum of the little-endian 64-bit words of ``data`` modulo 2**64 (tail zero-padded).
+
+    Additive over pieces whose lengths are multiples of 8 bytes, and runs at memory speed;
+    it catches missing, zeroed or stale pages of a log, which is what a crash can leave.
+    """
+    mv = memoryview(data).cast("B")
+    n8 = len(mv) // 8
+    s = int(np.add.reduce(np.frombuffer(mv, dtype="<u8", count=n8), dtype=np.uint64)) if n8 else 0
+    tail = bytes(mv[n8 * 8 :])
+    if tail:
+        s += int.from_bytes(tail + b"\0" * (8 - len(tail)), "little")
+    return s % (1 << 64)
+
+
+def ensemble_key(paths: list[str]) -> str:
+    """A short stable name for one ensemble of files (their absolute paths)."""
+    h = hashlib.sha1("\n".join(os.path.abspath(p) for p in paths).encode())
+    return h.hexdigest()[:16]
+
+
+def marker_path(paths: list[str]) -> Path:
+    """Where the commit marker of an update of ``paths`` lives: beside the first member file."""
+    first = Path(os.path.abspath(paths[0]))
+    return first.parent / f"{MARKER_PREFIX}{ensemble_key(paths)}.json"
+
+
+def default_log_dir(need_bytes: int) -> Path | None:
+    """``/dev/shm`` when it exists, is writable and has room; else ``None`` (use the files' dir)."""
+    shm = Path("/dev/shm")
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    if not os.access(shm, os.W_OK) or st.f_bavail * st.f_frsize < 1.1 * need_bytes + (64 << 20):
+        return None
+    return shm
+
+
+class LogSink:
+    """Appends records to one log file (one per I/O thread, so threads never share an inode lock)."""
+
+    def __init__(self, fd: int, log_index: int):
+        self.fd = fd
+        self.log_index = log_index
+        self.pos = HEADER
+        self.records: list[list[object]] = []
+
+    def put_bytes(self, member: int, offset: int, data: np.ndarray) -> None:
+        n = data.nbytes
+        pwrite_full(self.fd, data, self.pos)
+        cs = checksum(data)
+        last = self.records[-1] if self.records else None
+        # Merge with the previous record when both the file range and the log range continue it.
+        if (
+            last is not None and last[1] == "b" and last[0] == member and last[2] + last[5] == offset  # type: ignore[operator]
+            and last[4] + last[5] == self.pos and last[5] % 8 == 0  # type: ignore[operator]
+        ):
+            last[5] += n  # type: ignore[operator]
+            last[6] = (last[6] + cs) % (1 << 64)  # type: ignore[operator]
+        else:
+            self.records.append([member, "b", offset, self.log_index, self.pos, n, cs])
+        self.pos += n
+
+    def put_slab(self, member: int, var: str, i0: int, i1: int, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values)
+        n = values.nbytes
+        pwrite_full(self.fd, values, self.pos)
+        self.records.append([member, "s", [var, i0, i1, values.dtype.str], self.log_index, self.pos, n, checksum(values)])
+        self.pos += n
+
+
+@dataclass
+class WriteAheadLog:
+    """The log files of one I/O task. ``n_logs`` files of up to ``capacity`` bytes each are
+    allocated once (:meth:`prepare`) and reused by every update until :meth:`close`."""
+
+    directory: Path
+    tag: str
+    durable: bool = False
+    fds: list[int] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    capacity: list[int] = field(default_factory=list)
+
+    def prepare(self, sizes: list[int]) -> float:
+        """Make sure log ``k`` can hold ``sizes[k]`` bytes of records, allocating the space now
+        (``posix_fallocate``) so the update does not pay for it; returns the seconds spent."""
+        t0 = time.perf_counter()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.fds:
+            _remove_stale_logs(self.directory, self.tag)
+        for k, size in enumerate(sizes):
+            need = HEADER + int(size)
+            if k >= len(self.fds):
+                p = self.directory / f"enkflow-wal-{self.tag}-{os.getpid()}-{k}.log"
+                self.fds.append(os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600))
+                self.paths.append(str(p))
+                self.capacity.append(0)
+            if need > self.capacity[k]:
+                try:
+                    os.posix_fallocate(self.fds[k], 0, need)
+                except OSError:  # file systems without fallocate: the writes allocate
+                    os.ftruncate(self.fds[k], need)
+                self.capacity[k] = need
+        return time.perf_counter() - t0
+
+    def sinks(self, update_id: str) -> list[LogSink]:
+        """Fresh sinks, one per log file, after stamping each log with ``update_id``."""
+        head = (MAGIC + update_id.encode()).ljust(HEADER, b"\0")
+        out = []
+        for k, fd in enumerate(self.fds):
+            os.pwrite(fd, head, 0)
+            out.append(LogSink(fd, k))
+        return out
+
+    def sync(self) -> None:
+        for fd in self.fds:
+            os.fsync(fd)
+
+    def close(self) -> None:
+        """Close and delete the log files (they hold a copy of the state: free the tier)."""
+        for fd, p in zip(self.fds, self.paths):
+            os.close(fd)
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        self.fds.clear()
+        self.paths.clear()
+        self.capacity.clear()
+
+
+def _remove_stale_logs(directory: Path, tag: str) -> None:
+    """Delete logs left by dead processes before they committed (they would hold tier space);
+    committed logs were already consumed by :func:`recover` when the files were opened."""
+    for p in glob.glob(os.path.join(glob.escape(str(directory)), f"enkflow-wal-{tag}-*-*.log")):
+        try:
+            pid = int(Path(p).name[len(f"enkflow-wal-{tag}-"):].split("-")[0])
+            if pid == os.getpid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        except (ValueError, PermissionError):
+            continue
+
+
+def commit(files: list[str], logs: list[str], records: list[list[object]], update_id: str, durable: bool) -> Path:
+    """Write the commit marker atomically; from now on the update will be finished whatever happens.
+
+    ``records`` refer to ``logs`` by index (``record[3]``)."""
+    path = marker_path(files)
+    body = {
+        "version": 1, "id": update_id, "host": socket.gethostname(), "time": time.time(),
+        "files": [os.path.abspath(f) for f in files], "logs": logs, "durable": durable, "records": records,
+    }
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as fh:
+        json.dump(body, fh, separators=(",", ":"))
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if durable:
+        _fsync_dir(path.parent)
+    return path
+
+
+def clear(marker: Path, durable: bool) -> None:
+    """The update is complete: remove its marker."""
+    try:
+        os.unlink(marker)
+    except FileNotFoundError:
+        pass
+    if durable:
+        _fsync_dir(marker.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pending_markers(files: list[str]) -> list[Path]:
+    """Commit markers, in the directories of ``files``, of updates that touch any of ``files``."""
+    mine = {os.path.abspath(f) for f in files}
+    found = []
+    for d in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
+        for m in sorted(glob.glob(os.path.join(glob.escape(d), MARKER_PREFIX + "*.json"))):
+            try:
+                with open(m) as fh:
+                    body = json.load(fh)
+            except (OSError, ValueError):
+                raise RecoveryError("unreadable commit marker of an interrupted update", path=m) from None
+            if mine & set(body.get("files", [])):
+                found.append(Path(m))
+    return found
+
+
+def recover(marker: Path, chunk_bytes: int = 4 << 20) -> int:
+    """Finish the interrupted update described by ``marker``: verify every log record, then write
+    them all and remove the marker. Returns the number of bytes written.
+
+    Raises :class:`RecoveryError` naming the log or file when a log is unreachable (for example
+    on another node's ``/dev/shm``) or damaged; nothing is written then."""
+    with open(marker) as fh:
+        body = json.load(fh)
+    files: list[str] = body["files"]
+    logs: list[str] = body["logs"]
+    recs: list[list[object]] = body["records"]
+    uid: str = body["id"]
+    lfds = []
+    try:
+        for lp in logs:
+            try:
+                fd = os.open(lp, os.O_RDONLY)
+            except OSError as exc:
+                raise RecoveryError(
+                    f"the log of an interrupted update (committed on host {body.get('host')}) is unreachable: {exc.strerror}; "
+                    f"run again on that host, or restore the member files from another copy and delete the marker {marker}",
+                    path=lp,
+                ) from None
+            lfds.append(fd)
+            head = os.pread(fd, HEADER, 0)
+            if not head.startswith(MAGIC + uid.encode()):
+                raise RecoveryError(f"log does not belong to update {uid} of marker {marker}", path=lp)
+        buf = np.empty(chunk_bytes, dtype=np.uint8)
+
+        def chunks(rec: list[object]):  # type: ignore[no-untyped-def]
+            lfd, lo, n = lfds[rec[3]], int(rec[4]), int(rec[5])  # type: ignore[call-overload,index]
+            done = 0
+            while done < n:
+                k = min(chunk_bytes, n - done)
+                pread_full(lfd, buf[:k], lo + done, logs[rec[3]], None)  # type: ignore[arg-type,index]
+                yield done, buf[:k]
+                done += k
+
+        for rec in recs:  # verify everything before writing anything
+            if rec[1] == "b":
+                s = sum(checksum(c) for _, c in chunks(rec)) % (1 << 64)
+            else:
+                s = checksum(_slab_values(lfds, rec))
+            if s != rec[6]:
+                raise RecoveryError(
+                    f"log record for {files[rec[0]]} (log offset {rec[4]}, {rec[5]} bytes) fails its checksum",  # type: ignore[index,call-overload]
+                    path=logs[rec[3]],  # type: ignore[index,call-overload]
+                )
+        ffds: dict[int, int] = {}
+        written = 0
+        try:
+            for rec in recs:
+                m = int(rec[0])  # type: ignore[call-overload]
+                if rec[1] == "b":
+                    if m not in ffds:
+                        try:
+                            ffds[m] = os.open(files[m], os.O_WRONLY)
+                        except OSError as exc:
+                            raise RecoveryError(f"cannot reopen the member file to finish the update: {exc.strerror}", path=files[m]) from None
+                    for done, c in chunks(rec):
+                        pwrite_full(ffds[m], c, int(rec[2]) + done)  # type: ignore[call-overload]
+                else:
+                    var, i0, i1, _ = rec[2]  # type: ignore[misc]
+                    library.write_slab(files[m], var, i0, i1, _slab_values(lfds, rec))
+                written += int(rec[5])  # type: ignore[call-overload]
+            if body.get("durable"):
+                for fd in ffds.values():
+                    os.fsync(fd)
+        finally:
+            for fd in ffds.values():
+                os.close(fd)
+    finally:
+        for fd in lfds:
+            os.close(fd)
+    clear(marker, bool(body.get("durable")))
+    for lp in logs:
+        try:
+            os.unlink(lp)
+        except OSError:
+            pass
+    return written
+
+
+def _slab_values(lfds: list[int], rec: list[object]) -> np.ndarray:
+    var, i0, i1, dt = rec[2]  # type: ignore[misc]
+    out = np.empty(int(rec[5]), dtype=np.uint8)  # type: ignore[call-overload]
+    pread_full(lfds[rec[3]], out, int(rec[4]), "log", var)  # type: ignore[index,call-overload]
+    return out.view(np.dtype(dt))

@@ -1,0 +1,8 @@
+"""The state vector: which variables of a restart file, in which order, with which mask and
+coordinates (:class:`StateLayout`)."""
+
+from enkflow.state.config import MaskConfig, StateConfig
+from enkflow.state.layout import Piece, StateLayout, StateVariable
+from enkflow.state.mask import mask_index
+
+__all__ = ["MaskConfig", "Piece", "StateConfig", "StateLayout", "StateVariable", "mask_index"]
