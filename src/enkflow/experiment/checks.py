@@ -64,12 +64,21 @@ def _structure(path: Path) -> tuple[dict[str, int], dict[str, tuple[tuple[str, .
 
 
 def check_restarts(cfg: ExperimentConfig) -> None:
-    """Every member's restart exists and has member 1's dimensions and variables."""
+    """Every member's restart exists and has member 1's dimensions and variables.
+
+    With a ``[state]`` section the I/O layer's own check runs too (state
+    variables present, same shapes, types and storage layout, writable).
+    """
     ref_path = cfg.restart_path(1)
     paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
     for m, p in enumerate(paths, start=1):
         if not p.is_file():
             raise FileFormatError(f"restart file of member {m} not found (experiment.restart)", path=str(p))
+    if cfg.state is not None:
+        from enkflow.io.validate import validate_files
+        from enkflow.state import StateLayout
+
+        validate_files([str(p) for p in paths], StateLayout.from_config(ref_path, cfg.state), writable=True)
     ref_dims, ref_vars = _structure(ref_path)
     for p in paths[1:]:
         dims, var = _structure(p)

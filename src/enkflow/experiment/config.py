@@ -19,7 +19,9 @@ from pydantic import Field, field_validator, model_validator
 
 from enkflow.config import AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
+from enkflow.io.config import IOConfig
 from enkflow.jobs.strategies import Resources, Strategy
+from enkflow.state.config import StateConfig
 
 
 def _fields(template: str) -> set[str]:
@@ -187,6 +189,8 @@ class ExperimentConfig(Strict):
     experiment: ExperimentSection
     model: ModelSection
     observations: ObservationsSection
+    state: StateConfig | None = None
+    io: IOConfig = IOConfig()
     analysis: AnalysisConfig | None = None
     analysis_task: AnalysisTaskSection = AnalysisTaskSection()
     jobs: JobsSection = JobsSection()
