@@ -19,6 +19,7 @@ COMMANDS = [
     "worker",
     "report",
     "model",
+    "demo",
 ]
 
 

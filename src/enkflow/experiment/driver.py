@@ -103,11 +103,13 @@ class _Job:
 
 @dataclass
 class Experiment:
-    """Runs the cycles of ``cfg``. ``progress`` receives one-line status messages."""
+    """Runs the cycles of ``cfg``. ``progress`` receives one-line status messages;
+    ``on_cycle_end(cycle)`` is called after each cycle's analysis is confirmed."""
 
     cfg: ExperimentConfig
     launcher: Launcher | None = None
     progress: Callable[[str], None] | None = None
+    on_cycle_end: Callable[[int], None] | None = None
     jobs: list[_Job] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +143,8 @@ class Experiment:
                 checks.check_restarts(cfg)
                 self.run_cycle(k)
                 state.mark_done(k)
+                if self.on_cycle_end is not None:
+                    self.on_cycle_end(k)
         finally:
             self.launcher.close()
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
