@@ -11,7 +11,7 @@ import pytest
 
 from enkflow.errors import FileFormatError, InputError
 from enkflow.obs.obsfile import ObsFile, read_obs_file, write_obs_file
-from enkflow.obs.obsset import ObsSet
+from enkflow.analysis.obsset import ObsSet
 
 N = 6
 

@@ -10,6 +10,7 @@ from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation, inflate_posterior
 from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel, LocalStats
 from enkflow.analysis.localization import Localization
+from enkflow.analysis.obsset import ObsSet
 
 __all__ = [
     "DEnKF",
@@ -25,5 +26,6 @@ __all__ = [
     "LocalDomains",
     "LocalStats",
     "Localization",
+    "ObsSet",
     "inflate_posterior",
 ]

@@ -20,7 +20,7 @@ import numpy as np
 from enkflow.analysis.inflation import Inflation, inflate_posterior
 from enkflow.analysis.transforms import estkf_weights, kalman_gain_ens, letkf_weights
 from enkflow.analysis.validate import check_ensemble, check_obs_ensemble
-from enkflow.obs import ObsSet
+from enkflow.analysis.obsset import ObsSet
 
 
 @dataclass(frozen=True, kw_only=True)

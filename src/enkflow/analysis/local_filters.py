@@ -27,7 +27,7 @@ from enkflow.analysis.kernels import local_analysis
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.transforms import estkf_weights, letkf_weights
 from enkflow.errors import InputError
-from enkflow.obs import ObsSet
+from enkflow.analysis.obsset import ObsSet
 
 
 class Kernel(str, Enum):

@@ -16,9 +16,27 @@ import numpy as np
 import scipy.linalg as sla
 
 
-def _sym_eig(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def sym_eig(M: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """LAPACK dsyevd on the symmetrized ``M``: eigenvalues ascending, eigenvectors in columns."""
     M = 0.5 * (M + M.T)
     return sla.eigh(M, driver="evd", check_finite=False)
+
+
+def letkf_matrix(Yp: np.ndarray, rinv: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(A^{-1}, C)``: A^{-1} = rho (N-1) I + Y'^T R^{-1} Y' (N, N) and C = Y'^T R^{-1} (N, p)."""
+    N = Yp.shape[1]
+    C = Yp.T * rinv
+    Ainv = C @ Yp
+    Ainv[np.diag_indices(N)] += rho * (N - 1)
+    return Ainv, C
+
+
+def letkf_from_eig(lam: np.ndarray, V: np.ndarray, C: np.ndarray, dy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(w, W)`` from the eigendecomposition A^{-1} = V diag(lam) V^T."""
+    N = V.shape[0]
+    w = V @ ((V.T @ (C @ dy)) / lam)
+    W = np.sqrt(N - 1) * (V / np.sqrt(lam)) @ V.T
+    return w, W
 
 
 def letkf_weights(dy: np.ndarray, Yp: np.ndarray, rinv: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray]:
@@ -28,13 +46,9 @@ def letkf_weights(dy: np.ndarray, Yp: np.ndarray, rinv: np.ndarray, rho: float) 
     (symmetric square root) for the anomalies, so that
     ``Xa = xbar + X' w + X' W`` column-wise.
     """
-    N = Yp.shape[1]
-    C = Yp.T * rinv  # (N, p) = Y'^T R^{-1}
-    Ainv = rho * (N - 1) * np.eye(N) + C @ Yp
-    lam, V = _sym_eig(Ainv)
-    w = V @ ((V.T @ (C @ dy)) / lam)
-    W = np.sqrt(N - 1) * (V / np.sqrt(lam)) @ V.T
-    return w, W
+    Ainv, C = letkf_matrix(Yp, rinv, rho)
+    lam, V = sym_eig(Ainv)
+    return letkf_from_eig(lam, V, C, dy)
 
 
 def estkf_projection(N: int) -> np.ndarray:
@@ -60,7 +74,7 @@ def estkf_weights(dy: np.ndarray, Yp: np.ndarray, rinv: np.ndarray, rho: float) 
     HL = Yp @ T  # (p, N-1)
     C = HL.T * rinv
     Ainv = rho * (N - 1) * np.eye(N - 1) + C @ HL
-    lam, V = _sym_eig(Ainv)
+    lam, V = sym_eig(Ainv)
     wt = V @ ((V.T @ (C @ dy)) / lam)
     Asqrt = (V / np.sqrt(lam)) @ V.T
     return T @ wt, np.sqrt(N - 1) * (T @ Asqrt @ T.T)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from enkflow.errors import InputError
-from enkflow.obs import ObsSet
+from enkflow.analysis.obsset import ObsSet
 
 
 def first_bad(a: np.ndarray) -> tuple[int, ...] | None:

@@ -30,7 +30,7 @@ import numpy as np
 from enkflow.errors import InputError
 from enkflow.models import synthetic_land as sl
 from enkflow.obs.obsfile import ObsFile, write_obs_file
-from enkflow.obs.obsset import ObsSet
+from enkflow.analysis.obsset import ObsSet
 
 STATE_VARIABLE = "soil_moisture"
 LAND_DIM = "land"

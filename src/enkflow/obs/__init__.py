@@ -1,5 +1,6 @@
 """Observation sets and observation operators."""
 
-from enkflow.obs.obsset import ObsSet
+from enkflow.analysis.obsset import ObsSet
+from enkflow.obs.operators import GivenHX, LinearObsOperator
 
-__all__ = ["ObsSet"]
+__all__ = ["GivenHX", "LinearObsOperator", "ObsSet"]

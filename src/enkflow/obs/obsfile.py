@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from enkflow.errors import FileFormatError, InputError
-from enkflow.obs.obsset import ObsSet
+from enkflow.analysis.obsset import ObsSet
 
 OBS_DIM = "obs"
 VALUE = "value"

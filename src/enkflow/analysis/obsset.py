@@ -1,4 +1,7 @@
-"""An observation set: values, error variances, coordinates and kinds."""
+"""An observation set: values, error variances, coordinates and kinds.
+
+Defined with the analysis (which consumes it); `enkflow.obs` re-exports it.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Benchmarks that compose several layers (`enkflow bench ...`)."""

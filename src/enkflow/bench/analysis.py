@@ -1,0 +1,227 @@
+"""`enkflow bench analysis`: time per grid point of the local analysis against
+a straightforward per-point NumPy/LAPACK implementation, in one run.
+
+Problem (the PDAF comparison case): smooth Gaussian random fields on an
+nx x ny Cartesian grid, N members; H = identity at a random fraction of the
+points with error std ``obs_std``; Gaspari-Cohn weights reaching zero at
+``cutoff`` grid units (PDAF's cut-off radius; half-width c = cutoff / 2); one
+local domain per grid point.
+
+The compiled kernel analyses every point. The baseline (forming the N x N
+matrix, LAPACK eigendecomposition, transform, per point) runs on a random
+sample of points and is extrapolated per point; the two are compared on that
+sample (relative max difference). The compiled time is split into local search,
+matrix build, eigen and transform by re-running a sample with the kernel
+stopped after each stage.
+
+With ``ranks`` > 1 the same program runs under mpiexec: each rank owns a row
+block, computes its part of H X, the parts are summed (Allreduce), and each
+rank analyses its own points.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from enkflow.analysis import LETKF, Geometry, Kernel, LocalDomains, Localization, ObsSet
+from enkflow.analysis.kernels import local_analysis
+from enkflow.analysis.transforms import letkf_from_eig, letkf_matrix, sym_eig
+from enkflow.bench.fields import gaussian_random_field
+from enkflow.config import Metric, RadiusConvention
+from enkflow.errors import InputError
+from enkflow.obs import LinearObsOperator
+from enkflow.parallel import RowBlocks, get_comm
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalysisBenchSetup:
+    nx: int = 1000
+    ny: int = 1000
+    members: int = 40
+    obs_fraction: float = 0.1
+    obs_std: float = 0.25
+    cutoff: float = 10.0
+    length: float = 8.0  # correlation length of the fields, grid units
+    baseline_points: int = 2000
+    profile_points: int = 40000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nx < 2 or self.ny < 2:
+            raise InputError("--nx and --ny must be >= 2", item="nx")
+        if self.members < 2:
+            raise InputError(f"--members must be >= 2, got {self.members}", item="members")
+        if not 0 < self.obs_fraction <= 1:
+            raise InputError(f"--obs-fraction must be in (0, 1], got {self.obs_fraction}", item="obs_fraction")
+        if not self.obs_std > 0:
+            raise InputError(f"--obs-std must be > 0, got {self.obs_std}", item="obs_std")
+        if not self.cutoff > 0:
+            raise InputError(f"--cutoff must be > 0, got {self.cutoff}", item="cutoff")
+
+
+def _problem(s: AnalysisBenchSetup, start: int, stop: int):
+    """This rank's rows of the ensemble, the observations and their operator.
+
+    Every rank draws the same fields from the same seed and keeps its rows,
+    so the problem is identical whatever the rank count.
+    """
+    rng = np.random.default_rng(s.seed)
+    n = s.nx * s.ny
+    truth = gaussian_random_field(rng, s.nx, s.ny, s.length).ravel()
+    X = np.empty((stop - start, s.members), order="F")
+    for k in range(s.members):
+        X[:, k] = (truth + gaussian_random_field(rng, s.nx, s.ny, s.length).ravel())[start:stop]
+    n_obs = max(1, int(round(s.obs_fraction * n)))
+    where = np.sort(rng.choice(n, n_obs, replace=False))
+    y = truth[where] + s.obs_std * rng.standard_normal(n_obs)
+    coords = np.column_stack((where // s.ny, where % s.ny)).astype(float)
+    obs = ObsSet(y, np.full(n_obs, s.obs_std**2), coords)
+    return X, obs, LinearObsOperator.selection(where, n), truth[start:stop]
+
+
+def _grid_coords(s: AnalysisBenchSetup, start: int, stop: int) -> np.ndarray:
+    r = np.arange(start, stop)
+    return np.column_stack((r // s.ny, r % s.ny)).astype(float)
+
+
+def _baseline(X, HX, obs, loc, geo, coords, sample, rho) -> tuple[np.ndarray, dict]:
+    """Straightforward per-point LETKF with LAPACK (the exact reference), timed by stage."""
+    t = dict(search=0.0, build=0.0, eigen=0.0, transform=0.0)
+    Yp = HX - HX.mean(axis=1, keepdims=True)
+    dy = obs.values - HX.mean(axis=1)
+    rinv = 1.0 / obs.error_var
+    out = np.empty((sample.size, X.shape[1]))
+    for k, i in enumerate(sample):
+        t0 = time.perf_counter()
+        off, idx, wt = loc.local_obs(geo, coords[i : i + 1])
+        t1 = time.perf_counter()
+        Ainv, C = letkf_matrix(Yp[idx], rinv[idx] * wt, rho)
+        t2 = time.perf_counter()
+        lam, V = sym_eig(Ainv)
+        t3 = time.perf_counter()
+        w, W = letkf_from_eig(lam, V, C, dy[idx])
+        x = X[i]
+        xbar = x.mean()
+        out[k] = xbar + (x - xbar) @ (w[:, None] + W)
+        t4 = time.perf_counter()
+        t["search"] += t1 - t0
+        t["build"] += t2 - t1
+        t["eigen"] += t3 - t2
+        t["transform"] += t4 - t3
+    return out, t
+
+
+def run_rank(s: AnalysisBenchSetup) -> dict | None:
+    """Run the benchmark on this rank; rank 0 returns the figures."""
+    comm = get_comm()
+    n = s.nx * s.ny
+    blocks = RowBlocks(n, comm.size)
+    start, stop = blocks.bounds(comm.rank)
+    X, obs, H, truth = _problem(s, start, stop)
+    HX = H.apply(X, start, comm)
+    loc = Localization.from_radius(s.cutoff, RadiusConvention.CUTOFF, metric=Metric.CARTESIAN)
+    coords = _grid_coords(s, start, stop)
+    domains = LocalDomains.per_row(coords)
+    geo = Geometry(Metric.CARTESIAN, obs.coords)
+    f = LETKF(localization=loc)
+    prior_rmse = float(np.sqrt(np.mean((X.mean(axis=1) - truth) ** 2)))
+    Xf = X.copy(order="F") if comm.rank == 0 else None
+
+    comm.barrier()
+    t0 = time.perf_counter()
+    Xa = f.analyze(X, HX, obs, domains=domains, out=X, geometry=geo)
+    t_local = time.perf_counter() - t0
+    comm.barrier()
+    t_wall = comm.allgather_obj(t_local)
+    post_rmse = float(np.sqrt(np.mean((Xa.mean(axis=1) - truth) ** 2)))
+    sq = comm.allgather_obj((prior_rmse**2 * (stop - start), post_rmse**2 * (stop - start)))
+    rss = comm.allgather_obj(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+    stats = comm.allgather_obj((f.stats.search_s, f.stats.kernel_s, f.stats.n_local_obs, f.stats.n_domains))
+    if comm.rank != 0:
+        return None
+
+    # Baseline and exactness on a random sample of rank 0's points.
+    rng = np.random.default_rng(s.seed + 1)
+    sample = np.sort(rng.choice(stop - start, min(s.baseline_points, stop - start), replace=False))
+    rho = f.inflation.forgetting_factor
+    ref, tb = _baseline(Xf, HX, obs, loc, geo, coords, sample, rho)
+    rel = float(np.abs(ref - Xa[sample]).max() / np.abs(ref).max())
+    base_per_point = sum(tb.values()) / sample.size
+
+    # Split of the compiled kernel's time: stop after each stage on a sample.
+    prof = domains.subset(0, min(s.profile_points, domains.n_domains))
+    off, idx, wt = loc.local_obs(geo, prof.coords)
+    Yp = np.ascontiguousarray(HX - HX.mean(axis=1, keepdims=True))
+    dy = obs.values - HX.mean(axis=1)
+    sw = np.sqrt(wt / obs.error_var[idx])
+    gamma = rho * (s.members - 1)
+    stage_t = []
+    for stage in (1, 2, 3):
+        work = Xf[: prof.rows.max() + 1].copy(order="F")
+        t1 = time.perf_counter()
+        local_analysis(work, prof.offsets, prof.rows, off, idx, sw, Yp, dy, gamma, stage=stage)
+        stage_t.append(time.perf_counter() - t1)
+    search_s = sum(st[0] for st in stats)
+    kernel_s = sum(st[1] for st in stats)
+    frac = np.diff([0.0, *stage_t]) / max(stage_t[-1], 1e-12)
+    frac = np.clip(frac, 0.0, None)
+    frac /= frac.sum()
+    per_pt_ms = max(t_wall) / n * 1e3
+    sum_sq = np.sum(sq, axis=0)
+    return {
+        "nx": s.nx,
+        "ny": s.ny,
+        "members": s.members,
+        "ranks": comm.size,
+        "n_obs": obs.n_obs,
+        "mean_local_obs": sum(st[2] for st in stats) / n,
+        "ms_per_point": per_pt_ms,
+        "wall_s": max(t_wall),
+        "split_ms_per_point": {
+            "search": search_s / n * 1e3,
+            "build": kernel_s * frac[0] / n * 1e3,
+            "eigen": kernel_s * frac[1] / n * 1e3,
+            "transform": kernel_s * frac[2] / n * 1e3,
+        },
+        "baseline_ms_per_point": base_per_point * 1e3,
+        "baseline_split_ms_per_point": {k: v / sample.size * 1e3 for k, v in tb.items()},
+        "baseline_points": int(sample.size),
+        "speedup_vs_baseline": base_per_point * 1e3 / per_pt_ms,
+        "max_rel_diff_vs_baseline": rel,
+        "rmse_prior": float(np.sqrt(sum_sq[0] / n)),
+        "rmse_analysis": float(np.sqrt(sum_sq[1] / n)),
+        "peak_rss_mb": max(rss),
+        "ensemble_mb": n * s.members * 8 / 2**20,
+        "fallback_domains": f.stats.fallbacks,
+    }
+
+
+def run(s: AnalysisBenchSetup, ranks: int) -> dict:
+    """Run in this process (ranks == 1) or under mpiexec with ``ranks`` processes."""
+    if ranks == 1:
+        res = run_rank(s)
+        assert res is not None
+        return res
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        raise InputError("--ranks > 1 needs mpiexec next to the Python executable (the `mpich` wheel)", item="ranks")
+    cmd = [mpiexec, "-n", str(ranks), sys.executable, "-m", "enkflow.bench.analysis", json.dumps(asdict(s))]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise InputError(f"mpiexec -n {ranks} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}", item="ranks")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # the per-rank entry point under mpiexec
+    _res = run_rank(AnalysisBenchSetup(**json.loads(sys.argv[1])))
+    if _res is not None:
+        print(json.dumps(_res))
