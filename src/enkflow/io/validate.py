@@ -22,10 +22,11 @@ def _state_checks(fs: FileStructure, layout: StateLayout) -> None:
             raise FileFormatError(f"unsupported layout: state variables must be float32/float64, found {vs.dtype}", path=fs.path, variable=sv.name)
         if vs.shape != sv.shape:
             raise StructureMismatchError(f"shape {vs.shape} differs from the template's {sv.shape} ({layout.template})", path=fs.path, variable=sv.name)
+    for vs in fs.variables.values():  # auxiliary variables too: a cut file is a damaged file
         if vs.contiguous and vs.offset is not None and vs.offset + vs.nbytes > fs.size:
             raise FileFormatError(
                 f"file is truncated: {fs.size} bytes, the variable's data end at byte {vs.offset + vs.nbytes}",
-                path=fs.path, variable=sv.name,
+                path=fs.path, variable=vs.name,
             )
 
 

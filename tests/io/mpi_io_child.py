@@ -1,0 +1,40 @@
+"""Run under mpiexec by test_mpi.py: read (and optionally update) an ensemble with P ranks.
+
+usage: mpi_io_child.py FILES_DIR OUT_NPY N_IO [update-safe|update-unsafe|read]
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from enkflow.io import EnsembleFiles, IOConfig
+from enkflow.io.generate import land_mask_config
+from enkflow.parallel import get_comm
+from enkflow.state import StateLayout
+
+
+def new_values(rows: np.ndarray, n_ens: int) -> np.ndarray:
+    """The analysis every test writes: a function of (global row, member) only."""
+    return np.asfortranarray(np.cos(rows[:, None] * 0.01) + np.arange(n_ens)[None, :] * 0.5)
+
+
+def main() -> None:
+    d, out, n_io, what = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    comm = get_comm()
+    paths = sorted(str(p) for p in d.glob("member_*.nc"))
+    lay = StateLayout.from_file(paths[0], ["var0", "var1"], mask=land_mask_config())
+    mode = "r" if what == "read" else "r+"
+    with EnsembleFiles(paths, lay, mode=mode, comm=comm, config=IOConfig(io_tasks=n_io, chunk_kb=8)) as ef:
+        assert ef.n_io == n_io and comm.size == 2
+        X = ef.read()
+        full = comm.allgather_rows(X)
+        if comm.rank == 0:
+            np.save(out, full)
+        if what.startswith("update"):
+            rows = np.arange(ef.row_start, ef.row_stop)
+            ef.update(new_values(rows, len(paths)), safe=what == "update-safe")
+
+
+if __name__ == "__main__":
+    main()
