@@ -91,6 +91,20 @@ class Geometry:
         else:
             if not 1 <= ndim <= 3:
                 raise InputError(f"{name}: the Cartesian metric takes 1 to 3 coordinates, got {ndim}", item=name)
+            bad = np.flatnonzero(~np.isfinite(c).all(axis=1))
+            if bad.size:
+                raise InputError(f"{name}[{bad[0]}] is not finite", item=name, index=int(bad[0]))
+
+    def check_domain_coords(self, dom_coords: np.ndarray) -> None:
+        """Raise InputError unless ``dom_coords`` (n_dom, n_dim) are valid in this metric."""
+        dc = np.asarray(dom_coords, dtype=np.float64)
+        dc = dc[:, None] if dc.ndim == 1 else dc
+        if dc.shape[1] != self.obs_coords.shape[1]:
+            raise InputError(
+                f"domain coordinates have {dc.shape[1]} column(s), the observations {self.obs_coords.shape[1]}",
+                item="domain coordinates",
+            )
+        self._check_coords(dc, "domain coordinates")
 
     def _embed(self, c: np.ndarray) -> np.ndarray:
         return lonlat_to_xyz(c) if self.metric is Metric.SPHERE else np.ascontiguousarray(c)

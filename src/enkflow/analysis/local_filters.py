@@ -78,13 +78,17 @@ class _LocalFilter(Filter):
         self._check(X, HX, obs)
         if domains.rows.size and (domains.rows.min() < 0 or domains.rows.max() >= X.shape[0]):
             raise InputError(f"domain rows must lie in [0, {X.shape[0]})", item="domains")
+        # Every check runs before the first row is written.
+        geometry = geometry or Geometry(self.localization.metric, obs.coords, self.localization.period)
+        geometry.check_domain_coords(domains.coords)
         if out is None:
             out = np.array(X, order="F", copy=True)
         elif out is not X:
             if out.shape != X.shape or not out.flags.f_contiguous:
                 raise InputError(f"out must be an F-ordered array of shape {X.shape}", item="out")
             out[...] = X
-        geometry = geometry or Geometry(self.localization.metric, obs.coords, self.localization.period)
+        elif not X.flags.f_contiguous:
+            raise InputError("an in-place analysis (out=X) needs X in Fortran order", item="X")
         Yp = np.ascontiguousarray(HX - HX.mean(axis=1, keepdims=True))
         dy = obs.values - HX.mean(axis=1)
         rinv = 1.0 / obs.error_var

@@ -56,7 +56,7 @@ class ObsSet:
                 raise InputError(f"{name} holds NaN or Inf at index {tuple(int(i) for i in first)}", item=name, index=tuple(int(i) for i in first))
         if n and (r <= 0).any():
             i = int(np.argmax(r <= 0))
-            raise InputError(f"obs.error_var must be > 0; observation {i} has {r[i]!r}", item="obs.error_var", index=i)
+            raise InputError(f"obs.error_var must be > 0; observation {i} has {float(r[i])}", item="obs.error_var", index=i)
         object.__setattr__(self, "values", v)
         object.__setattr__(self, "error_var", r)
         object.__setattr__(self, "coords", c)
