@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -87,15 +88,19 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "table2"), help="work directory")
     ap.add_argument("--members", type=int, default=8, help="N_e (default 8)")
     ap.add_argument("--cycles", type=int, default=5, help="cycles per strategy and scenario (default 5)")
-    ap.add_argument("--node-cpus", type=int, default=16, help="CPUs of the emulated node (default 16)")
+    ap.add_argument("--node-cpus", type=int, default=None,
+                    help="CPUs of the emulated node (default N_e: the all-resources job needs the whole node)")
     ap.add_argument("--member-seconds", type=float, default=3.0, help="emulated cost of one forecast (default 3 s)")
     ap.add_argument("--load-jobs", type=int, default=None, help="background jobs kept queued or running (default node CPUs + 4)")
+    ap.add_argument("--workers", type=int, default=None, help="N_j pilots of the dynamic scheme (default N_e)")
     ap.add_argument("--load-seconds", type=float, nargs=2, default=(8.0, 24.0), help="duration range of a load job")
     ap.add_argument("--analysis", choices=["auto", "builtin", "toy"], default="auto",
                     help="the built-in LETKF (needs enkflow.experiment.analysis_step) or the test's toy analysis")
     ap.add_argument("--scenarios", default="load,noload", help="comma list of load,noload")
     ap.add_argument("--quick", action="store_true", help="2 cycles per run")
     args = ap.parse_args()
+    # SIGTERM (timeout, kill) must still stop the SLURM daemons: leave through the context managers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
     import importlib.util
 
@@ -118,11 +123,12 @@ def main() -> int:
     out.mkdir(parents=True)
     synth = out / "synth"
     generate(synth, size="tiny", members=args.members)
-    load_jobs = args.load_jobs if args.load_jobs is not None else args.node_cpus + 4
+    node_cpus = args.node_cpus or args.members
+    load_jobs = args.load_jobs if args.load_jobs is not None else node_cpus + 4
     strategies = ["dynamic", "per-member", "single"]
     results: dict[str, dict[str, dict]] = {}
     t_all = time.time()
-    with LocalSlurm(out / "slurm", cpus=args.node_cpus):
+    with LocalSlurm(out / "slurm", cpus=node_cpus):
         for scenario in args.scenarios.split(","):
             results[scenario] = {}
             load = BackgroundLoad(load_jobs, tuple(args.load_seconds), seed=42) if scenario == "load" else None
@@ -133,7 +139,7 @@ def main() -> int:
                 for strategy in strategies:
                     root = out / scenario / strategy
                     toml = write_experiment(root, synth, strategy=strategy, members=args.members, cycles=cycles,
-                                            workers=args.members, member_s=args.member_seconds, analysis=analysis)
+                                            workers=args.workers or args.members, member_s=args.member_seconds, analysis=analysis)
                     t0 = time.time()
                     Experiment(load_experiment(toml)).run()
                     rep = load_report(root / "exp")
@@ -147,7 +153,7 @@ def main() -> int:
                     load.stop()
 
     lines = [f"Table 2 miniature: N_e = {args.members}, {cycles} cycles per strategy, member cost "
-             f"{args.member_seconds:g} s, emulated node of {args.node_cpus} CPUs on {__import__('os').cpu_count()} real cores, "
+             f"{args.member_seconds:g} s, emulated node of {node_cpus} CPUs on {__import__('os').cpu_count()} real cores, "
              f"analysis: {analysis}; load: {load_jobs} one-CPU jobs of {args.load_seconds[0]:g}-{args.load_seconds[1]:g} s kept queued/running",
              ""]
     for scenario, res in results.items():

@@ -180,3 +180,16 @@ def test_config_errors_name_the_key(tmp_path: Path, synth: Path, section: str, n
         load_experiment(toml)
     assert ei.value.key == f"{section}.{name}"
     assert str(toml) in str(ei.value)
+
+
+def test_state_and_io_sections_are_accepted_and_checked(tmp_path: Path, synth: Path) -> None:
+    from enkflow.experiment import checks
+
+    toml = make_experiment(tmp_path, synth)
+    toml.write_text(toml.read_text() + '\n[state]\nvariables = ["soil_moisture"]\n\n[io]\nio_tasks = 2\n')
+    cfg = load_experiment(toml)
+    assert cfg.state is not None and cfg.io.io_tasks == 2
+    checks.check_restarts(cfg)
+    toml.write_text(toml.read_text().replace('variables = ["soil_moisture"]', 'variables = ["no_such_var"]'))
+    with pytest.raises(Exception, match="no_such_var"):
+        checks.check_restarts(load_experiment(toml))

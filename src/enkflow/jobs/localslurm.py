@@ -80,14 +80,22 @@ class LocalSlurm:
     ``cpus``: CPUs the node offers (may exceed the real count);
     ``memory_mb``: its RealMemory. While started, ``os.environ['SLURM_CONF']``
     points at the private configuration so that ``sbatch`` and friends use it.
+    ``priority``: ``"age"`` orders the queue by the time since a job became
+    eligible (``priority/multifactor`` with only the age factor), as on
+    production systems, so a job held by a dependency queues behind jobs
+    that were waiting while it was held; ``"fifo"`` uses submission order.
     """
 
-    def __init__(self, workdir: str | os.PathLike[str], *, cpus: int | None = None, memory_mb: int | None = None):
+    def __init__(self, workdir: str | os.PathLike[str], *, cpus: int | None = None, memory_mb: int | None = None,
+                 priority: str = "age"):
         self.dir = Path(workdir).resolve()
         self.cpus = cpus or os.cpu_count() or 1
         self.memory_mb = memory_mb or max(1024, int(psutil.virtual_memory().total / 2**20 * 0.8))
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.dir / "slurm.conf"
+        if priority not in ("age", "fifo"):
+            raise ValueError(f"priority must be 'age' or 'fifo', got {priority!r}")
+        self.priority = priority
         self._procs: list[subprocess.Popen] = []
         self._old_conf: str | None = None
 
@@ -105,6 +113,9 @@ class LocalSlurm:
             "SchedulerType=sched/backfill",
             # Schedule within a second of a change: the experiments measure queue waits.
             "SchedulerParameters=bf_interval=1,sched_min_interval=100000",
+            *(["PriorityType=priority/multifactor", "PriorityWeightAge=100000", "PriorityMaxAge=00:10:00",
+               "PriorityWeightFairshare=0", "PriorityWeightJobSize=0", "PriorityWeightPartition=0", "PriorityWeightQOS=0"]
+              if self.priority == "age" else ["PriorityType=priority/basic"]),
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SlurmUser=root",
@@ -254,7 +265,10 @@ class BackgroundLoad:
         while not self._stop.is_set():
             for _ in range(max(0, self.jobs - self._count())):
                 secs = self.rng.uniform(*self.duration_s)
-                subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", "--output=/dev/null", f"--wrap=sleep {secs:.2f}"],
+                # A time limit, as sites require: it lets backfill plan around these jobs.
+                limit = max(1, int(secs // 60) + 1)
+                subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", f"--time={limit}", "--output=/dev/null",
+                                f"--wrap=sleep {secs:.2f}"],
                                capture_output=True)
                 self.submitted += 1
             self._stop.wait(self.period_s)
