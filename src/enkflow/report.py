@@ -10,7 +10,7 @@ Per cycle (seconds, from ``events.jsonl``):
               I/O) or the analysis computation was running.
 ``io``        the analysis task's restart I/O: reading the ensemble, writing the
               updated restarts and the mean/spread output (``read_s + write_s +
-              output_s`` reported by the analysis).
+              update_s + output_s`` reported by the analysis).
 ``overhead``  the rest: job start-up, polling, scheduler latency.
 
 ``member_io`` (sum over members of the model's own read and write time) and
@@ -29,6 +29,7 @@ from typing import Any
 
 from enkflow.errors import EnkflowError
 from enkflow.jobs.events import iter_events
+from enkflow.jobs.worker import COMPUTE_KEYS, io_seconds
 
 FIGURES = ("total", "queuing", "running", "io", "overhead")
 
@@ -162,7 +163,7 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
     for m in members.values():
         m["wait_s"] = m.pop("first_start") - lo
     running_all = _union_length(task_iv, lo, hi)
-    io = sum(analysis.get(x, 0.0) for x in ("read_s", "write_s", "output_s"))
+    io = io_seconds(analysis)
     running = max(0.0, running_all - io)
     total = hi - lo
     queuing = max(0.0, total - busy)
@@ -171,7 +172,8 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
     return CycleTiming(
         cycle=k, total=total, queuing=queuing, running=running, io=io, overhead=overhead,
         member_io=sum(float(m.get("io_s", 0.0)) for m in members.values()),
-        analysis_compute=analysis.get("compute_s", max(0.0, analysis.get("run_s", 0.0) - io)),
+        analysis_compute=(sum(analysis.get(x, 0.0) for x in COMPUTE_KEYS) if any(x in analysis for x in COMPUTE_KEYS)
+                          else max(0.0, analysis.get("run_s", 0.0) - io)),
         jobs=n_jobs, failures=failures, requeues=requeues, members=members, analysis=analysis,
     )
 

@@ -80,22 +80,17 @@ class LocalSlurm:
     ``cpus``: CPUs the node offers (may exceed the real count);
     ``memory_mb``: its RealMemory. While started, ``os.environ['SLURM_CONF']``
     points at the private configuration so that ``sbatch`` and friends use it.
-    ``priority``: ``"age"`` orders the queue by the time since a job became
-    eligible (``priority/multifactor`` with only the age factor), as on
-    production systems, so a job held by a dependency queues behind jobs
-    that were waiting while it was held; ``"fifo"`` uses submission order.
+    The queue is first-come first-served (``priority/basic``): multifactor
+    priorities are recomputed at most once a minute, too coarse for queues of
+    seconds. A job held by a dependency therefore keeps its submission rank.
     """
 
-    def __init__(self, workdir: str | os.PathLike[str], *, cpus: int | None = None, memory_mb: int | None = None,
-                 priority: str = "age"):
+    def __init__(self, workdir: str | os.PathLike[str], *, cpus: int | None = None, memory_mb: int | None = None):
         self.dir = Path(workdir).resolve()
         self.cpus = cpus or os.cpu_count() or 1
         self.memory_mb = memory_mb or max(1024, int(psutil.virtual_memory().total / 2**20 * 0.8))
         self.host = socket.gethostname().split(".")[0]
         self.conf = self.dir / "slurm.conf"
-        if priority not in ("age", "fifo"):
-            raise ValueError(f"priority must be 'age' or 'fifo', got {priority!r}")
-        self.priority = priority
         self._procs: list[subprocess.Popen] = []
         self._old_conf: str | None = None
 
@@ -113,9 +108,7 @@ class LocalSlurm:
             "SchedulerType=sched/backfill",
             # Schedule within a second of a change: the experiments measure queue waits.
             "SchedulerParameters=bf_interval=1,sched_min_interval=100000",
-            *(["PriorityType=priority/multifactor", "PriorityWeightAge=100000", "PriorityMaxAge=00:10:00",
-               "PriorityWeightFairshare=0", "PriorityWeightJobSize=0", "PriorityWeightPartition=0", "PriorityWeightQOS=0"]
-              if self.priority == "age" else ["PriorityType=priority/basic"]),
+            "PriorityType=priority/basic",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SlurmUser=root",

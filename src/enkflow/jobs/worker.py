@@ -121,9 +121,15 @@ def read_timings(path: Path) -> dict[str, float]:
     return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+# Timing keys (seconds) that count as restart/output I/O; ``update_s`` is the in-place restart update.
+IO_KEYS = ("read_s", "write_s", "update_s", "output_s")
+# Timing keys that count as computation.
+COMPUTE_KEYS = ("compute_s", "analysis_s")
+
+
 def io_seconds(timings: dict[str, float]) -> float:
-    """I/O time of a step's timings: the sum of ``read_s``, ``write_s`` and ``output_s``."""
-    return sum(timings.get(k, 0.0) for k in ("read_s", "write_s", "output_s"))
+    """I/O time of a step's timings: the sum of its :data:`IO_KEYS`."""
+    return sum(timings.get(k, 0.0) for k in IO_KEYS)
 
 
 class _Stop(Exception):
