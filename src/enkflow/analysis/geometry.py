@@ -143,17 +143,18 @@ class Geometry:
         if n_dom == 0 or self.obs_coords.shape[0] == 0:
             return Neighbours(np.zeros(n_dom + 1, np.int64), np.zeros(0, np.int64), np.zeros(0))
         pts = self._embed(dc)
-        lists = self._tree.query_ball_point(pts, self._search_radius(radius), return_sorted=True)
-        counts = np.fromiter((len(x) for x in lists), dtype=np.int64, count=n_dom)
-        offsets = np.zeros(n_dom + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        idx = np.fromiter((i for x in lists for i in x), dtype=np.int64, count=int(offsets[-1]))
-        dom_of = np.repeat(np.arange(n_dom), counts)
-        dist = self.distances(dc[dom_of], self.obs_coords[idx])
-        keep = dist < radius
+        # All pairs closer than the radius, found in C (no Python lists), then
+        # sorted by (domain, observation) into CSR.
+        dom_tree = cKDTree(pts, boxsize=self._boxsize(), balanced_tree=False)
+        pairs = dom_tree.sparse_distance_matrix(self._tree, self._search_radius(radius), output_type="ndarray")
+        key = pairs["i"].astype(np.int64) * self.obs_coords.shape[0] + pairs["j"]
+        order = np.argsort(key)
+        dom_of = pairs["i"][order].astype(np.int64)
+        idx = pairs["j"][order].astype(np.int64)
+        dist = self.chord_to_distance(pairs["v"][order])
+        keep = dist < radius  # chordal rounding can admit points a hair beyond the radius
         if not keep.all():
-            # Chordal rounding can admit points a hair beyond the radius.
-            idx, dist = idx[keep], dist[keep]
-            counts = np.bincount(dom_of[keep], minlength=n_dom)
-            np.cumsum(counts, out=offsets[1:])
+            dom_of, idx, dist = dom_of[keep], idx[keep], dist[keep]
+        offsets = np.zeros(n_dom + 1, np.int64)
+        np.cumsum(np.bincount(dom_of, minlength=n_dom), out=offsets[1:])
         return Neighbours(offsets, idx, dist)
