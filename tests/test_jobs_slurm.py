@@ -82,3 +82,24 @@ def test_queued_pilots_are_cancelled_when_the_analysis_is_done(slurm: LocalSlurm
     assert any(e["state"] == "pending" for e in cancelled)
     rep = load_report(cfg.expdir)
     assert rep.cycles[0].queuing > 0
+
+
+def test_table2_short_dynamic_beats_the_all_resources_job_under_load(slurm: LocalSlurm, tmp_path: Path, synth: Path) -> None:
+    """The short version of benchmarks/table2.py: one cycle per strategy on a node kept full by other jobs."""
+    totals = {}
+    with BackgroundLoad(jobs=10, duration_s=(6.0, 14.0), seed=3) as load:
+        import time
+
+        t0 = time.time()
+        while load._count() < 10 and time.time() - t0 < 20:
+            time.sleep(0.2)
+        time.sleep(5.0)
+        for strategy in ("dynamic", "single"):
+            root = tmp_path / strategy
+            cfg = load_experiment(make_experiment(root, synth, cycles=1, model_sleep=1.0, strategy=strategy,
+                                                  launcher="slurm", workers=N))
+            Experiment(cfg).run()
+            totals[strategy] = load_report(cfg.expdir).cycles[0].total
+    print(f"short Table 2 (1 cycle, N_e = {N}, 8-CPU node under load): {totals}, "
+          f"dynamic/single = {totals['dynamic'] / totals['single']:.2f}")
+    assert totals["dynamic"] < totals["single"]
