@@ -193,3 +193,18 @@ def test_state_and_io_sections_are_accepted_and_checked(tmp_path: Path, synth: P
     toml.write_text(toml.read_text().replace('variables = ["soil_moisture"]', 'variables = ["no_such_var"]'))
     with pytest.raises(Exception, match="no_such_var"):
         checks.check_restarts(load_experiment(toml))
+
+
+def test_operator_stage_runs_after_each_forecast(tmp_path: Path, synth: Path) -> None:
+    toml = make_experiment(tmp_path, synth, cycles=2, model_sleep=0.0)
+    text = toml.read_text().replace(
+        'file = "obs/obs_{cycle:03d}.nc"',
+        'file = "obs/obs_{cycle:03d}.nc"\noperator = "sh -c \'echo {member} {cycle} {obs} > {output}\'"\n'
+        'operator_output = "hx/hx_{cycle}_{member}.txt"')
+    toml.write_text(text)
+    cfg = load_experiment(toml)
+    Experiment(cfg).run()
+    for k in (1, 2):
+        for m in range(1, N + 1):
+            got = (tmp_path / "hx" / f"hx_{k}_{m}.txt").read_text().split()
+            assert got[:2] == [str(m), str(k)] and got[2].endswith(f"obs_{k:03d}.nc")

@@ -81,8 +81,9 @@ def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, tod
     jobs: list[PlannedJob] = []
 
     def spec(name: str, argv: list[str], cpus: int) -> JobSpec:
+        # One task per CPU: `srun`/`mpiexec` inside the allocation (a parallel analysis) then gets them all.
         return JobSpec(name=f"enk{cycle}-{name}", argv=argv, cpus=cpus, time_limit_s=res.time_limit_s,
-                       log=logs / f"job-{name}.log", nodes=res.nodes, ntasks=1)
+                       log=logs / f"job-{name}.log", nodes=res.nodes, ntasks=cpus)
 
     if not todo:
         return jobs
