@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--json", action="store_true", help="end with one JSON line")
     a.set_defaults(func=_analysis)
+    g = bsub.add_parser(
+        "land",
+        help="the synthetic global land problem analysed from its restart files (RMSE, time, memory)",
+        description="Synthesize the Zheng et al. (2020) land problem (or reuse --dir), analyse it from the restart "
+        "files with a local filter on the sphere, update them in place; report RMSE vs truth, stage times and "
+        "peak memory against the ensemble's size.",
+    )
+    g.add_argument("--size", choices=["tiny", "small", "medium", "large"], default="medium")
+    g.add_argument("--members", type=int, default=40)
+    g.add_argument("--cutoff-km", type=float, default=150.0, help="distance where the GC weight reaches 0 (km)")
+    g.add_argument("--method", choices=["letkf", "lestkf"], default="lestkf")
+    g.add_argument("--dir", type=Path, default=None, help="reuse (or create) the synthetic files here")
+    g.add_argument("--keep", action="store_true", help="keep the temporary files")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--json", action="store_true", help="end with one JSON line")
+    g.set_defaults(func=_land)
     try:
         from enkflow.io.bench import add_parser as add_io
     except ImportError:  # the I/O benchmark lives with enkflow.io
@@ -72,3 +89,10 @@ def _analysis(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def _land(args: argparse.Namespace) -> int:
+    from enkflow.bench.land import LandBenchSetup, main_json
+
+    s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed)
+    return main_json(s, args.dir, args.keep, args.json)
