@@ -1,7 +1,7 @@
 """``enkflow bench io``: read and update throughput of the ensemble file I/O against references.
 
 Generates N_e identical-structure files, then measures in one run, warm cache (median of
-``--repeat`` runs after a warm-up) and cold cache (one run after dropping the page cache):
+``--repeat`` rounds after a warm-up; each round runs every method once) and cold cache (one run after dropping the page cache):
 
 * ``enkflow``: :meth:`EnsembleFiles.read`, :meth:`EnsembleFiles.update` unsafe and safe;
 * ``pread``/``pwrite``: plain sequential ``pread``/``pwrite`` of each file's state variables at
@@ -72,26 +72,6 @@ def _drop_caches(paths: list[str]) -> str:
             finally:
                 os.close(fd)
         return "fadvise-dontneed (drop_caches not permitted; evicts only these files' clean pages)"
-
-
-class _Runner:
-    def __init__(self, comm: Comm, repeat: int):
-        self.comm = comm
-        self.repeat = repeat
-
-    def time(self, fn: Callable[[], object], before: Callable[[], object] | None = None, reps: int | None = None) -> float:
-        """Median seconds of ``fn`` over ``reps`` runs (after one untimed warm-up), barrier to barrier."""
-        out = []
-        for k in range((reps or self.repeat) + 1):
-            if before is not None and self.comm.rank == 0:
-                before()
-            self.comm.barrier()
-            t0 = time.perf_counter()
-            fn()
-            self.comm.barrier()
-            if k:
-                out.append(time.perf_counter() - t0)
-        return statistics.median(out)
 
 
 def _refs(paths: list[str], layout: StateLayout, structures: list, n_rows: int) -> dict[str, Callable[[np.ndarray], None]]:
@@ -181,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
         total = ef.state_bytes * ef.n_members
         gb = total / 1e9
         X = np.empty((ef.n_local_rows, ef.n_members), order="F")
-        r = _Runner(comm, args.repeat)
         res: dict[str, object] = {
             "members": args.members, "mb_per_file": args.mb_per_file, "format": args.format, "ranks": comm.size,
             "io_tasks": ef.n_io, "threads": ef.threads, "state_bytes_per_file": ef.state_bytes,
@@ -191,53 +170,78 @@ def run(args: argparse.Namespace) -> int:
         if rank == 0:
             sync()
         _reset_peak_rss()
-        t: dict[str, float | None] = {}
+        serial = get_comm(force_serial=True)
 
-        # warm cache: enkflow first, with nothing but X allocated, for an honest peak RSS ------
-        t["read"] = r.time(lambda: ef.read(X))
-        t["update"] = r.time(lambda: ef.update(X, safe=False), before=sync)
+        def timed(fn: Callable[[], object], before: Callable[[], object] | None = None, on: Comm = comm) -> float:
+            if before is not None and rank == 0:
+                before()
+            on.barrier()
+            t0 = time.perf_counter()
+            fn()
+            on.barrier()
+            return time.perf_counter() - t0
+
+        # warm-up, enkflow only, with nothing but X allocated: its peak RSS is enkflow's
+        ef.read(X)
+        ef.update(X, safe=False)
         prep = comm.allgather_obj(ef.prepare_update())
-        logs: list[float] = []
-
-        def safe() -> None:
-            logs.append(ef.update(X, safe=True).log_seconds)
-
-        t["safe_update"] = r.time(safe, before=sync)
-        ef.close()  # frees the log; the next object allocates it again inside its first update
-        ef2 = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=cfg)
-        if rank == 0:
-            sync()
-        comm.barrier()
-        st_first = ef2.update(X, safe=True)
-        ef2.close()
+        ef.update(X, safe=True)
         rss = comm.allgather_obj(_peak_rss_mb())
 
         # values: every member's rows equal netCDF4's (one file's values in memory at a time)
         verified = _verify(paths, layout, X, ef.row_start, ef.row_stop)
         verified = all(comm.allgather_obj(verified))
 
-        # references, on rank 0, serial; in serial runs they reuse X as their array
+        # warm-up of the references (rank 0, serial; serial runs reuse X as their array)
         refs = _refs(paths, layout, ef.structures, layout.n_rows)
         A = None
+        have_xarray = True
         if rank == 0:
             A = X if comm.size == 1 else np.empty((layout.n_rows, ef.n_members), order="F")
-            one = _Runner(get_comm(force_serial=True), args.repeat)
-            t["pread"] = one.time(lambda: refs["pread"](A))
-            for name in ("netcdf4", "xarray"):
+            for name in ("netcdf4", "xarray", "pread"):
                 try:
-                    t[name] = one.time(lambda: refs[name](A))
+                    refs[name](A)
                 except ImportError:
-                    t[name] = None
-            refs["pread"](A)  # the write reference writes back exactly what is there
-            t["pwrite"] = one.time(lambda: refs["pwrite"](A), before=sync)
+                    have_xarray = False
+
+        # rounds: every method once per round, so that load from elsewhere hits all alike
+        runs: dict[str, list[float]] = {}
+        logs: list[float] = []
+
+        def safe() -> None:
+            logs.append(ef.update(X, safe=True).log_seconds)
+
+        for _ in range(args.repeat):
+            for name in ("pread", "netcdf4", "xarray"):
+                if name == "xarray" and not have_xarray:
+                    continue
+                if rank == 0:
+                    runs.setdefault(name, []).append(timed(lambda: refs[name](A), on=serial))
+                comm.barrier()
+            runs.setdefault("read", []).append(timed(lambda: ef.read(X)))
+            if rank == 0:  # the write reference writes back exactly what is there
+                runs.setdefault("pwrite", []).append(timed(lambda: refs["pwrite"](A), before=sync, on=serial))
+            comm.barrier()
+            runs.setdefault("update", []).append(timed(lambda: ef.update(X, safe=False), before=sync))
+            runs.setdefault("safe_update", []).append(timed(safe, before=sync))
+        t: dict[str, float | None] = {k: statistics.median(v) for k, v in runs.items()}
+        t = comm.bcast(t, root=0)
+
+        # a safe update of a fresh object pays for its log space inside the update
+        ef.close()
+        ef2 = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=cfg)
+        if rank == 0:
+            sync()
         comm.barrier()
+        st_first = ef2.update(X, safe=True)
+        ef2.close()
 
         g = lambda s: (gb / s) if s else None  # noqa: E731
         for k in ("read", "update", "safe_update", "pread", "pwrite"):
             res[f"{k}_gbps"] = g(t.get(k))
         res["netcdf4_read_gbps"] = g(t.get("netcdf4"))
         res["xarray_read_gbps"] = g(t.get("xarray"))
-        res["safe_update_log_s"] = statistics.median(logs[1:] or logs)
+        res["safe_update_log_s"] = statistics.median(logs)
         res["safe_update_s"] = t["safe_update"]
         res["update_s"] = t["update"]
         res["wal_prepare_s"] = max(prep)

@@ -38,6 +38,6 @@ class IOConfig(Strict):
 
     io_tasks: int | None = Field(default=None, ge=1, description="N_io I/O tasks among the P ranks; default min(P, N_e)")
     threads: int | None = Field(default=None, ge=1, description="I/O threads per I/O task; default min(4, CPUs) when P = 1, else 1")
-    chunk_kb: int = Field(default=1024, ge=4, description="size of each pread/pwrite request and of the per-thread scratch buffer (KiB)")
+    chunk_kb: int = Field(default=4096, ge=4, description="size of each pread/pwrite request and of the per-thread scratch buffer (KiB)")
     safe_update: SafeUpdateConfig = SafeUpdateConfig()
     lustre: LustreConfig = LustreConfig()

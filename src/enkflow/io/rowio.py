@@ -4,8 +4,9 @@ The fast path reads a float64 variable in the machine's byte order straight into
 destination (a column slice of ``X``: each member's rows are contiguous in Fortran order), with
 no intermediate copy; a big-endian float64 variable (NetCDF-3) is read the same way and
 byte-swapped in place. Other cases (float32, masks) go through a small per-thread scratch
-buffer. Requests are issued in sub-ranges of ``chunk_bytes`` (about 1 MiB): the kernel copies
-then stay in the CPU caches, which on the machines measured is faster than one huge request.
+buffer. Requests are issued in sub-ranges of ``chunk_bytes`` (4 MiB by default): that bounds the
+scratch buffers, lets a byte swap run on data still in cache, and measured as fast as one huge
+request (1 MiB was slightly slower with two threads).
 
 Writing goes through a *sink* so that one routine produces the final bytes for both the files
 (:class:`FileSink`, ``pwrite``) and the write-ahead log (:class:`enkflow.io.wal.LogSink`).
@@ -101,7 +102,7 @@ class RowIO:
     """Reads and writes state rows of files that share ``structure`` (per-file offsets in
     ``structures``), described by ``layout``."""
 
-    def __init__(self, layout: StateLayout, structures: list[FileStructure], chunk_bytes: int = 1 << 20):
+    def __init__(self, layout: StateLayout, structures: list[FileStructure], chunk_bytes: int = 4 << 20):
         self.layout = layout
         self.structures = structures
         self.chunk_elems = max(int(chunk_bytes) // 8, 2) & ~1  # even: float32 halves stay 8-byte aligned
