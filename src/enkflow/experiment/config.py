@@ -160,7 +160,7 @@ class JobsSection(Strict):
     heartbeat: float = Field(default=2.0, gt=0, description="worker heartbeat period, s")
     lease: float = Field(default=30.0, gt=0, description="a claim whose worker on another host has not beaten for this long is requeued, s")
     poll: float = Field(default=0.2, gt=0, description="polling period of driver and waiting workers, s")
-    max_resubmits: int = Field(default=20, ge=0, description="jobs submitted per cycle beyond the first set, at most")
+    max_resubmits: int = Field(default=20, ge=0, description="rounds of resubmission per cycle (jobs for tasks no live job covers), at most")
 
     @model_validator(mode="after")
     def _lease(self) -> "JobsSection":
