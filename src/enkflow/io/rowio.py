@@ -23,6 +23,7 @@ import numpy as np
 
 from enkflow.errors import FileFormatError
 from enkflow.io import library
+from enkflow.io.byteswap import swap8_copy, swap8_inplace
 from enkflow.io.storage import FileStructure, VarStorage
 from enkflow.state import Piece, StateLayout
 
@@ -130,7 +131,7 @@ class RowIO:
                 if vs.dtype.kind == "f" and isz == 8:
                     pread_full(fd, d, off, path, vs.name)
                     if vs.dtype != NATIVE_F8:
-                        d.byteswap(inplace=True)
+                        swap8_inplace(d)
                 else:
                     buf = scratch.view(vs.dtype, p.n_rows)
                     pread_full(fd, buf, off, path, vs.name)
@@ -162,6 +163,10 @@ class RowIO:
                 off = vs.offset + p.elem_start * isz  # type: ignore[operator]
                 if vs.dtype == NATIVE_F8:
                     sink.put_bytes(member, off, s)
+                elif vs.dtype.kind == "f" and isz == 8:
+                    buf = scratch.view(vs.dtype, p.n_rows)
+                    swap8_copy(s, buf)
+                    sink.put_bytes(member, off, buf)
                 else:
                     buf = scratch.view(vs.dtype, p.n_rows)
                     np.copyto(buf, s, casting="same_kind")
