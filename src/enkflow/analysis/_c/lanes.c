@@ -26,7 +26,7 @@
 #define L 8
 #define MAX_SWEEPS 60
 #define LANES for (int ln = 0; ln < L; ++ln)
-#define VEC _Pragma("GCC ivdep") LANES
+#define VEC _Pragma("omp simd") LANES
 
 typedef double lane_t[L];
 
@@ -351,18 +351,43 @@ int64_t enk_local_analysis(double *restrict X, int64_t ldx, int N,
                 }
             }
         } else {
-            for (int a = 0; a < N; ++a) {
-                for (int b = 0; b <= a; ++b) {
-                    lane_t acc;
-                    VEC acc[ln] = 0.0;
-                    for (int q = 0; q < pm; ++q) {
-                        const double *restrict sq = S + (size_t)q * N * L;
-                        VEC acc[ln] += sq[a * L + ln] * sq[b * L + ln];
+            /* G = S^T S as rank-4 updates over blocks of observations: S streams
+             * once, G (N x N x L) stays in cache. Terms are added in q order. */
+            for (int a = 0; a < N; ++a)
+                for (int b = 0; b <= a; ++b) { double *restrict ab = AT(A, a, b, nmax); VEC ab[ln] = 0.0; }
+            int q = 0;
+            for (; q + 4 <= pm; q += 4) {
+                const double *restrict s0 = S + (size_t)q * N * L, *restrict s1 = s0 + (size_t)N * L;
+                const double *restrict s2 = s1 + (size_t)N * L, *restrict s3 = s2 + (size_t)N * L;
+                for (int a = 0; a < N; ++a) {
+                    const double *restrict a0 = s0 + a * L, *restrict a1 = s1 + a * L;
+                    const double *restrict a2 = s2 + a * L, *restrict a3 = s3 + a * L;
+                    for (int b = 0; b <= a; ++b) {
+                        double *restrict ab = AT(A, a, b, nmax);
+                        VEC {
+                            double t = ab[ln];
+                            t += a0[ln] * s0[b * L + ln];
+                            t += a1[ln] * s1[b * L + ln];
+                            t += a2[ln] * s2[b * L + ln];
+                            t += a3[ln] * s3[b * L + ln];
+                            ab[ln] = t;
+                        }
                     }
-                    double *restrict ab = AT(A, a, b, nmax), *restrict ba = AT(A, b, a, nmax);
-                    VEC { ab[ln] = acc[ln]; ba[ln] = acc[ln]; }
                 }
             }
+            for (; q < pm; ++q) {
+                const double *restrict sq = S + (size_t)q * N * L;
+                for (int a = 0; a < N; ++a)
+                    for (int b = 0; b <= a; ++b) {
+                        double *restrict ab = AT(A, a, b, nmax);
+                        VEC ab[ln] += sq[a * L + ln] * sq[b * L + ln];
+                    }
+            }
+            for (int a = 0; a < N; ++a)
+                for (int b = 0; b < a; ++b) {
+                    double *restrict ab = AT(A, a, b, nmax), *restrict ba = AT(A, b, a, nmax);
+                    VEC ba[ln] = ab[ln];
+                }
         }
         if (stage == 1) continue;
         /* Right-hand sides: column 0 the innovation, 1.. one per row. */
