@@ -34,14 +34,16 @@ TOY_ANALYSIS = ROOT / "tests" / "jobs_helpers" / "toy_analysis.py"
 
 
 def write_experiment(root: Path, synth: Path, *, strategy: str, members: int, cycles: int, workers: int,
-                     member_s: float, analysis: str) -> Path:
+                     member_s: float, analysis: str, copy_inputs: bool = True) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "members").mkdir(exist_ok=True)
     (root / "obs").mkdir(exist_ok=True)
-    for m in range(1, members + 1):
-        shutil.copyfile(synth / f"member_{m:04d}.nc", root / "members" / f"member_{m:04d}.nc")
+    if copy_inputs:
+        for m in range(1, members + 1):
+            shutil.copyfile(synth / f"member_{m:04d}.nc", root / "members" / f"member_{m:04d}.nc")
     for k in range(1, cycles + 1):
-        shutil.copyfile(synth / "obs.nc", root / "obs" / f"obs_{k:03d}.nc")
+        if not (root / "obs" / f"obs_{k:03d}.nc").exists():
+            shutil.copyfile(synth / "obs.nc", root / "obs" / f"obs_{k:03d}.nc")
     py = sys.executable
     if analysis == "builtin":
         ana = '''[state]
@@ -136,18 +138,22 @@ def main() -> int:
                 load.start()
                 time.sleep(max(args.load_seconds))  # let the load reach a steady state
             try:
+                # Cycles interleaved across strategies (cycle k of each, then k+1): every strategy sees
+                # the same load statistics. Raising experiment.cycles resumes an experiment.
+                for k in range(1, cycles + 1):
+                    for strategy in strategies:
+                        root = out / scenario / strategy
+                        toml = write_experiment(root, synth, strategy=strategy, members=args.members, cycles=k,
+                                                workers=args.workers or args.members, member_s=args.member_seconds,
+                                                analysis=analysis, copy_inputs=(k == 1))
+                        Experiment(load_experiment(toml)).run()
+                        rep = load_report(root / "exp")
+                        c = rep.cycles[-1]
+                        print(f"[{time.time() - t_all:6.0f} s] {scenario:7} cycle {k} {strategy:10} total {c.total:6.2f} s, "
+                              f"queuing {c.queuing:6.2f} s", flush=True)
                 for strategy in strategies:
-                    root = out / scenario / strategy
-                    toml = write_experiment(root, synth, strategy=strategy, members=args.members, cycles=cycles,
-                                            workers=args.workers or args.members, member_s=args.member_seconds, analysis=analysis)
-                    t0 = time.time()
-                    Experiment(load_experiment(toml)).run()
-                    rep = load_report(root / "exp")
-                    results[scenario][strategy] = {"summary": rep.summary(), "wall_s": time.time() - t0,
-                                                   "cycles": [c.total for c in rep.cycles]}
-                    s = rep.summary()
-                    print(f"[{time.time() - t_all:6.0f} s] {scenario:7} {strategy:10} total {s['total']['mean']:6.2f} "
-                          f"+- {s['total']['std']:5.2f} s, queuing {s['queuing']['mean']:6.2f} s", flush=True)
+                    rep = load_report(out / scenario / strategy / "exp")
+                    results[scenario][strategy] = {"summary": rep.summary(), "cycles": [c.total for c in rep.cycles]}
             finally:
                 if load:
                     load.stop()

@@ -240,8 +240,14 @@ class ExperimentConfig(Strict):
                          time_limit_s=self.jobs.time_limit, nodes=self.launcher.nodes)
 
     def digest(self) -> str:
-        """Hash of the settings that change results (resuming with different ones is refused)."""
+        """Hash of the settings that change results (resuming with different ones is refused).
+
+        Jobs, launcher and the number of cycles may change between runs: rerunning
+        with a larger ``experiment.cycles`` extends a finished experiment.
+        """
         d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir"})
+        # More (or fewer) cycles continue the same experiment.
+        d["experiment"].pop("cycles", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:

@@ -106,10 +106,17 @@ class SlurmLauncher:
         return result
 
     def cancel(self, job_ids: Sequence[str]) -> None:
-        if job_ids:
-            # --signal=TERM lets a running worker requeue its task; --full reaches the batch shell's children.
-            subprocess.run([self._cmd("scancel"), "--full", "--signal=TERM", *job_ids], capture_output=True, timeout=60)
-            subprocess.run([self._cmd("scancel"), "--state=PENDING", *job_ids], capture_output=True, timeout=60)
+        if not job_ids:
+            return
+        # Pending jobs first, plainly: `scancel --signal` on a pending job retries forever
+        # ("Job can not be altered now"). Running ones get SIGTERM so that the worker
+        # requeues its task; --full reaches the batch shell's children too.
+        for argv in ([self._cmd("scancel"), "--state=PENDING", *job_ids],
+                     [self._cmd("scancel"), "--state=RUNNING", "--full", "--signal=TERM", *job_ids]):
+            try:
+                subprocess.run(argv, capture_output=True, timeout=30)
+            except subprocess.TimeoutExpired:
+                pass  # the job ends at its time limit anyway; the to-do list stays consistent
 
     def close(self) -> None:
         return None
