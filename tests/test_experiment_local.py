@@ -76,10 +76,14 @@ def test_reference_strategies_give_the_same_restarts(tmp_path: Path, synth: Path
     assert roles == ({"member", "analysis"} if strategy == "per-member" else {"all"})
 
 
-def test_rerun_of_a_finished_experiment_runs_nothing(tmp_path: Path, synth: Path) -> None:
+def test_rerun_of_a_finished_experiment_runs_nothing_and_more_cycles_extend_it(tmp_path: Path, synth: Path) -> None:
     cfg = load_experiment(make_experiment(tmp_path, synth, cycles=1, model_sleep=0.0))
     assert Experiment(cfg).run() == [1]
     assert Experiment(load_experiment(tmp_path / "exp.toml")).run() == []
+    # A larger cycle count extends the experiment.
+    toml = tmp_path / "exp.toml"
+    toml.write_text(toml.read_text().replace("cycles = 1", "cycles = 2"))
+    assert Experiment(load_experiment(toml)).run() == [2]
 
 
 def test_resume_after_kill_of_the_driver(tmp_path: Path, synth: Path, reference: list[np.ndarray]) -> None:
