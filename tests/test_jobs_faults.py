@@ -27,7 +27,7 @@ N = 4
 
 def _find(kind: str, root: Path) -> list[psutil.Process]:
     """This test's processes of one kind (matched on their command line, under ``root`` only)."""
-    marker = {"model": "enkflow.cli.model", "worker": "enkflow.jobs.worker", "analysis": "toy_analysis.py"}[kind]
+    marker = {"model": "enkflow.cli.model", "worker": "-m enkflow.jobs ", "analysis": "toy_analysis.py"}[kind]
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
@@ -115,7 +115,7 @@ def test_sigterm_requeues_the_running_member_at_the_front(tmp_path: Path, synth:
     (cfg.expdir / "config.json").write_text("{}")
     build_tasks(cfg, 1, cfg.expdir / "events.jsonl").write(cdir)
     todo = TodoList.create(cdir, N)
-    w = subprocess.Popen([sys.executable, "-m", "enkflow.jobs.worker", str(cdir)])
+    w = subprocess.Popen([sys.executable, "-m", "enkflow.jobs", str(cdir)])
     deadline = time.time() + 20
     while not todo.snapshot()["claims"] and time.time() < deadline:
         time.sleep(0.05)

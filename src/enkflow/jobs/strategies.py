@@ -58,7 +58,7 @@ class Resources:
 def worker_argv(cycle_dir: Path, *, time_limit_s: float, threads: int = 1, only: int | None = None,
                 python: str | None = None) -> list[str]:
     """Command line of a worker on ``cycle_dir``."""
-    argv = [python or sys.executable, "-m", "enkflow.jobs.worker", str(cycle_dir), "--time-limit", f"{time_limit_s:g}"]
+    argv = [python or sys.executable, "-m", "enkflow.jobs", str(cycle_dir), "--time-limit", f"{time_limit_s:g}"]
     if threads != 1:
         argv += ["--threads", str(threads)]
     if only is not None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import sys
 import signal
 import subprocess
 import threading
@@ -371,7 +370,7 @@ def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = Non
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The worker's command-line options (shared by ``enkflow worker`` and ``python -m enkflow.jobs.worker``)."""
+    """The worker's command-line options (shared by ``enkflow worker`` and ``python -m enkflow.jobs``)."""
     p.add_argument("cycle_dir", help="the cycle directory (EXPDIR/cycles/NNNN) holding tasks.json and todo.json")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
                    help="stop after S seconds, putting the running task back at the front of the list")
@@ -381,12 +380,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m enkflow.jobs.worker``: what launchers start (lighter than the full CLI)."""
+    """Entry point of ``python -m enkflow.jobs``: what launchers start (lighter than the full CLI)."""
     p = argparse.ArgumentParser(prog="enkflow worker", description="pilot worker of the dynamic running job scheme")
     add_arguments(p)
     a = p.parse_args(argv)
     return run_worker(a.cycle_dir, worker_id=a.worker_id, threads=a.threads, only=a.task, time_limit_s=a.time_limit)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
