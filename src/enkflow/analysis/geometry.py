@@ -129,6 +129,14 @@ class Geometry:
             diff = np.minimum(diff, self.period - diff)
         return np.sqrt((diff * diff).sum(axis=1))
 
+    def counts(self, dom_coords: np.ndarray, radius: float) -> np.ndarray:
+        """Number of observations within ``radius`` of each domain (n_dom,) int64, without listing them."""
+        dc = np.asarray(dom_coords, dtype=np.float64)
+        dc = dc[:, None] if dc.ndim == 1 else dc
+        if dc.shape[0] == 0 or self.obs_coords.shape[0] == 0:
+            return np.zeros(dc.shape[0], np.int64)
+        return np.asarray(self._tree.query_ball_point(self._embed(dc), self._search_radius(radius), return_length=True), dtype=np.int64)
+
     def neighbours(self, dom_coords: np.ndarray, radius: float) -> Neighbours:
         """Observations strictly closer than ``radius`` to each domain centre.
 

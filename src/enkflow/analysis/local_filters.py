@@ -54,7 +54,8 @@ class LocalStats:
 class _LocalFilter(Filter):
     localization: Localization
     kernel: Kernel = Kernel.COMPILED
-    chunk: int = 8192  # domains per local-search + kernel call
+    chunk: int = 8192  # domains per local-search + kernel call, at most
+    max_pairs: int = 2_000_000  # (domain, observation) pairs per call, about (bounds memory)
     stats: LocalStats = field(default_factory=LocalStats, compare=False, repr=False)
 
     _weights = staticmethod(letkf_weights)
@@ -95,8 +96,8 @@ class _LocalFilter(Filter):
         rho = self.inflation.forgetting_factor
         N = X.shape[1]
         st = self.stats
-        for start in range(0, domains.n_domains, self.chunk):
-            sub = domains.subset(start, min(start + self.chunk, domains.n_domains))
+        for start, stop in self._chunks(geometry, domains):
+            sub = domains.subset(start, stop)
             t0 = time.perf_counter()
             offsets, idx, wt = self.localization.local_obs(geometry, sub.coords)
             t1 = time.perf_counter()
@@ -108,7 +109,7 @@ class _LocalFilter(Filter):
                 if failed.size:
                     # QL did not converge for these domains (not seen in practice): redo them exactly.
                     st.fallbacks += int(failed.size)
-                    self._redo(out, sub, failed, offsets, idx, wt * rinv[idx], Yp, dy, rho)
+                    self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho, domains=failed)
             else:
                 self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho)
             st.search_s += t1 - t0
@@ -117,8 +118,25 @@ class _LocalFilter(Filter):
             st.n_local_obs += int(idx.size)
         return out
 
-    def _redo(self, out, sub, failed, offsets, idx, rinv_w, Yp, dy, rho) -> None:
-        self._reference(out, sub, offsets, idx, rinv_w, Yp, dy, rho, domains=failed)
+    def _chunks(self, geometry: Geometry, domains: LocalDomains):
+        """Consecutive domain ranges of at most ``chunk`` domains and about
+        ``max_pairs`` (domain, observation) pairs, so that memory stays bounded
+        where observations crowd (near the poles of a lon-lat grid)."""
+        for start in range(0, domains.n_domains, self.chunk):
+            stop = min(start + self.chunk, domains.n_domains)
+            t0 = time.perf_counter()
+            cum = np.cumsum(geometry.counts(domains.coords[start:stop], self.localization.support))
+            self.stats.search_s += time.perf_counter() - t0
+            if cum.size == 0 or cum[-1] <= self.max_pairs:
+                yield start, stop
+                continue
+            lo = 0
+            while lo < cum.size:
+                base = cum[lo - 1] if lo else 0
+                hi = int(np.searchsorted(cum, base + self.max_pairs, side="right"))
+                hi = max(hi, lo + 1)
+                yield start + lo, start + hi
+                lo = hi
 
     def _reference(self, out, sub, offsets, idx, rinv_w, Yp, dy, rho, domains=None) -> None:
         for k in range(sub.n_domains) if domains is None else domains:

@@ -16,13 +16,19 @@ from enkflow.state import StateLayout
 _KEEP_ATTRS = ("units", "long_name", "standard_name", "coordinates", "axis", "positive", "calendar", "bounds")
 
 
-def ensemble_mean_spread(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ensemble_mean_spread(X: np.ndarray, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise mean and spread (standard deviation, ddof=1; 0 for one member) of ``X``
-    (n_rows, n_ens) -> two (n_rows,) float64 arrays."""
-    mean = X.mean(axis=1)
-    if X.shape[1] < 2:
-        return mean, np.zeros_like(mean)
-    return mean, X.std(axis=1, ddof=1)
+    (n_rows, n_ens) -> two (n_rows,) float64 arrays. Works in blocks of ``block`` rows so
+    that no temporary of the ensemble's size is made."""
+    n = X.shape[0]
+    mean = np.empty(n)
+    spread = np.zeros(n)
+    for r0 in range(0, n, block):
+        xb = X[r0 : r0 + block]
+        mean[r0 : r0 + block] = xb.mean(axis=1)
+        if X.shape[1] > 1:
+            spread[r0 : r0 + block] = xb.std(axis=1, ddof=1)
+    return mean, spread
 
 
 def write_mean_spread(

@@ -115,7 +115,13 @@ class LinearObsOperator:
         stop = start + X_local.shape[0]
         if stop > self.n_state:
             raise InputError(f"rows [{start}, {stop}) exceed the state size {self.n_state}", item="X")
-        return np.asarray(self._block(start, stop) @ X_local)
+        Hb = self._block(start, stop)
+        # Column by column: each member's rows are contiguous in an F-ordered X, so
+        # no copy of the ensemble block is made (a sparse @ F-ordered matrix would).
+        out = np.empty((self.n_obs, X_local.shape[1]))
+        for k in range(X_local.shape[1]):
+            out[:, k] = Hb @ X_local[:, k]
+        return out
 
     def apply(self, X_local: np.ndarray, start: int, comm: Comm) -> np.ndarray:
         """Full H X (n_obs, N) on every rank: local products summed across ranks."""
