@@ -46,31 +46,33 @@ def _apply_transform(X: np.ndarray, w: np.ndarray, W: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ETKF(Filter):
-    """Ensemble transform Kalman filter, symmetric square root (Hunt et al. 2007)."""
+class _TransformFilter(Filter):
+    """A square-root filter given by its weights function ``(dy, Yp, rinv, rho) -> (w, W)``."""
+
+    _weights = staticmethod(letkf_weights)
 
     def analyze(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet) -> np.ndarray:
         self._check(X, HX, obs)
         Yp = HX - HX.mean(axis=1, keepdims=True)
         dy = obs.values - HX.mean(axis=1)
-        w, W = letkf_weights(dy, Yp, 1.0 / obs.error_var, self.inflation.forgetting_factor)
+        w, W = self._weights(dy, Yp, 1.0 / obs.error_var, self.inflation.forgetting_factor)
         Xa = _apply_transform(X, w, W)
         inflate_posterior(Xa, X, self.inflation)
         return Xa
 
 
 @dataclass(frozen=True, kw_only=True)
-class ESTKF(Filter):
+class ETKF(_TransformFilter):
+    """Ensemble transform Kalman filter, symmetric square root (Hunt et al. 2007)."""
+
+    _weights = staticmethod(letkf_weights)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ESTKF(_TransformFilter):
     """Error-subspace transform Kalman filter (Nerger et al. 2012), symmetric square root."""
 
-    def analyze(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet) -> np.ndarray:
-        self._check(X, HX, obs)
-        Yp = HX - HX.mean(axis=1, keepdims=True)
-        dy = obs.values - HX.mean(axis=1)
-        w, W = estkf_weights(dy, Yp, 1.0 / obs.error_var, self.inflation.forgetting_factor)
-        Xa = _apply_transform(X, w, W)
-        inflate_posterior(Xa, X, self.inflation)
-        return Xa
+    _weights = staticmethod(estkf_weights)
 
 
 def _prior_anomalies(X: np.ndarray, HX: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
