@@ -28,12 +28,18 @@ def test_setstripe_is_a_noop_off_lustre(tmp_path):
     assert not (tmp_path / "new.nc").exists()
 
 
-def test_checksum_is_additive_and_sensitive():
-    a = np.random.default_rng(0).random(1001)
-    b = a.view(np.uint8)
-    whole = checksum(b)
-    assert whole == (checksum(b[:800]) + checksum(b[800:])) % (1 << 64)
+def test_checksum_samples_a_word_per_page():
+    rng = np.random.default_rng(0)
+    a = rng.random(3000).view(np.uint8)  # 24000 bytes: 6 pages
+    lo = 4096 * 3 - 40  # the record starts 40 bytes before a page boundary of the log
+    base = checksum(a, lo)
+    b = a.copy()
+    b[40 + 4096 * 2 : 40 + 4096 * 3] = 0  # one lost (zeroed) page of the log
+    assert checksum(b, lo) != base
     c = a.copy()
-    c[500] = 0.0
-    assert checksum(c) != whole
-    assert checksum(b[:5]) == int.from_bytes(bytes(b[:5]) + b"\0\0\0", "little")
+    c[:8] = 0  # the record's first word
+    assert checksum(c, lo) != base
+    assert checksum(a[:5], 0) == int.from_bytes(bytes(a[:5]) + b"\0\0\0", "little")
+    words = [0, 40, 40 + 4096, 40 + 8192, 40 + 3 * 4096, 40 + 4 * 4096, 40 + 5 * 4096]
+    want = sum(int.from_bytes(bytes(a[w : w + 8]), "little") for w in words if w + 8 <= a.size) % (1 << 64)
+    assert base == want

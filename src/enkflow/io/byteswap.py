@@ -49,3 +49,4 @@ def swap8_inplace(a: np.ndarray) -> None:
 def swap8_copy(src: np.ndarray, dst: np.ndarray) -> None:
     """``dst`` = ``src`` with the bytes of every 8-byte element reversed (contiguous, same size)."""
     _kernels()[1](src.view(np.uint64), dst.view(np.uint64))
+

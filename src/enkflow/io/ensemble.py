@@ -195,11 +195,11 @@ class EnsembleFiles:
             for f in [ex.submit(fn, k, shares[k]) for k in range(t)]:
                 f.result()
 
-    def _check_x(self, X: np.ndarray, for_read: bool) -> None:
+    def _check_x(self, X: np.ndarray) -> None:
         want = (self.n_local_rows, self.n_members)
-        if X.shape != want or X.dtype != np.float64:
-            raise InputError(f"X must be float64 of shape {want} (local rows, members), got {X.dtype} {X.shape}", item="X")
-        if for_read and not X.flags.f_contiguous:
+        if not isinstance(X, np.ndarray) or X.shape != want or X.dtype != np.float64:
+            raise InputError(f"X must be float64 of shape {want} (local rows, members), got {getattr(X, 'dtype', type(X))} {getattr(X, 'shape', '')}", item="X")
+        if not X.flags.f_contiguous:
             raise InputError("X must be in Fortran order (each member's rows contiguous)", item="X")
 
     # -- read ---------------------------------------------------------------------------
@@ -215,7 +215,7 @@ class EnsembleFiles:
         """:meth:`read`, also returning its :class:`TransferStats`."""
         if X is None:
             X = np.empty((self.n_local_rows, self.n_members), dtype=np.float64, order="F")
-        self._check_x(X, True)
+        self._check_x(X)
         self.comm.barrier()
         t0 = time.perf_counter()
         r0, r1 = self.row_start, self.row_stop
@@ -257,19 +257,15 @@ class EnsembleFiles:
                 sc = self.rowio.scratch()
                 sink = sinks(k)
                 for m in members:
-                    col = X[:, m] if X.flags.f_contiguous else np.ascontiguousarray(X[:, m])
-                    self.rowio.emit(m, self._fds[m], r0, r1, col, sc, sink)
+                    self.rowio.emit(m, self._fds[m], r0, r1, X[:, m], sc, sink)
 
             self._thread_map(work)
         elif self.is_io_task:
             g0, g1 = self.group_rows
             bufs = [np.empty(g1 - g0, dtype=np.float64) for _ in range(2)]
-            cols: list[np.ndarray] = []
 
             def post(s: int) -> object:
-                m = self.order[s]
-                cols.append(np.ascontiguousarray(X[:, m]))
-                return self.gcomm.igatherv(cols[-1], bufs[s % 2], self.group_counts, root=0)
+                return self.gcomm.igatherv(X[:, self.order[s]], bufs[s % 2], self.group_counts, root=0)
 
             sc = self.rowio.scratch()
             sink = sinks(0)
@@ -280,8 +276,7 @@ class EnsembleFiles:
                 if s + 2 < self.n_members:
                     reqs.append(post(s + 2))
         else:
-            cols = [np.ascontiguousarray(X[:, m]) for m in self.order] if not X.flags.f_contiguous else [X[:, m] for m in self.order]
-            reqs = [self.gcomm.igatherv(c, None, self.group_counts, root=0) for c in cols]
+            reqs = [self.gcomm.igatherv(X[:, m], None, self.group_counts, root=0) for m in self.order]
             for rq in reqs:
                 rq.wait()
 
@@ -291,16 +286,17 @@ class EnsembleFiles:
             return []
         g0, g1 = self.group_rows if len(self.group_ranks) > 1 else (self.row_start, self.row_stop)
         per_file = 0
+        pad = lambda n: n + (-n % 8)  # noqa: E731 - log records start at multiples of 8 bytes
         for p in self.layout.pieces(g0, g1, self.rowio.chunk_elems):
             vs = self.structures[0].variables[p.var.name]
             isz = vs.dtype.itemsize
             if not vs.contiguous:
                 inner = int(np.prod(vs.shape[1:], dtype=np.int64)) if len(vs.shape) > 1 else 1
-                per_file += (-(-p.elem_stop // inner) - p.elem_start // inner) * inner * isz
+                per_file += pad((-(-p.elem_stop // inner) - p.elem_start // inner) * inner * isz)
             elif p.select is None:
-                per_file += p.n_rows * isz
+                per_file += pad(p.n_rows * isz)
             else:
-                per_file += sum(int(p.select[k1 - 1] - p.select[k0] + 1) * isz for k0, k1 in _spans(p, self.rowio.chunk_elems))
+                per_file += sum(pad(int(p.select[k1 - 1] - p.select[k0] + 1) * isz) for k0, k1 in _spans(p, self.rowio.chunk_elems))
         t = max(1, min(self.threads, self.n_members))
         return [per_file * len(self.order[k::t]) for k in range(t)]
 
@@ -322,7 +318,8 @@ class EnsembleFiles:
         return self._wal.prepare(sizes)
 
     def update(self, X: np.ndarray, *, safe: bool | None = None) -> TransferStats:
-        """Write ``X`` (n_local_rows, n_members) float64 back into the member files, in place.
+        """Write ``X`` (n_local_rows, n_members) float64, Fortran order, back into the member
+        files, in place.
 
         Only the state variables' bytes change (converted to each file's dtype and byte order;
         unmasked points and every other variable and attribute stay byte-identical). With
@@ -331,7 +328,7 @@ class EnsembleFiles:
         """
         if self.mode != "r+":
             raise FileFormatError("opened read-only (mode 'r'); open with mode='r+' to update", path=self.paths[0], variable=self.layout.variables[0].name)
-        self._check_x(X, False)
+        self._check_x(X)
         safe = self.config.safe_update.enabled if safe is None else safe
         nbytes = self.state_bytes * self.n_members
         if not safe:
@@ -357,7 +354,11 @@ class EnsembleFiles:
             with lock:
                 return log_sinks[k]
 
-        self._emit_all(X, sink_for)
+        try:
+            self._emit_all(X, sink_for)
+        finally:
+            for ls in log_sinks:
+                ls.close()
         if self.is_io_task and durable:
             self._wal.sync()  # type: ignore[union-attr]
         mine = (list(self._wal.paths) if self.is_io_task else [], [r for s in log_sinks for r in s.records])  # type: ignore[union-attr]
