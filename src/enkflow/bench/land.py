@@ -99,7 +99,8 @@ def main_json(s: LandBenchSetup, directory: Path | None, keep: bool, as_json: bo
         f"{res['mean_local_obs']:.0f} local obs per point\n"
         f"  RMSE vs truth: prior {res['rmse_prior']:.4f} -> analysis {res['rmse_analysis']:.4f} "
         f"(ratio {res['rmse_ratio']:.2f})\n"
-        f"  read {res['read_s']:.1f} s, analysis {res['analysis_s']:.1f} s ({res['ms_per_point']:.3f} ms/point), "
+        f"  read {res['read_s']:.1f} s, analysis {res['analysis_s']:.1f} s ({res['ms_per_point']:.3f} ms/point; "
+        f"local search {res['search_s']:.1f} s, kernel {res['kernel_s']:.1f} s), "
         f"update {res['update_s']:.1f} s, mean/spread {res['output_s']:.1f} s\n"
         f"  peak RSS {res['peak_rss_mb']:.0f} MB = {res['peak_rss_over_ensemble']:.2f} x the ensemble ({res['ensemble_mb']:.0f} MB)"
     )

@@ -145,8 +145,9 @@ def analyse_files(
     out = {
         "read_s": t_read, "analysis_s": t_an, "update_s": t_up, "output_s": t_out,
         "n_obs": float(obs.n_obs), "omb_rms": omb, "oma_rms": oma,
-        "mean_local_obs": f.stats.mean_local_obs if isinstance(f, (LETKF, LESTKF)) else float(obs.n_obs),
     }
+    if isinstance(f, (LETKF, LESTKF)):
+        out.update(mean_local_obs=f.stats.mean_local_obs, search_s=f.stats.search_s, kernel_s=f.stats.kernel_s)
     if truth is not None:
         tl = truth[start:stop]
         sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
