@@ -3,6 +3,13 @@
 
 from __future__ import annotations
 
+import os
+
+# enkflow parallelizes with processes (MPI ranks, pilot workers); BLAS threads on
+# its small matrices only oversubscribe the cores. Set before numpy is imported.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import argparse
 import importlib
 import sys
