@@ -6,7 +6,8 @@ localization). Domains are processed in chunks: the local search for a chunk
 runs, then the compiled kernel analyses the chunk, so memory stays bounded.
 
 With symmetric square roots LETKF and LESTKF give the same analysis
-ensemble; the compiled kernel computes that common result. The
+ensemble; the compiled kernel computes that common result. The ``stats``
+field accumulates timings over calls (it is the one mutable part of a filter). The
 ``reference`` kernel runs each filter's own per-domain LAPACK formulation
 (the exact baseline that tests and benchmarks compare against).
 """
@@ -25,13 +26,13 @@ from enkflow.analysis.global_filters import Filter
 from enkflow.analysis.inflation import inflate_posterior
 from enkflow.analysis.kernels import local_analysis
 from enkflow.analysis.localization import Localization
+from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.transforms import estkf_weights, letkf_weights
 from enkflow.errors import InputError
-from enkflow.analysis.obsset import ObsSet
 
 
 class Kernel(str, Enum):
-    COMPILED = "compiled"  # exact, O(n^3 * 4/3) per domain, numba
+    COMPILED = "compiled"  # exact; C, eight domains per SIMD batch (docs/analysis.md)
     REFERENCE = "reference"  # exact, per-domain LAPACK eigendecomposition
 
 
