@@ -77,7 +77,7 @@ def test_reference_strategies_give_the_same_restarts(tmp_path: Path, synth: Path
 
 
 def test_rerun_of_a_finished_experiment_runs_nothing_and_more_cycles_extend_it(tmp_path: Path, synth: Path) -> None:
-    cfg = load_experiment(make_experiment(tmp_path, synth, cycles=1, model_sleep=0.0))
+    cfg = load_experiment(make_experiment(tmp_path, synth, cycles=1, model_sleep=0.0, obs_cycles=2))
     assert Experiment(cfg).run() == [1]
     assert Experiment(load_experiment(tmp_path / "exp.toml")).run() == []
     # A larger cycle count extends the experiment.
