@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -315,6 +316,9 @@ class EnsembleFiles:
                 shm = None if cfg.durable else wal.default_log_dir(sum(sizes))
                 d = shm if shm is not None else Path(os.path.abspath(self.paths[0])).parent / ".enkflow-wal"
             self._wal = wal.WriteAheadLog(d, f"{wal.ensemble_key(self.paths)}-g{self.group}", durable=cfg.durable)
+            # The log holds a copy of the state on a memory tier: free it even if close() is
+            # never called (at garbage collection or interpreter exit).
+            weakref.finalize(self, self._wal.close)
         return self._wal.prepare(sizes)
 
     def update(self, X: np.ndarray, *, safe: bool | None = None) -> TransferStats:

@@ -64,8 +64,11 @@ def pwrite_full(fd: int, buf: np.ndarray | memoryview, offset: int) -> None:
 
 
 class Sink(Protocol):
-    """Where the final bytes of a file's state ranges go."""
+    """Where the final bytes of a file's state ranges go. ``staging`` hands out the buffer in
+    which converted bytes are prepared, so a sink that stores them (the log) gets them without
+    another copy; ``put_bytes`` then takes either that buffer or any other array."""
 
+    def staging(self, dtype: np.dtype, count: int, scratch: Scratch) -> np.ndarray: ...
     def put_bytes(self, member: int, offset: int, data: np.ndarray) -> None: ...
     def put_slab(self, member: int, var: str, i0: int, i1: int, values: np.ndarray) -> None: ...
 
@@ -76,6 +79,9 @@ class FileSink:
     def __init__(self, fds: list[int], paths: list[str]):
         self.fds = fds
         self.paths = paths
+
+    def staging(self, dtype: np.dtype, count: int, scratch: Scratch) -> np.ndarray:
+        return scratch.view(dtype, count)
 
     def put_bytes(self, member: int, offset: int, data: np.ndarray) -> None:
         pwrite_full(self.fds[member], data, offset)
@@ -164,18 +170,18 @@ class RowIO:
                 if vs.dtype == NATIVE_F8:
                     sink.put_bytes(member, off, s)
                 elif vs.dtype.kind == "f" and isz == 8:
-                    buf = scratch.view(vs.dtype, p.n_rows)
+                    buf = sink.staging(vs.dtype, p.n_rows, scratch)
                     swap8_copy(s, buf)
                     sink.put_bytes(member, off, buf)
                 else:
-                    buf = scratch.view(vs.dtype, p.n_rows)
+                    buf = sink.staging(vs.dtype, p.n_rows, scratch)
                     np.copyto(buf, s, casting="same_kind")
                     sink.put_bytes(member, off, buf)
             else:
                 for k0, k1 in _spans(p, self.chunk_elems):
                     e0 = p.elem_start + int(p.select[k0])
                     span = int(p.select[k1 - 1] - p.select[k0]) + 1
-                    buf = scratch.view(vs.dtype, span)
+                    buf = sink.staging(vs.dtype, span, scratch)
                     off = vs.offset + e0 * isz  # type: ignore[operator]
                     pread_full(fd, buf, off, path, vs.name)
                     buf[p.select[k0:k1] - p.select[k0]] = s[k0:k1]

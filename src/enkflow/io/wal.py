@@ -105,19 +105,35 @@ class LogSink:
         self.log_index = log_index
         self.pos = HEADER
         self.records: list[list[object]] = []
+        self._staged: np.ndarray | None = None
 
     def close(self) -> None:
         """Nothing to release: the mapping belongs to the :class:`WriteAheadLog`."""
+        self._staged = None
+
+    def staging(self, dtype: np.dtype, count: int, scratch: object) -> np.ndarray:
+        """The next record's place in the log itself: converted bytes land there directly."""
+        n = count * dtype.itemsize
+        if self.pos + n > self.view.size:
+            raise RecoveryError(f"log capacity {self.view.size} bytes exceeded (internal error)", path="log")
+        self._staged = self.view[self.pos : self.pos + n].view(dtype)
+        return self._staged
 
     def _append(self, data: np.ndarray) -> tuple[int, int, int]:
-        """Copy ``data`` into the log; returns ``(log offset, bytes, checksum)``."""
-        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        n = src.size
+        """Copy ``data`` into the log (unless it was staged there); returns
+        ``(log offset, bytes, checksum)``."""
         lo = self.pos
-        if lo + n > self.view.size:
-            raise RecoveryError(f"log capacity {self.view.size} bytes exceeded (internal error)", path="log")
-        dst = self.view[lo : lo + n]
-        np.copyto(dst, src)
+        if data is self._staged:
+            n = data.nbytes
+            dst = self.view[lo : lo + n]
+            self._staged = None
+        else:
+            src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+            n = src.size
+            if lo + n > self.view.size:
+                raise RecoveryError(f"log capacity {self.view.size} bytes exceeded (internal error)", path="log")
+            dst = self.view[lo : lo + n]
+            np.copyto(dst, src)
         self.pos = lo + n + (-n % 8)
         return lo, n, checksum(dst, lo)
 
