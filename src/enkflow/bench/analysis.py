@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from enkflow.analysis import LETKF, Geometry, Kernel, LocalDomains, Localization, ObsSet
+from enkflow.analysis import LETKF, Geometry, LocalDomains, Localization, ObsSet
 from enkflow.analysis.kernels import local_analysis
 from enkflow.analysis.transforms import letkf_from_eig, letkf_matrix, sym_eig
 from enkflow.bench.fields import gaussian_random_field

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.analysis import (
-    DEnKF, EnKF, ESTKF, ETKF, LESTKF, LETKF, Filter, Inflation, Kernel, LocalDomains, Localization,
-)
+from enkflow.analysis import LESTKF, LETKF, LocalDomains
+from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig, Method, Metric
 from enkflow.errors import ConfigError, FileFormatError
 from enkflow.io import EnsembleFiles
@@ -34,23 +33,6 @@ from enkflow.obs.obsfile import read_obs_file
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
 from enkflow.state.config import StateConfig
-
-
-def make_filter(cfg: AnalysisConfig) -> Filter:
-    """The filter object for an ``[analysis]`` section."""
-    i = cfg.inflation
-    infl = Inflation(prior=i.prior, posterior=i.posterior, rtpp=i.rtpp, rtps=i.rtps)
-    match cfg.method:
-        case Method.LETKF | Method.LESTKF:
-            cls = LETKF if cfg.method is Method.LETKF else LESTKF
-            return cls(inflation=infl, localization=Localization.from_config(cfg.localization), kernel=Kernel(cfg.kernel))
-        case Method.ENKF:
-            return EnKF(inflation=infl, seed=cfg.seed)
-        case Method.DENKF:
-            return DEnKF(inflation=infl)
-        case Method.ESTKF:
-            return ESTKF(inflation=infl)
-    return ETKF(inflation=infl)
 
 
 def read_given_hx(paths: Sequence[Path], n_obs: int) -> np.ndarray:

@@ -15,20 +15,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from enkflow.analysis import (
-    DEnKF,
-    EnKF,
-    ESTKF,
-    ETKF,
-    LESTKF,
-    LETKF,
-    Filter,
-    Geometry,
-    Inflation,
-    LocalDomains,
-    Localization,
-)
-from enkflow.config import Method, Metric
+from enkflow.analysis import EnKF, Filter, Geometry, LocalDomains
+from enkflow.analysis.factory import make_filter as build
+from enkflow.config import AnalysisConfig, Method, Metric
 from enkflow.errors import InputError
 from enkflow.models import lorenz96 as l96
 from enkflow.obs import ObsSet
@@ -70,21 +59,12 @@ class L96Result:
 
 
 def make_filter(s: L96Setup) -> Filter:
-    infl = Inflation(posterior=s.inflation)
-    match s.method:
-        case Method.ETKF:
-            return ETKF(inflation=infl)
-        case Method.ESTKF:
-            return ESTKF(inflation=infl)
-        case Method.DENKF:
-            return DEnKF(inflation=infl)
-        case Method.ENKF:
-            return EnKF(inflation=infl, seed=s.seed)
-        case Method.LETKF | Method.LESTKF:
-            loc = Localization(half_width=s.radius, metric=Metric.PERIODIC, period=float(l96.N_VARS))
-            cls = LETKF if s.method is Method.LETKF else LESTKF
-            return cls(inflation=infl, localization=loc)
-    raise InputError(f"unknown method {s.method!r}", item="method")
+    """The filter of ``s``: posterior inflation (DAPPER's convention), GC half-width
+    ``radius`` on the ring of 40 points for the local methods."""
+    cfg = {"method": s.method.value, "seed": s.seed, "inflation": {"posterior": s.inflation}}
+    if s.method.is_local:
+        cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
+    return build(AnalysisConfig.model_validate(cfg))
 
 
 def run(s: L96Setup, progress=None) -> L96Result:

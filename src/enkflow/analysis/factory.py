@@ -1,0 +1,26 @@
+"""The filter object for an ``[analysis]`` configuration section."""
+
+from __future__ import annotations
+
+from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
+from enkflow.analysis.inflation import Inflation
+from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel
+from enkflow.analysis.localization import Localization
+from enkflow.config import AnalysisConfig, Method
+
+
+def make_filter(cfg: AnalysisConfig) -> Filter:
+    """Build the filter ``cfg`` describes (validated already by the schema)."""
+    i = cfg.inflation
+    infl = Inflation(prior=i.prior, posterior=i.posterior, rtpp=i.rtpp, rtps=i.rtps)
+    match cfg.method:
+        case Method.LETKF | Method.LESTKF:
+            cls = LETKF if cfg.method is Method.LETKF else LESTKF
+            return cls(inflation=infl, localization=Localization.from_config(cfg.localization), kernel=Kernel(cfg.kernel))
+        case Method.ENKF:
+            return EnKF(inflation=infl, seed=cfg.seed)
+        case Method.DENKF:
+            return DEnKF(inflation=infl)
+        case Method.ESTKF:
+            return ESTKF(inflation=infl)
+    return ETKF(inflation=infl)
