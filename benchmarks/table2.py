@@ -94,8 +94,7 @@ def main() -> int:
                     help="CPUs of the emulated node (default N_e: the all-resources job needs the whole node)")
     ap.add_argument("--member-seconds", type=float, default=3.0, help="emulated cost of one forecast (default 3 s)")
     ap.add_argument("--load-jobs", type=int, default=None, help="background jobs kept queued or running (default node CPUs + 4)")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="N_j pilots of the dynamic scheme (default N_e / 2, as Zheng et al.'s 20 jobs for 40 members)")
+    ap.add_argument("--workers", type=int, default=None, help="N_j pilots of the dynamic scheme (default N_e)")
     ap.add_argument("--load-seconds", type=float, nargs=2, default=(8.0, 24.0), help="duration range of a load job")
     ap.add_argument("--analysis", choices=["auto", "builtin", "toy"], default="auto",
                     help="the built-in LETKF (needs enkflow.experiment.analysis_step) or the test's toy analysis")
@@ -145,7 +144,7 @@ def main() -> int:
                     for strategy in strategies:
                         root = out / scenario / strategy
                         toml = write_experiment(root, synth, strategy=strategy, members=args.members, cycles=k,
-                                                workers=args.workers or max(1, args.members // 2), member_s=args.member_seconds,
+                                                workers=args.workers or args.members, member_s=args.member_seconds,
                                                 analysis=analysis, copy_inputs=(k == 1))
                         Experiment(load_experiment(toml)).run()
                         rep = load_report(root / "exp")
