@@ -99,7 +99,8 @@ def analyse_files(
         prep = threading.Thread(target=ens.prepare_update, daemon=True)
         prep.start()
         t1 = time.perf_counter()
-        op = GivenHX(read_given_hx(hx_files, obs.n_obs)) if hx_files else LinearObsOperator.selection(of.state_index, layout.n_rows)
+        sel = LinearObsOperator.selection(of.state_index, layout.n_rows)
+        op = GivenHX(read_given_hx(hx_files, obs.n_obs)) if hx_files else sel
         HX = op.apply(X, start, comm)
         omb = float(np.sqrt(np.mean((obs.values - HX.mean(axis=1)) ** 2))) if obs.n_obs else 0.0
         prior_mean = X.mean(axis=1) if truth is not None else None
@@ -110,7 +111,6 @@ def analyse_files(
             Xa = f.analyze(X, HX, obs, cycle=cycle)
         else:
             Xa = f.analyze(X, HX, obs, **kw)
-        sel = LinearObsOperator.selection(of.state_index, layout.n_rows)
         hxa = sel.apply(np.ascontiguousarray(Xa.mean(axis=1))[:, None], start, comm)[:, 0]
         oma = float(np.sqrt(np.mean((obs.values - hxa) ** 2))) if obs.n_obs else 0.0
         t_an = time.perf_counter() - t1
