@@ -48,7 +48,8 @@ def test_analysis_improves_and_updates_only_the_state(tmp_path):
     # to pin down the members' phase shift; measured 0.046 -> 0.021.
     src = synth(tmp_path / "src", "small", 20)
     paths = copy(src, tmp_path / "d", 20)
-    truth = np.asarray(netCDF4.Dataset(src / "truth.nc")["soil_moisture"][:])
+    with netCDF4.Dataset(src / "truth.nc") as ds:
+        truth = np.asarray(ds["soil_moisture"][:])
     res = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, analysis(radius=2000.0), truth=truth,
                         mean_path=tmp_path / "mean.nc", spread_path=tmp_path / "spread.nc")
     assert res["rmse_analysis"] < 0.6 * res["rmse_prior"]
@@ -61,7 +62,11 @@ def test_analysis_improves_and_updates_only_the_state(tmp_path):
                 assert np.array_equal(a[v][:], b[v][:])
     with netCDF4.Dataset(tmp_path / "mean.nc") as ds:
         mean = np.asarray(ds["soil_moisture"][:]).ravel()
-    X = np.stack([np.asarray(netCDF4.Dataset(p)["soil_moisture"][:]) for p in paths], axis=1)
+    cols = []
+    for p in paths:
+        with netCDF4.Dataset(p) as ds:
+            cols.append(np.asarray(ds["soil_moisture"][:]))
+    X = np.stack(cols, axis=1)
     assert np.allclose(np.sort(mean[np.isfinite(mean)]), np.sort(X.mean(axis=1)))
 
 

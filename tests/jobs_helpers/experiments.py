@@ -81,5 +81,15 @@ cpus = {launcher_cpus}
 
 
 def restarts(root: Path, members: int) -> list[np.ndarray]:
-    """The state of every member restart under ``root/members``."""
-    return [np.asarray(netCDF4.Dataset(root / "members" / f"member_{m:04d}.nc")["soil_moisture"][:]) for m in range(1, members + 1)]
+    """The state of every member restart under ``root/members``.
+
+    Each file is closed here: an unclosed Dataset sits in a reference cycle and
+    would be closed by the garbage collector in whichever thread runs it, i.e.
+    concurrently with NetCDF calls in another thread (not thread-safe: seen as
+    a segfault when the fault tests' killer thread collected one).
+    """
+    out = []
+    for m in range(1, members + 1):
+        with netCDF4.Dataset(root / "members" / f"member_{m:04d}.nc") as ds:
+            out.append(np.asarray(ds["soil_moisture"][:]))
+    return out

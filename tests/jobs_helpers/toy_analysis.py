@@ -36,7 +36,11 @@ def main() -> int:
     saved = work / f"forecast_{cycle:04d}.npy"
     t0 = time.perf_counter()
     if not saved.exists():
-        X = np.stack([np.asarray(netCDF4.Dataset(p)["soil_moisture"][:], dtype=np.float64) for p in paths], axis=1)
+        cols = []
+        for p in paths:
+            with netCDF4.Dataset(p) as ds:
+                cols.append(np.asarray(ds["soil_moisture"][:], dtype=np.float64))
+        X = np.stack(cols, axis=1)
         tmp = work / f".forecast_{cycle:04d}.npy.tmp"
         with open(tmp, "wb") as fh:
             np.save(fh, X)
