@@ -14,7 +14,7 @@ import argparse
 import importlib
 import sys
 
-from enkflow import __version__
+import enkflow
 from enkflow.errors import EnkflowError
 
 # Sub-command modules, in the order `enkflow --help` lists them.
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="enkflow",
         description="Ensemble data assimilation with short time-to-solution.",
     )
-    parser.add_argument("--version", action="version", version=f"enkflow {__version__}")
+    parser.add_argument("--version", action="version", version=f"enkflow {enkflow.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -2,20 +2,25 @@
 
 See ``docs/jobs.md``. Launchers live one per module (:mod:`.local`,
 :mod:`.slurm`); :mod:`.localslurm` starts a real one-node SLURM for tests and
-benchmarks.
+benchmarks. The names below are imported on first use, so that a pilot
+(``python -m enkflow.jobs``) loads only the worker's modules.
 """
 
-from enkflow.jobs.events import EventLog, iter_events
-from enkflow.jobs.launcher import JobSpec, JobState, Launcher
-from enkflow.jobs.local import LocalLauncher
-from enkflow.jobs.slurm import SlurmLauncher
-from enkflow.jobs.strategies import PlannedJob, Resources, Strategy, plan
-from enkflow.jobs.tasks import Step, Task, TaskTable
-from enkflow.jobs.todo import Claimant, Take, TodoList
-from enkflow.jobs.worker import Worker, run_worker
+from importlib import import_module
 
-__all__ = [
-    "Claimant", "EventLog", "JobSpec", "JobState", "Launcher", "LocalLauncher", "PlannedJob", "Resources",
-    "SlurmLauncher", "Step", "Strategy", "Take", "Task", "TaskTable", "TodoList", "Worker", "iter_events", "plan",
-    "run_worker",
-]
+_WHERE = {
+    "EventLog": "events", "iter_events": "events",
+    "JobSpec": "launcher", "JobState": "launcher", "Launcher": "launcher",
+    "LocalLauncher": "local", "SlurmLauncher": "slurm",
+    "PlannedJob": "strategies", "Resources": "strategies", "Strategy": "strategies", "plan": "strategies",
+    "Step": "tasks", "Task": "tasks", "TaskTable": "tasks",
+    "Claimant": "todo", "Take": "todo", "TodoList": "todo",
+    "Worker": "worker", "run_worker": "worker",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> object:
+    if name in _WHERE:
+        return getattr(import_module(f"enkflow.jobs.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'enkflow.jobs' has no attribute {name!r}")
