@@ -10,10 +10,11 @@ load of one-CPU jobs keeping an emulated node busy:
 
 Per strategy it reports total, queuing, running and I/O seconds per cycle
 (mean +- std over cycles, and as % of total) and the ratios of the dynamic
-scheme's total to the others'. Needs root (it starts slurmctld, slurmd and
+scheme's total to the others'. Dependent jobs queue from their eligible
+time, as on production machines (``--queue``; see docs/jobs.md). Needs root (it starts slurmctld, slurmd and
 munged, installing the Debian packages if absent).
 
-    .venv/bin/python benchmarks/table2.py            # about 6 minutes
+    .venv/bin/python benchmarks/table2.py            # about 20 minutes
     .venv/bin/python benchmarks/table2.py --quick    # 2 cycles, for a smoke test
 
 Results go to stdout and ``bench-out/table2.json``.
@@ -95,7 +96,9 @@ def main() -> int:
     ap.add_argument("--member-seconds", type=float, default=3.0, help="emulated cost of one forecast (default 3 s)")
     ap.add_argument("--load-jobs", type=int, default=None, help="background jobs kept queued or running (default node CPUs + 4)")
     ap.add_argument("--workers", type=int, default=None, help="N_j pilots of the dynamic scheme (default N_e)")
-    ap.add_argument("--load-seconds", type=float, nargs=2, default=(8.0, 24.0), help="duration range of a load job")
+    ap.add_argument("--load-seconds", type=float, nargs=2, default=(20.0, 60.0),
+                    help="duration range of a load job (default 20-60 s: other users' jobs outlast a member, as on "
+                         "production machines)")
     ap.add_argument("--analysis", choices=["auto", "builtin", "toy"], default="auto",
                     help="the built-in LETKF (needs enkflow.experiment.analysis_step) or the test's toy analysis")
     ap.add_argument("--queue", choices=["eligible", "submit"], default="eligible",
