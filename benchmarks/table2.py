@@ -11,8 +11,9 @@ load of one-CPU jobs keeping an emulated node busy:
 Per strategy it reports total, queuing, running and I/O seconds per cycle
 (mean +- std over cycles, and as % of total) and the ratios of the dynamic
 scheme's total to the others'. Dependent jobs queue from their eligible
-time, as on production machines (``--queue``; see docs/jobs.md). Needs root (it starts slurmctld, slurmd and
-munged, installing the Debian packages if absent).
+time, as on production machines (``--queue``; see docs/jobs.md). Needs
+root (it starts slurmctld, slurmd and munged, installing the Debian
+packages if absent).
 
     .venv/bin/python benchmarks/table2.py            # about 20 minutes
     .venv/bin/python benchmarks/table2.py --quick    # 2 cycles, for a smoke test
