@@ -15,7 +15,7 @@ time, as on production machines (``--queue``; see docs/jobs.md). Needs
 root (it starts slurmctld, slurmd and munged, installing the Debian
 packages if absent).
 
-    .venv/bin/python benchmarks/table2.py            # about 20 minutes
+    .venv/bin/python benchmarks/table2.py            # about 27 minutes
     .venv/bin/python benchmarks/table2.py --quick    # 2 cycles, for a smoke test
 
 Results go to stdout and ``bench-out/table2.json``.
@@ -91,10 +91,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "table2"), help="work directory")
     ap.add_argument("--members", type=int, default=8, help="N_e (default 8)")
-    ap.add_argument("--cycles", type=int, default=5, help="cycles per strategy and scenario (default 5)")
+    ap.add_argument("--cycles", type=int, default=6, help="cycles per strategy and scenario (default 6)")
     ap.add_argument("--node-cpus", type=int, default=None,
                     help="CPUs of the emulated node (default N_e: the all-resources job needs the whole node)")
-    ap.add_argument("--member-seconds", type=float, default=3.0, help="emulated cost of one forecast (default 3 s)")
+    ap.add_argument("--member-seconds", type=float, default=6.0,
+                    help="emulated cost of one forecast (default 6 s). It must be long against the ~0.1 s of CPU "
+                         "a pilot needs to start: the emulated node has 4x more CPUs than this machine has "
+                         "cores, so N_e pilots starting at once take ~1 s here, not 0.1 s as on a real node")
     ap.add_argument("--load-jobs", type=int, default=None, help="background jobs kept queued or running (default node CPUs + 4)")
     ap.add_argument("--workers", type=int, default=None, help="N_j pilots of the dynamic scheme (default N_e)")
     ap.add_argument("--load-seconds", type=float, nargs=2, default=(20.0, 60.0),
