@@ -149,9 +149,13 @@ def main() -> int:
                 time.sleep(max(args.load_seconds))  # let the load reach a steady state
             try:
                 # Cycles interleaved across strategies (cycle k of each, then k+1): every strategy sees
-                # the same load statistics. Raising experiment.cycles resumes an experiment.
+                # the same load statistics. The order rotates each cycle: a strategy that follows the
+                # all-resources job finds the node refilled by load jobs that all started together,
+                # whose first ends come later than in the steady state; with a fixed order one
+                # strategy would always pay for that. Raising experiment.cycles resumes an experiment.
                 for k in range(1, cycles + 1):
-                    for strategy in strategies:
+                    r = (k - 1) % len(strategies)
+                    for strategy in strategies[r:] + strategies[:r]:
                         root = out / scenario / strategy
                         toml = write_experiment(root, synth, strategy=strategy, members=args.members, cycles=k,
                                                 workers=args.workers or args.members, member_s=args.member_seconds,
