@@ -1,4 +1,4 @@
-"""Shared fixtures: a temporary directory per test, the venv's executables."""
+"""Shared fixtures: the venv's executables, the job-scheme tests' synthetic members."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def subprocess_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return env
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny synthetic land problem with 4 members (the job-scheme tests' ensemble), made once."""
+    from jobs_helpers.experiments import synth_members
+
+    return synth_members(tmp_path_factory.mktemp("synth"), 4)

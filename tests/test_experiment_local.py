@@ -16,14 +16,9 @@ from enkflow.errors import ConfigError, MemberError, StructureMismatchError
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
 from enkflow.report import load_report, render_report
-from jobs_helpers.experiments import make_experiment, restarts, synth_members
+from jobs_helpers.experiments import make_experiment, restarts
 
 N = 4
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth_members(tmp_path_factory.mktemp("synth"), N)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
-from jobs_helpers.experiments import make_experiment, restarts, synth_members
+from jobs_helpers.experiments import make_experiment, restarts
 
 N = 4
 
@@ -61,11 +61,6 @@ class Killer(threading.Thread):
                     break
                 time.sleep(0.01)
             time.sleep(self.rng.uniform(0.1, 0.6))
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth_members(tmp_path_factory.mktemp("synth"), N)
 
 
 def _run(root: Path, synth: Path, plan: list[str] | None, seed: int = 0) -> tuple[list[np.ndarray], list[str], Path]:

@@ -16,7 +16,7 @@ from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
 from enkflow.jobs.localslurm import BackgroundLoad, LocalSlurm, missing_reason
 from enkflow.report import load_report
-from jobs_helpers.experiments import make_experiment, restarts, synth_members
+from jobs_helpers.experiments import make_experiment, restarts
 
 pytestmark = pytest.mark.slurm
 N = 4
@@ -37,11 +37,6 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         raise
     yield ls
     ls.stop()
-
-
-@pytest.fixture(scope="module")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return synth_members(tmp_path_factory.mktemp("synth"), N)
 
 
 @pytest.fixture(scope="module")
