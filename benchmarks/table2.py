@@ -15,7 +15,7 @@ time, as on production machines (``--queue``; see docs/jobs.md). Needs
 root (it starts slurmctld, slurmd and munged, installing the Debian
 packages if absent).
 
-    .venv/bin/python benchmarks/table2.py            # about 27 minutes
+    .venv/bin/python benchmarks/table2.py            # about 65 minutes
     .venv/bin/python benchmarks/table2.py --quick    # 2 cycles, for a smoke test
 
 Results go to stdout and ``bench-out/table2.json``.
@@ -91,18 +91,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "table2"), help="work directory")
     ap.add_argument("--members", type=int, default=8, help="N_e (default 8)")
-    ap.add_argument("--cycles", type=int, default=6, help="cycles per strategy and scenario (default 6)")
+    ap.add_argument("--cycles", type=int, default=10,
+                    help="cycles per strategy and scenario (default 10: a cycle's total varies by ~25%% under load)")
     ap.add_argument("--node-cpus", type=int, default=None,
                     help="CPUs of the emulated node (default N_e: the all-resources job needs the whole node)")
     ap.add_argument("--member-seconds", type=float, default=6.0,
                     help="emulated cost of one forecast (default 6 s). It must be long against the ~0.1 s of CPU "
                          "a pilot needs to start: the emulated node has 4x more CPUs than this machine has "
                          "cores, so N_e pilots starting at once take ~1 s here, not 0.1 s as on a real node")
-    ap.add_argument("--load-jobs", type=int, default=None, help="background jobs kept queued or running (default node CPUs + 4)")
+    ap.add_argument("--load-jobs", type=int, default=None,
+                    help="background jobs kept queued or running (default node CPUs + 6: a full node and a queue)")
     ap.add_argument("--workers", type=int, default=None, help="N_j pilots of the dynamic scheme (default N_e)")
-    ap.add_argument("--load-seconds", type=float, nargs=2, default=(20.0, 60.0),
-                    help="duration range of a load job (default 20-60 s: other users' jobs outlast a member, as on "
+    ap.add_argument("--load-seconds", type=float, nargs=2, default=(10.0, 120.0),
+                    help="duration range of a load job (default 10-120 s: other users' jobs outlast a member, as on "
                          "production machines)")
+    ap.add_argument("--load-distribution", choices=["loguniform", "uniform"], default="loguniform",
+                    help="law of the load jobs' durations: log-uniform, as measured for production workloads "
+                         "(Downey 1997; default), or uniform")
     ap.add_argument("--analysis", choices=["auto", "builtin", "toy"], default="auto",
                     help="the built-in LETKF (needs enkflow.experiment.analysis_step) or the test's toy analysis")
     ap.add_argument("--queue", choices=["eligible", "submit"], default="eligible",
@@ -136,14 +141,15 @@ def main() -> int:
     synth = out / "synth"
     generate(synth, size="tiny", members=args.members)
     node_cpus = args.node_cpus or args.members
-    load_jobs = args.load_jobs if args.load_jobs is not None else node_cpus + 4
+    load_jobs = args.load_jobs if args.load_jobs is not None else node_cpus + 6
     strategies = ["dynamic", "per-member", "single"]
     results: dict[str, dict[str, dict]] = {}
     t_all = time.time()
     with LocalSlurm(out / "slurm", cpus=node_cpus, queue=args.queue):
         for scenario in args.scenarios.split(","):
             results[scenario] = {}
-            load = BackgroundLoad(load_jobs, tuple(args.load_seconds), seed=42) if scenario == "load" else None
+            load = (BackgroundLoad(load_jobs, tuple(args.load_seconds), seed=42, distribution=args.load_distribution)
+                    if scenario == "load" else None)
             if load:
                 load.start()
                 time.sleep(max(args.load_seconds))  # let the load reach a steady state
@@ -175,7 +181,8 @@ def main() -> int:
     lines = [f"Table 2 miniature: N_e = {args.members}, {cycles} cycles per strategy, member cost "
              f"{args.member_seconds:g} s, emulated node of {node_cpus} CPUs on {__import__('os').cpu_count()} real cores, "
              f"dependent jobs ranked by {args.queue} time, "
-             f"analysis: {analysis}; load: {load_jobs} one-CPU jobs of {args.load_seconds[0]:g}-{args.load_seconds[1]:g} s kept queued/running",
+             f"analysis: {analysis}; load: {load_jobs} one-CPU jobs of {args.load_seconds[0]:g}-{args.load_seconds[1]:g} s "
+             f"({args.load_distribution}) kept queued/running",
              ""]
     for scenario, res in results.items():
         lines.append(f"{scenario}:")

@@ -16,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -299,6 +300,12 @@ class EligibleRanking:
                     self.held.discard(job)
         self.held &= jobs.keys()  # cancelled or finished jobs
 
+    def _duration(self) -> float:
+        lo, hi = self.duration_s
+        if self.distribution == "loguniform":
+            return math.exp(self.rng.uniform(math.log(lo), math.log(hi)))
+        return self.rng.uniform(lo, hi)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.step()
@@ -316,21 +323,34 @@ class EligibleRanking:
 class BackgroundLoad:
     """A bounded background load: keeps ``jobs`` one-CPU jobs of other "users" in the queue.
 
-    Each job sleeps a random ``duration_s`` range (seconds, uniform, seeded);
-    whenever fewer than ``jobs`` are queued or running, new ones are submitted,
-    so the node stays busy and experiment jobs must queue behind them as on a
-    shared machine. Start with :meth:`start`, stop (cancelling its jobs) with
-    :meth:`stop`; also a context manager.
+    Each job sleeps a random time in the ``duration_s`` range (seconds,
+    seeded) drawn from ``distribution``: ``"uniform"`` or ``"loguniform"``,
+    the heavy-tailed law measured for production job run times (Downey 1997,
+    "A parallel workload model and its implications for processor allocation"):
+    many short jobs and a few long ones, which is what makes a job that needs a
+    whole node wait for its slowest occupant. Whenever fewer than ``jobs`` are
+    queued or running, new ones are submitted, so the node stays busy and
+    experiment jobs must queue behind them as on a shared machine. Start with
+    :meth:`start`, stop (cancelling its jobs) with :meth:`stop`; also a context
+    manager.
     """
+
+    DISTRIBUTIONS = ("uniform", "loguniform")
 
     NAME = "bgload"
 
-    def __init__(self, jobs: int, duration_s: tuple[float, float] = (8.0, 24.0), seed: int = 0, period_s: float = 0.3):
+    def __init__(self, jobs: int, duration_s: tuple[float, float] = (8.0, 24.0), seed: int = 0, period_s: float = 0.3,
+                 distribution: str = "uniform"):
         import random
         import threading
 
+        if distribution not in self.DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {self.DISTRIBUTIONS}, not {distribution!r}")
+        if not 0 < duration_s[0] <= duration_s[1]:
+            raise ValueError(f"duration_s must be 0 < low <= high seconds, not {duration_s}")
         self.jobs = jobs
         self.duration_s = duration_s
+        self.distribution = distribution
         self.rng = random.Random(seed)
         self.period_s = period_s
         self.submitted = 0
@@ -341,10 +361,16 @@ class BackgroundLoad:
         out = subprocess.run(["squeue", "--me", "-h", "-n", self.NAME, "-o", "%i"], capture_output=True, text=True).stdout
         return len(out.split())
 
+    def _duration(self) -> float:
+        lo, hi = self.duration_s
+        if self.distribution == "loguniform":
+            return math.exp(self.rng.uniform(math.log(lo), math.log(hi)))
+        return self.rng.uniform(lo, hi)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             for _ in range(max(0, self.jobs - self._count())):
-                secs = self.rng.uniform(*self.duration_s)
+                secs = self._duration()
                 # A time limit, as sites require: it lets backfill plan around these jobs.
                 limit = max(1, int(secs // 60) + 1)
                 subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", f"--time={limit}", "--output=/dev/null",
