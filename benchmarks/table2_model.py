@@ -1,0 +1,210 @@
+"""A queue model of benchmarks/table2.py: what the three strategies' times are expected to be.
+
+The real benchmark runs a real SLURM for an hour and still estimates each
+strategy's mean total to only ~+-8% (a cycle's total varies by ~25% under
+load). This model simulates the same node for hundreds of cycles in a few
+minutes, so it separates the scheme's expected ratios from run-to-run noise
+and shows how they depend on the background load:
+
+* one node of ``--node-cpus`` CPUs; SLURM's ``priority/basic`` FIFO order plus
+  EASY backfill from time limits (``sched/backfill``); a dependent job ranks
+  from its eligible time (``LocalSlurm(queue="eligible")``);
+* the load of ``BackgroundLoad``: ``--load-jobs`` one-CPU jobs kept queued or
+  running, durations uniform or log-uniform, time limit rounded up to a minute;
+* the strategies' work as measured on the real one: a member 6.4 s (6 s of
+  model plus its I/O and start), the analysis 1.6 s, the all-resources job
+  9 s (its eight members share two real cores); experiment jobs ask 10 min.
+
+Cycles run back to back with the strategies' order rotating, as in table2.py.
+
+    python benchmarks/table2_model.py                      # the benchmark's default load
+    python benchmarks/table2_model.py --sweep              # several load laws side by side
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+
+DT = 0.1  # time step, s
+STRATEGIES = ("dynamic", "per-member", "single")
+
+
+class Job:
+    def __init__(self, kind: str, cpus: int, duration: float, limit: float, rank: int):
+        self.kind, self.cpus, self.duration, self.limit, self.rank = kind, cpus, duration, limit, rank
+        self.start: float | None = None
+
+
+class Node:
+    """One node under FIFO + EASY backfill, advanced in steps of DT."""
+
+    def __init__(self, cpus: int):
+        self.cpus = cpus
+        self.t = 0.0
+        self.queue: list[Job] = []
+        self.running: list[Job] = []
+        self._rank = 0
+
+    def submit(self, kind: str, cpus: int, duration: float, limit: float) -> Job:
+        self._rank += 1
+        job = Job(kind, cpus, duration, limit, self._rank)
+        self.queue.append(job)
+        return job
+
+    def free(self) -> int:
+        return self.cpus - sum(j.cpus for j in self.running)
+
+    def _start(self, job: Job) -> None:
+        self.queue.remove(job)
+        job.start = self.t
+        self.running.append(job)
+
+    def schedule(self) -> None:
+        self.queue.sort(key=lambda j: j.rank)
+        reserved_at = None
+        for job in list(self.queue):
+            if reserved_at is None:
+                if job.cpus <= self.free():
+                    self._start(job)
+                    continue
+                # The first job that does not fit gets a reservation from the running jobs' limits.
+                need = job.cpus - self.free()
+                for end in sorted(r.start + r.limit for r in self.running):
+                    need -= 1
+                    reserved_at = end
+                    if need <= 0:
+                        break
+            elif job.cpus <= self.free() and self.t + job.limit <= reserved_at:
+                self._start(job)
+
+    def cancel(self, job: Job) -> None:
+        for lst in (self.queue, self.running):
+            if job in lst:
+                lst.remove(job)
+
+    def step(self) -> list[Job]:
+        self.t += DT
+        done = [j for j in self.running if self.t - j.start >= j.duration]
+        for j in done:
+            self.running.remove(j)
+        return done
+
+
+class Load:
+    """BackgroundLoad's law: ``jobs`` one-CPU jobs kept queued or running."""
+
+    def __init__(self, node: Node, jobs: int, seconds: tuple[float, float], law: str, rng: random.Random):
+        self.node, self.jobs, self.seconds, self.law, self.rng = node, jobs, seconds, law, rng
+
+    def top_up(self) -> None:
+        n = sum(1 for j in self.node.queue + self.node.running if j.kind == "load")
+        lo, hi = self.seconds
+        for _ in range(self.jobs - n):
+            d = math.exp(self.rng.uniform(math.log(lo), math.log(hi))) if self.law == "loguniform" else self.rng.uniform(lo, hi)
+            self.node.submit("load", 1, d, (int(d // 60) + 1) * 60.0)
+
+
+def run_cycle(node: Node, load: Load, strategy: str, *, members: int, member_s: float, analysis_s: float,
+              single_s: float, limit_s: float = 600.0) -> float:
+    """One cycle of ``strategy``; returns its total, s."""
+    t0 = node.t
+
+    def tick() -> list[Job]:
+        load.top_up()
+        node.schedule()
+        return node.step()
+
+    if strategy == "single":
+        job = node.submit("exp", members, single_s, limit_s)
+        while job not in tick():
+            pass
+        return node.t - t0
+    if strategy == "per-member":
+        pending = {node.submit("exp", 1, member_s, limit_s) for _ in range(members)}
+        while pending:
+            pending -= set(tick())
+        job = node.submit("exp", 1, analysis_s, limit_s)  # dependent job: ranks from now
+        while job not in tick():
+            pass
+        return node.t - t0
+    # dynamic: pilots pull members from the to-do list; a running pilot takes the analysis last.
+    pilots = [node.submit("pilot", 1, math.inf, limit_s) for _ in range(members)]
+    todo, done, busy_until = members, 0, {}
+    while done < members:
+        tick()
+        for p in pilots:
+            if p.start is None:
+                continue
+            if p in busy_until and node.t >= busy_until[p]:
+                del busy_until[p]
+                done += 1
+            if p not in busy_until and todo:
+                todo -= 1
+                busy_until[p] = node.t + member_s
+    analysis_end = node.t + analysis_s
+    while node.t < analysis_end:
+        tick()
+    for p in pilots:  # queued pilots are cancelled, idle running ones leave
+        node.cancel(p)
+    return node.t - t0
+
+
+def simulate(*, cycles: int, node_cpus: int, load_jobs: int, seconds: tuple[float, float], law: str, seed: int,
+             members: int = 8, member_s: float = 6.4, analysis_s: float = 1.6, single_s: float = 9.0) -> dict[str, list[float]]:
+    rng = random.Random(seed)
+    node = Node(node_cpus)
+    load = Load(node, load_jobs, seconds, law, rng)
+    while node.t < max(seconds):  # steady state first, as table2.py waits
+        load.top_up()
+        node.schedule()
+        node.step()
+    totals: dict[str, list[float]] = {s: [] for s in STRATEGIES}
+    for k in range(cycles):
+        r = k % len(STRATEGIES)
+        for strategy in STRATEGIES[r:] + STRATEGIES[:r]:
+            totals[strategy].append(run_cycle(node, load, strategy, members=members, member_s=member_s,
+                                              analysis_s=analysis_s, single_s=single_s))
+    return totals
+
+
+def describe(totals: dict[str, list[float]]) -> str:
+    m = {s: statistics.mean(v) for s, v in totals.items()}
+    sd = {s: statistics.stdev(v) for s, v in totals.items()}
+    n = len(totals["dynamic"])
+
+    def ratio(a: str, b: str) -> str:
+        r = m[a] / m[b]
+        se = r * math.sqrt((sd[a] / m[a]) ** 2 + (sd[b] / m[b]) ** 2) / math.sqrt(n)
+        return f"{r:.2f} +- {se:.2f}"
+
+    cells = ", ".join(f"{s} {m[s]:6.1f} +- {sd[s]:5.1f}" for s in STRATEGIES)
+    return f"{cells} s | dynamic/per-member {ratio('dynamic', 'per-member')}, dynamic/single {ratio('dynamic', 'single')}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=300, help="cycles per strategy (default 300)")
+    ap.add_argument("--node-cpus", type=int, default=8)
+    ap.add_argument("--load-jobs", type=int, default=14)
+    ap.add_argument("--load-seconds", type=float, nargs=2, default=(10.0, 120.0))
+    ap.add_argument("--load-distribution", choices=["loguniform", "uniform"], default="loguniform")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--sweep", action="store_true", help="the load laws compared in the closing note of issue 4")
+    args = ap.parse_args()
+    cases = [(args.load_distribution, tuple(args.load_seconds), args.load_jobs)]
+    if args.sweep:
+        cases = [("uniform", (20.0, 60.0), 12), ("uniform", (20.0, 60.0), 14), ("uniform", (10.0, 90.0), 14),
+                 ("loguniform", (10.0, 120.0), 12), ("loguniform", (10.0, 120.0), 14)]
+    print(f"(+- after a mean: std of one cycle; after a ratio: standard error over {args.cycles} cycles)")
+    for law, seconds, jobs in cases:
+        totals = simulate(cycles=args.cycles, node_cpus=args.node_cpus, load_jobs=jobs, seconds=seconds, law=law,
+                          seed=args.seed)
+        print(f"{law:10} {seconds[0]:g}-{seconds[1]:g} s, {jobs} jobs: {describe(totals)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
