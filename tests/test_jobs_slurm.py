@@ -111,6 +111,21 @@ def test_a_dependent_job_queues_from_its_eligible_time(slurm: LocalSlurm, tmp_pa
     assert all(start[f"L{i}"] < start["A"] for i in range(slurm.cpus))
 
 
+def test_background_load_durations() -> None:
+    """Durations stay in range; log-uniform ones have the geometric mean as median (heavy upper tail)."""
+    import statistics
+
+    for law, median in (("uniform", 65.0), ("loguniform", (10.0 * 120.0) ** 0.5)):
+        load = BackgroundLoad(3, (10.0, 120.0), seed=5, distribution=law)
+        d = [load._duration() for _ in range(20000)]
+        assert 10.0 <= min(d) and max(d) <= 120.0
+        assert statistics.median(d) == pytest.approx(median, rel=0.03)
+    with pytest.raises(ValueError, match="distribution"):
+        BackgroundLoad(3, (10.0, 120.0), distribution="normal")
+    with pytest.raises(ValueError, match="duration_s"):
+        BackgroundLoad(3, (0.0, 120.0))
+
+
 def test_table2_short(slurm: LocalSlurm, tmp_path: Path, synth: Path) -> None:
     """The short version of benchmarks/table2.py: one cycle per strategy on a node kept full by other jobs.
 
@@ -123,7 +138,7 @@ def test_table2_short(slurm: LocalSlurm, tmp_path: Path, synth: Path) -> None:
 
     totals: dict[str, float] = {}
     states: dict[str, list[np.ndarray]] = {}
-    with BackgroundLoad(jobs=10, duration_s=(6.0, 14.0), seed=3) as load:
+    with BackgroundLoad(jobs=10, duration_s=(4.0, 16.0), seed=3, distribution="loguniform") as load:
         t0 = time.time()
         while load._count() < 10 and time.time() - t0 < 20:
             time.sleep(0.2)
