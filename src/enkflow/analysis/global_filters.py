@@ -1,11 +1,13 @@
 """Global ensemble filters: one analysis for the whole state.
 
 Each filter is a frozen, keyword-only dataclass of its parameters with one
-method ``analyze(X, HX, obs) -> Xa``:
+method ``analyze(X, HX, obs, *, cycle=0) -> Xa``:
 
 - ``X``  (n_rows, N): prior ensemble rows held by this rank (Fortran order preferred)
 - ``HX`` (n_obs, N): the full ensemble in observation space (same on every rank)
 - ``obs``: the :class:`~enkflow.obs.ObsSet`
+- ``cycle``: the assimilation cycle; it selects a stochastic filter's random
+  draws (so a rerun cycle draws the same) and is ignored by deterministic ones
 
 Every rank computes the same small transform from ``HX`` and applies it to its
 own rows, so the result does not depend on the rank count.
@@ -51,7 +53,7 @@ class _TransformFilter(Filter):
 
     _weights = staticmethod(letkf_weights)
 
-    def analyze(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet) -> np.ndarray:
+    def analyze(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet, *, cycle: int = 0) -> np.ndarray:
         self._check(X, HX, obs)
         Yp = HX - HX.mean(axis=1, keepdims=True)
         dy = obs.values - HX.mean(axis=1)
@@ -85,7 +87,7 @@ def _prior_anomalies(X: np.ndarray, HX: np.ndarray, lam: float) -> tuple[np.ndar
 class DEnKF(Filter):
     """Deterministic EnKF (Sakov & Oke 2008): mean with the full gain, anomalies with half of it."""
 
-    def analyze(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet) -> np.ndarray:
+    def analyze(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet, *, cycle: int = 0) -> np.ndarray:
         self._check(X, HX, obs)
         xbar, Xp, hbar, Yp = _prior_anomalies(X, HX, self.inflation.prior)
         K = kalman_gain_ens(Xp, Yp, obs.error_var)

@@ -70,8 +70,9 @@ class _LocalFilter(Filter):
         domains: LocalDomains,
         out: np.ndarray | None = None,
         geometry: Geometry | None = None,
+        cycle: int = 0,
     ) -> np.ndarray:
-        """Local analysis of the rows in ``domains``.
+        """Local analysis of the rows in ``domains`` (deterministic: ``cycle`` is not used).
 
         ``X`` (n_rows, N) prior rows of this rank; ``HX`` (n_obs, N) the full
         observation-space ensemble; ``out`` (n_rows, N) F-order may be ``X``

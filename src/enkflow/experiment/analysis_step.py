@@ -23,7 +23,7 @@ import numpy as np
 
 from enkflow.analysis import LESTKF, LETKF, LocalDomains
 from enkflow.analysis.factory import make_filter
-from enkflow.config import AnalysisConfig, Method, Metric
+from enkflow.config import AnalysisConfig, Metric
 from enkflow.errors import ConfigError, FileFormatError
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
@@ -107,10 +107,7 @@ def analyse_files(
         kw = {}
         if analysis.method.is_local:
             kw = {"domains": LocalDomains.by_location(layout.coords[start:stop]), "out": X}
-        if analysis.method is Method.ENKF:
-            Xa = f.analyze(X, HX, obs, cycle=cycle)
-        else:
-            Xa = f.analyze(X, HX, obs, **kw)
+        Xa = f.analyze(X, HX, obs, cycle=cycle, **kw)
         hxa = sel.apply(np.ascontiguousarray(Xa.mean(axis=1))[:, None], start, comm)[:, 0]
         oma = float(np.sqrt(np.mean((obs.values - hxa) ** 2))) if obs.n_obs else 0.0
         t_an = time.perf_counter() - t1

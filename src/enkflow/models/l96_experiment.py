@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from enkflow.analysis import EnKF, Filter, Geometry, LocalDomains
+from enkflow.analysis import Filter, Geometry, LocalDomains
 from enkflow.analysis.factory import make_filter as build
 from enkflow.config import AnalysisConfig, Method, Metric
 from enkflow.errors import InputError
@@ -94,10 +94,7 @@ def run(s: L96Setup, progress=None) -> L96Result:
         y = truth + s.obs_std * nature.standard_normal(n)
         obs = ObsSet(y, obs_err, coords)
         xf = E.mean(axis=1)
-        if isinstance(f, EnKF):
-            E = f.analyze(E, E, obs, cycle=c)
-        else:
-            E = f.analyze(E, E, obs, **kw)
+        E = f.analyze(E, E, obs, cycle=c, **kw)
         if not np.isfinite(E).all():
             raise InputError(f"the ensemble diverged (NaN/Inf) at cycle {c}; try more inflation", item="ensemble")
         if c >= s.burn_in:
