@@ -111,6 +111,31 @@ def test_a_dependent_job_queues_from_its_eligible_time(slurm: LocalSlurm, tmp_pa
     assert all(start[f"L{i}"] < start["A"] for i in range(slurm.cpus))
 
 
+def test_eligible_ranking_releases_a_held_job_whose_dependency_slurm_cleared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: SLURM may mark a held job's dependency fulfilled (shown as ``(null)``) before the
+    next pass sees it unfulfilled-and-done; the job must still be released, not held forever."""
+    import subprocess
+
+    from enkflow.jobs import localslurm
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(localslurm.subprocess, "run",
+                        lambda argv, **kw: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
+    ranking = localslurm.EligibleRanking()
+    queues = [
+        {"10": ("RUNNING", "(null)"), "11": ("PENDING", "afterany:10(unfulfilled)")},
+        {"10": ("RUNNING", "(null)"), "11": ("PENDING", "afterany:10(unfulfilled)")},
+        {"11": ("PENDING", "(null)")},  # 10 ended and SLURM cleared the dependency
+    ]
+    monkeypatch.setattr(ranking, "_queue", lambda: queues.pop(0))
+    ranking.step()
+    assert calls == [["scontrol", "hold", "11"]]
+    ranking.step()  # its dependency still runs: stays held
+    assert len(calls) == 1
+    ranking.step()
+    assert calls[-1] == ["scontrol", "release", "11"] and not ranking.held
+
+
 def test_background_load_durations() -> None:
     """Durations stay in range; log-uniform ones have the geometric mean as median (heavy upper tail)."""
     import statistics

@@ -282,29 +282,25 @@ class EligibleRanking:
     def step(self) -> None:
         """One pass: hold newly seen dependent jobs; release held ones whose dependencies have left the queue.
 
-        SLURM does not evaluate the dependencies of a held job, so this pass
-        does: a job it held is released when no job it depends on is still
-        queued, running or completing; SLURM then checks the dependency type
+        A job it held is released when no job it depends on is still queued,
+        running or completing, whether or not SLURM has already marked the
+        dependency fulfilled (it may clear it, to ``(null)``, between two
+        passes, even for a held job); SLURM then checks the dependency type
         (``afterok`` and the like) itself.
         """
         jobs = self._queue()
         active = {j for j, (state, _) in jobs.items() if state not in ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT")}
         for job, (state, deps) in jobs.items():
-            if state != "PENDING" or "unfulfilled" not in deps:
+            if state != "PENDING":
                 continue
-            if job not in self.held:
+            if job in self.held:
+                if not (set(re.findall(r":(\d+)", deps)) & active):
+                    if subprocess.run(["scontrol", "release", job], capture_output=True).returncode == 0:
+                        self.held.discard(job)
+            elif "unfulfilled" in deps:
                 if subprocess.run(["scontrol", "hold", job], capture_output=True).returncode == 0:
                     self.held.add(job)
-            elif not (set(re.findall(r":(\d+)", deps)) & active):
-                if subprocess.run(["scontrol", "release", job], capture_output=True).returncode == 0:
-                    self.held.discard(job)
         self.held &= jobs.keys()  # cancelled or finished jobs
-
-    def _duration(self) -> float:
-        lo, hi = self.duration_s
-        if self.distribution == "loguniform":
-            return math.exp(self.rng.uniform(math.log(lo), math.log(hi)))
-        return self.rng.uniform(lo, hi)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
