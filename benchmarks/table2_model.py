@@ -9,16 +9,17 @@ and shows how they depend on the background load:
 * one node of ``--node-cpus`` CPUs; SLURM's ``priority/basic`` FIFO order plus
   EASY backfill from time limits (``sched/backfill``); a dependent job ranks
   from its eligible time (``LocalSlurm(queue="eligible")``);
-* the load of ``BackgroundLoad``: ``--load-jobs`` one-CPU jobs kept queued or
-  running, durations uniform or log-uniform, time limit rounded up to a minute;
+* the load of ``BackgroundLoad`` (its own ``draw``): ``--load-jobs`` one-CPU
+  jobs kept queued or running, durations uniform or log-uniform, time limit
+  rounded up to a minute;
 * the strategies' work as measured on the real one: a member 6.4 s (6 s of
   model plus its I/O and start), the analysis 1.6 s, the all-resources job
   9 s (its eight members share two real cores); experiment jobs ask 10 min.
 
 Cycles run back to back with the strategies' order rotating, as in table2.py.
 
-    python benchmarks/table2_model.py                      # the benchmark's default load
-    python benchmarks/table2_model.py --sweep              # several load laws side by side
+    .venv/bin/python benchmarks/table2_model.py            # the benchmark's default load
+    .venv/bin/python benchmarks/table2_model.py --sweep    # several load laws side by side
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import argparse
 import math
 import random
 import statistics
+
+from enkflow.jobs.localslurm import BackgroundLoad
 
 DT = 0.1  # time step, s
 STRATEGIES = ("dynamic", "per-member", "single")
@@ -101,10 +104,9 @@ class Load:
 
     def top_up(self) -> None:
         n = sum(1 for j in self.node.queue + self.node.running if j.kind == "load")
-        lo, hi = self.seconds
         for _ in range(self.jobs - n):
-            d = math.exp(self.rng.uniform(math.log(lo), math.log(hi))) if self.law == "loguniform" else self.rng.uniform(lo, hi)
-            self.node.submit("load", 1, d, (int(d // 60) + 1) * 60.0)
+            secs, limit_min = BackgroundLoad.draw(self.rng, self.seconds, self.law)
+            self.node.submit("load", 1, secs, 60.0 * limit_min)
 
 
 def run_cycle(node: Node, load: Load, strategy: str, *, members: int, member_s: float, analysis_s: float,

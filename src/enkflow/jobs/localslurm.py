@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 import shutil
 import socket
@@ -337,7 +338,6 @@ class BackgroundLoad:
 
     def __init__(self, jobs: int, duration_s: tuple[float, float] = (8.0, 24.0), seed: int = 0, period_s: float = 0.3,
                  distribution: str = "uniform"):
-        import random
         import threading
 
         if distribution not in self.DISTRIBUTIONS:
@@ -357,18 +357,24 @@ class BackgroundLoad:
         out = subprocess.run(["squeue", "--me", "-h", "-n", self.NAME, "-o", "%i"], capture_output=True, text=True).stdout
         return len(out.split())
 
+    @staticmethod
+    def draw(rng: random.Random, duration_s: tuple[float, float], distribution: str) -> tuple[float, int]:
+        """One load job: (duration s, time limit in whole minutes, as a site would require)."""
+        lo, hi = duration_s
+        if distribution == "loguniform":
+            secs = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        else:
+            secs = rng.uniform(lo, hi)
+        return secs, int(secs // 60) + 1
+
     def _duration(self) -> float:
-        lo, hi = self.duration_s
-        if self.distribution == "loguniform":
-            return math.exp(self.rng.uniform(math.log(lo), math.log(hi)))
-        return self.rng.uniform(lo, hi)
+        return self.draw(self.rng, self.duration_s, self.distribution)[0]
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             for _ in range(max(0, self.jobs - self._count())):
-                secs = self._duration()
-                # A time limit, as sites require: it lets backfill plan around these jobs.
-                limit = max(1, int(secs // 60) + 1)
+                # The time limit lets backfill plan around these jobs.
+                secs, limit = self.draw(self.rng, self.duration_s, self.distribution)
                 subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", f"--time={limit}", "--output=/dev/null",
                                 f"--wrap=sleep {secs:.2f}"],
                                capture_output=True)
