@@ -84,7 +84,8 @@ def _sbatch(out: Path, name: str, seconds: float, after: str | None = None) -> s
     import subprocess
 
     argv = ["sbatch", "--parsable", "-J", name, "-n", "1", "--time=1", "--output=/dev/null",
-            f"--wrap=date +%s.%N > {out / name}; sleep {seconds}"]
+            # Written to a temporary name, then renamed: a reader never sees a half-written time.
+            f"--wrap=date +%s.%N > {out / name}.tmp && mv {out / name}.tmp {out / name}; sleep {seconds}"]
     if after:
         argv.insert(1, f"--dependency=afterany:{after}")
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
@@ -103,7 +104,7 @@ def test_a_dependent_job_queues_from_its_eligible_time(slurm: LocalSlurm, tmp_pa
     deadline = time.time() + 60
     while not (tmp_path / "A").exists() and time.time() < deadline:
         time.sleep(0.2)
-    start = {p.name: float(p.read_text()) for p in tmp_path.iterdir()}
+    start = {p.name: float(p.read_text()) for p in tmp_path.iterdir() if p.suffix != ".tmp"}
     assert len(fill) == slurm.cpus and "A" in start
     # D and seven L jobs took the freed CPUs; D's CPU then went to the eighth L job, which became
     # eligible before A (with plain FIFO, A would have had it); A waits for the next free CPU.
