@@ -23,8 +23,10 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import psutil
 
@@ -247,7 +249,32 @@ class LocalSlurm:
         self.stop()
 
 
-class EligibleRanking:
+class _Poller:
+    """A daemon thread calling :meth:`step` every ``period_s`` seconds between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, period_s: float, name: str):
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(self.period_s)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class EligibleRanking(_Poller):
     """Ranks a dependent job by the moment it becomes eligible, not by its submission.
 
     On production machines (``priority/multifactor``) the age factor counts
@@ -263,12 +290,8 @@ class EligibleRanking:
     """
 
     def __init__(self, period_s: float = 0.2):
-        import threading
-
-        self.period_s = period_s
+        super().__init__(period_s, "eligible-ranking")
         self.held: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="eligible-ranking")
 
     def _queue(self) -> dict[str, tuple[str, str]]:
         """Every job in the queue: id -> (state, remaining dependencies)."""
@@ -303,21 +326,8 @@ class EligibleRanking:
                     self.held.add(job)
         self.held &= jobs.keys()  # cancelled or finished jobs
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.step()
-            self._stop.wait(self.period_s)
 
-    def start(self) -> "EligibleRanking":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-class BackgroundLoad:
+class BackgroundLoad(_Poller):
     """A bounded background load: keeps ``jobs`` one-CPU jobs of other "users" in the queue.
 
     Each job sleeps a random time in the ``duration_s`` range (seconds,
@@ -338,8 +348,6 @@ class BackgroundLoad:
 
     def __init__(self, jobs: int, duration_s: tuple[float, float] = (8.0, 24.0), seed: int = 0, period_s: float = 0.3,
                  distribution: str = "uniform"):
-        import threading
-
         if distribution not in self.DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {self.DISTRIBUTIONS}, not {distribution!r}")
         if not 0 < duration_s[0] <= duration_s[1]:
@@ -347,11 +355,9 @@ class BackgroundLoad:
         self.jobs = jobs
         self.duration_s = duration_s
         self.distribution = distribution
+        super().__init__(period_s, "background-load")
         self.rng = random.Random(seed)
-        self.period_s = period_s
         self.submitted = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _count(self) -> int:
         out = subprocess.run(["squeue", "--me", "-h", "-n", self.NAME, "-o", "%i"], capture_output=True, text=True).stdout
@@ -367,27 +373,18 @@ class BackgroundLoad:
             secs = rng.uniform(lo, hi)
         return secs, int(secs // 60) + 1
 
-    def _duration(self) -> float:
-        return self.draw(self.rng, self.duration_s, self.distribution)[0]
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            for _ in range(max(0, self.jobs - self._count())):
-                # The time limit lets backfill plan around these jobs.
-                secs, limit = self.draw(self.rng, self.duration_s, self.distribution)
-                subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", f"--time={limit}", "--output=/dev/null",
-                                f"--wrap=sleep {secs:.2f}"],
-                               capture_output=True)
-                self.submitted += 1
-            self._stop.wait(self.period_s)
-
-    def start(self) -> "BackgroundLoad":
-        self._thread.start()
-        return self
+    def step(self) -> None:
+        """Top the queue up to ``jobs`` load jobs."""
+        for _ in range(max(0, self.jobs - self._count())):
+            # The time limit lets backfill plan around these jobs.
+            secs, limit = self.draw(self.rng, self.duration_s, self.distribution)
+            subprocess.run(["sbatch", "-J", self.NAME, "-n", "1", f"--time={limit}", "--output=/dev/null",
+                            f"--wrap=sleep {secs:.2f}"],
+                           capture_output=True)
+            self.submitted += 1
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        super().stop()
         subprocess.run(["scancel", "--me", "-n", self.NAME], capture_output=True)
 
     def __enter__(self) -> "BackgroundLoad":
