@@ -8,9 +8,13 @@ import json
 import subprocess
 import sys
 
+from dataclasses import replace
+
 import pytest
 
-from enkflow.config import Method
+from enkflow.analysis import LESTKF, Kernel, Localization
+from enkflow.config import Method, Metric, Taper
+from enkflow.models import l96_experiment as l96x
 from enkflow.models.l96_experiment import L96Setup, run
 
 # method, N, posterior inflation -> published rmse_a
@@ -29,13 +33,60 @@ def test_short_run_scores(method, N, infl, expected):
     assert 0.7 < res.spread_a / res.rmse_a < 1.5
 
 
-def test_lestkf_equals_letkf_and_estkf_equals_etkf():
-    a = run(L96Setup(method=Method.LETKF, members=10, inflation=1.02, cycles=200, burn_in=50))
-    b = run(L96Setup(method=Method.LESTKF, members=10, inflation=1.02, cycles=200, burn_in=50))
-    assert abs(a.rmse_a - b.rmse_a) < 1e-8
+def _run_with(monkeypatch, setup: L96Setup, **changes) -> tuple:
+    """``run(setup)`` with the filter it builds changed by ``dataclasses.replace(f, **changes)``;
+    returns the result and the filter that ran (to check which code path it took)."""
+    made = []
+    build = l96x.make_filter
+
+    def make(s: L96Setup):
+        made.append(replace(build(s), **changes))
+        return made[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(l96x, "make_filter", make)
+        res = run(setup)
+    return res, made[0]
+
+
+def _same(a, b, tol=1e-10):
+    for k in ("rmse_a", "spread_a", "rmse_f"):
+        assert abs(getattr(a, k) - getattr(b, k)) < tol, (k, a, b)
+
+
+CYCLED = dict(members=10, inflation=1.02, cycles=200, burn_in=50)
+
+
+def test_lestkf_reference_equals_letkf_compiled(monkeypatch):
+    """Cycled LETKF = LESTKF, each side through its own code: LETKF with the
+    compiled C kernel, LESTKF with its per-domain LAPACK formulation in the
+    error subspace (``estkf_weights``, the T projection). With the compiled
+    kernel on both sides the two would run the same C code and could not differ."""
+    a = run(L96Setup(method=Method.LETKF, **CYCLED))
+    b, f = _run_with(monkeypatch, L96Setup(method=Method.LESTKF, **CYCLED), kernel=Kernel.REFERENCE)
+    assert isinstance(f, LESTKF) and f.kernel is Kernel.REFERENCE and f.stats.n_domains > 0
+    assert a.rmse_a < 0.5
+    _same(a, b)
+
+
+def test_local_with_unlimited_radius_equals_global_estkf(monkeypatch):
+    """A step taper wider than the ring gives every domain every observation with
+    weight 1: the compiled local kernel must then reproduce the global ESTKF
+    (Python, error-subspace transform) cycle after cycle."""
+    glob = {**CYCLED, "members": 20}  # 10 members diverge without localization
+    a = run(L96Setup(method=Method.ESTKF, **glob))
+    assert a.rmse_a < 0.5
+    unlimited = Localization(half_width=1e9, taper=Taper.STEP, metric=Metric.PERIODIC, period=40.0)
+    b, f = _run_with(monkeypatch, L96Setup(method=Method.LETKF, **glob), localization=unlimited)
+    assert f.kernel is Kernel.COMPILED and f.stats.fallbacks == 0 and f.stats.mean_local_obs == 40
+    _same(a, b)
+
+
+def test_estkf_equals_etkf():
+    """The global filters run different transforms (``letkf_weights`` and ``estkf_weights``)."""
     c = run(L96Setup(method=Method.ETKF, members=20, inflation=1.02, cycles=200, burn_in=50))
     d = run(L96Setup(method=Method.ESTKF, members=20, inflation=1.02, cycles=200, burn_in=50))
-    assert abs(c.rmse_a - d.rmse_a) < 1e-8
+    _same(c, d)
 
 
 def test_cli_json(subprocess_env):
