@@ -82,5 +82,39 @@ class RankError(EnkflowError):
         super().__init__(f"rank {rank}: {message}")
 
 
+class StorageError(EnkflowError):
+    """Writing a file failed (disk full, quota, read-only or vanished file system).
+
+    ``path`` is the file; the message says what to do next. The file's old
+    content is left in place, so a rerun after the cause is fixed resumes.
+    """
+
+    def __init__(self, message: str, *, path: str):
+        self.path = str(path)
+        self._message = message
+        super().__init__(f"{self.path}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_storage_error, (self._message, self.path))
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, *, path: str) -> "StorageError":
+        """The typed error for a failed write of ``path``, with advice for the usual causes."""
+        import errno
+
+        advice = {
+            errno.ENOSPC: "no space left on the device; free space there and rerun the same command to resume",
+            errno.EDQUOT: "disk quota exceeded; free space or raise the quota, then rerun the same command to resume",
+            errno.EROFS: "the file system is read-only; make it writable, then rerun the same command to resume",
+            errno.EACCES: "permission denied; fix the permissions, then rerun the same command to resume",
+            errno.EIO: "I/O error from the storage; check the file system, then rerun the same command to resume",
+        }.get(exc.errno or 0, f"{exc.strerror or exc}; fix the cause, then rerun the same command to resume")
+        return cls(f"cannot write: {advice}", path=path)
+
+
+def _rebuild_storage_error(message: str, path: str) -> "StorageError":
+    return StorageError(message, path=path)
+
+
 class RecoveryError(FileFormatError):
     """An interrupted in-place update cannot be finished (log unreachable or damaged)."""

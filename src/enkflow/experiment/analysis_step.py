@@ -24,7 +24,8 @@ import numpy as np
 from enkflow.analysis import LESTKF, LETKF, LocalDomains
 from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig, Metric
-from enkflow.errors import ConfigError, FileFormatError
+from enkflow.errors import ConfigError, FileFormatError, RecoveryError
+from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import write_mean_spread
@@ -67,6 +68,7 @@ def analyse_files(
     spread_path: str | Path | None = None,
     hx_files: Sequence[Path] | None = None,
     truth: np.ndarray | None = None,
+    applied: str | Path | None = None,
 ) -> dict[str, float]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
 
@@ -76,6 +78,14 @@ def analyse_files(
     background / analysis mean), and with ``truth`` (n_state,) the RMSE of the
     prior and analysis means against it. Every check (files, structure,
     observations, configuration) runs before the first byte is written.
+
+    ``applied`` makes the analysis idempotent: the path of a JSON record that
+    commits together with the in-place update (it exists if and only if the
+    update was applied, also after a kill and the write-ahead log's recovery,
+    see :meth:`EnsembleFiles.update`). When it exists, the files already hold
+    the analysis: nothing is assimilated again; the mean/spread are written
+    from the files and the recorded diagnostics are returned, with
+    ``already_applied`` = 1.
     """
     comm = comm or get_comm()
     t0 = time.perf_counter()
@@ -92,6 +102,10 @@ def analyse_files(
     obs = ObsSet(of.obs.values, of.obs.error_var, layout.coords[of.state_index], of.obs.kinds)
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
     try:
+        # After the open: it finished any interrupted update, which writes the record.
+        record = _applied_record(applied, cycle, comm)
+        if record is not None:
+            return _redo_outputs(ens, layout, record, comm, cycle, mean_path, spread_path, t0)
         start, stop = ens.row_start, ens.row_stop
         X = ens.read()
         t_read = time.perf_counter() - t0
@@ -112,8 +126,21 @@ def analyse_files(
         oma = float(np.sqrt(np.mean((obs.values - hxa) ** 2))) if obs.n_obs else 0.0
         t_an = time.perf_counter() - t1
         prep.join()
+        diag = {"n_obs": float(obs.n_obs), "omb_rms": omb, "oma_rms": oma}
+        if isinstance(f, (LETKF, LESTKF)):
+            diag.update(mean_local_obs=f.stats.mean_local_obs, search_s=f.stats.search_s, kernel_s=f.stats.kernel_s)
+        if truth is not None:
+            tl = truth[start:stop]
+            sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
+            diag["rmse_prior"] = float(np.sqrt(sq[0] / layout.n_rows))
+            diag["rmse_analysis"] = float(np.sqrt(sq[1] / layout.n_rows))
         t2 = time.perf_counter()
-        ens.update(np.asfortranarray(Xa))
+        Xa = np.asfortranarray(Xa)
+        _update(ens, Xa, applied, cycle, comm, diag)
+        if not ens.lossless:
+            # The files round to their dtype: take the output from what they now hold, as a redo
+            # after a kill (which can only read the files) would.
+            ens.read(Xa)
         t_up = time.perf_counter() - t2
         t3 = time.perf_counter()
         if mean_path is not None:
@@ -121,18 +148,64 @@ def analyse_files(
         t_out = time.perf_counter() - t3
     finally:
         ens.close()
-    out = {
-        "read_s": t_read, "analysis_s": t_an, "update_s": t_up, "output_s": t_out,
-        "n_obs": float(obs.n_obs), "omb_rms": omb, "oma_rms": oma,
-    }
-    if isinstance(f, (LETKF, LESTKF)):
-        out.update(mean_local_obs=f.stats.mean_local_obs, search_s=f.stats.search_s, kernel_s=f.stats.kernel_s)
-    if truth is not None:
-        tl = truth[start:stop]
-        sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
-        out["rmse_prior"] = float(np.sqrt(sq[0] / layout.n_rows))
-        out["rmse_analysis"] = float(np.sqrt(sq[1] / layout.n_rows))
-    return out
+    return {"read_s": t_read, "analysis_s": t_an, "update_s": t_up, "output_s": t_out, **diag}
+
+
+def _started_flag(applied: Path) -> Path:
+    return applied.with_name(applied.name + ".started")
+
+
+def _applied_record(applied: str | Path | None, cycle: int, comm: Comm) -> dict | None:
+    """The completion record of an update already applied (rank 0 decides, every rank gets it)."""
+    if applied is None:
+        return None
+    result: tuple[str, object] = ("ok", None)
+    if comm.rank == 0:
+        p = Path(applied)
+        rec = read_json(p)
+        if rec is not None:
+            if int(rec.get("cycle", -1)) != cycle:
+                result = ("err", RecoveryError(f"records the analysis of cycle {rec.get('cycle')}, not of cycle {cycle}", path=str(p)))
+            else:
+                result = ("ok", rec)
+        elif _started_flag(p).exists():
+            result = ("err", RecoveryError(
+                f"the in-place update of cycle {cycle} was interrupted while the write-ahead log was off "
+                "([io.safe_update] enabled = false): the member restarts are partly analysed and cannot be "
+                "repaired; restore them from a copy of the cycle's forecast and delete this flag",
+                path=str(_started_flag(p))))
+    result = comm.bcast(result, root=0)
+    if result[0] == "err":
+        raise result[1]  # type: ignore[misc]
+    return result[1]  # type: ignore[return-value]
+
+
+def _update(ens: EnsembleFiles, Xa: np.ndarray, applied: str | Path | None, cycle: int, comm: Comm,
+            diag: dict[str, float]) -> None:
+    """Update the files in place; with ``applied``, commit the record of it with the update."""
+    if applied is None:
+        ens.update(Xa)
+        return
+    p = Path(applied)
+    safe = ens.config.safe_update.enabled
+    if not safe and comm.rank == 0:
+        write_json_atomic(_started_flag(p), {"cycle": cycle, "t": time.time()})
+    ens.update(Xa, completion={"path": str(p), "body": {"cycle": cycle, "t": time.time(), "diagnostics": diag}})
+    if not safe and comm.rank == 0:
+        _started_flag(p).unlink(missing_ok=True)
+
+
+def _redo_outputs(ens: EnsembleFiles, layout: StateLayout, record: dict, comm: Comm, cycle: int,
+                  mean_path: str | Path | None, spread_path: str | Path | None, t0: float) -> dict[str, float]:
+    """A rerun after the update was applied: rewrite the outputs from the files, assimilate nothing."""
+    X = ens.read()
+    t_read = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    if mean_path is not None:
+        write_mean_spread(X, layout, mean_path, spread_path, comm=comm, title=f"enkflow analysis, cycle {cycle}")
+    diag = {k: float(v) for k, v in dict(record.get("diagnostics", {})).items()}
+    return {"read_s": t_read, "analysis_s": 0.0, "update_s": 0.0, "output_s": time.perf_counter() - t1,
+            **diag, "already_applied": 1.0}
 
 
 def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
@@ -148,4 +221,5 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
     return analyse_files(
         paths, cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io, cycle=cycle,
         mean_path=cdir / "analysis_mean.nc", spread_path=cdir / "analysis_spread.nc", hx_files=hx,
+        applied=cfg.applied_record(cycle),
     )

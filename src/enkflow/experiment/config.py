@@ -234,6 +234,11 @@ class ExperimentConfig(Strict):
     def cycle_dir(self, cycle: int) -> Path:
         return self.expdir / "cycles" / f"{cycle:04d}"
 
+    def applied_record(self, cycle: int) -> Path:
+        """The record, committed with the analysis' in-place update, that cycle ``cycle``'s
+        analysis was applied to the restarts (see :func:`~enkflow.experiment.analysis_step.analyse_files`)."""
+        return self.cycle_dir(cycle) / "analysis_applied.json"
+
     def resources(self, cpu_count: int) -> Resources:
         workers = self.jobs.workers or max(1, min(self.experiment.members, cpu_count))
         return Resources(workers=workers, cpus_per_job=self.jobs.cpus_per_job, analysis_cpus=self.jobs.analysis_cpus,

@@ -161,6 +161,12 @@ class EnsembleFiles:
         return done
 
     @property
+    def lossless(self) -> bool:
+        """Whether every state variable is stored as float64, so the files hold ``X`` exactly."""
+        return all(self.structures[0].variables[v.name].dtype.kind == "f" and self.structures[0].variables[v.name].dtype.itemsize == 8
+                   for v in self.layout.variables)
+
+    @property
     def n_local_rows(self) -> int:
         return self.row_stop - self.row_start
 
@@ -321,7 +327,7 @@ class EnsembleFiles:
             weakref.finalize(self, self._wal.close)
         return self._wal.prepare(sizes)
 
-    def update(self, X: np.ndarray, *, safe: bool | None = None) -> TransferStats:
+    def update(self, X: np.ndarray, *, safe: bool | None = None, completion: dict[str, object] | None = None) -> TransferStats:
         """Write ``X`` (n_local_rows, n_members) float64, Fortran order, back into the member
         files, in place.
 
@@ -329,6 +335,11 @@ class EnsembleFiles:
         unmasked points and every other variable and attribute stay byte-identical). With
         ``safe`` (default: ``config.safe_update.enabled``) a kill at any instant leaves the
         files recoverable: the next open finishes the update. Collective.
+
+        ``completion`` (``{"path": ..., "body": {...}}``, rank 0's counts) is a JSON record
+        written atomically after the last file byte: with ``safe`` it is part of the commit, so
+        it exists if and only if the update was applied, even after a kill and recovery
+        (:func:`enkflow.io.wal.commit`). Without ``safe`` it is written after the files.
         """
         if self.mode != "r+":
             raise FileFormatError("opened read-only (mode 'r'); open with mode='r+' to update", path=self.paths[0], variable=self.layout.variables[0].name)
@@ -340,6 +351,9 @@ class EnsembleFiles:
             t0 = time.perf_counter()
             fsink = FileSink(self._fds, self.paths)
             self._emit_all(X, lambda k: fsink)
+            self.comm.barrier()
+            if self.comm.rank == 0:
+                wal.write_completion(completion)
             self.comm.barrier()
             return TransferStats(nbytes, time.perf_counter() - t0)
 
@@ -376,7 +390,9 @@ class EnsembleFiles:
                 logs.extend(lpaths)
                 for r in recs:
                     records.append([r[0], r[1], r[2], base + int(r[3]), r[4], r[5], r[6]])
-            marker = wal.commit(self.paths, logs, records, uid, durable)
+            marker = wal.commit(self.paths, logs, records, uid, durable, completion)
+        if self.is_io_task:
+            self._wal.committed = True  # type: ignore[union-attr]
         self.comm.barrier()
         t_log = time.perf_counter() - t0
         # From here the update is committed: the files are written, and a kill is finished by recovery.
@@ -390,8 +406,11 @@ class EnsembleFiles:
                 os.fsync(fd)
         self.comm.barrier()
         if marker is not None:
+            wal.write_completion(completion)
             wal.clear(marker, durable)
         self.comm.barrier()
+        if self.is_io_task:
+            self._wal.committed = False  # type: ignore[union-attr]
         return TransferStats(nbytes, time.perf_counter() - t0, True, t_log, prep)
 
     def _redo(self, records: list[list[object]]) -> None:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.errors import RecoveryError
+from enkflow.errors import RecoveryError, StorageError
+from enkflow.fsutil import fsync_dir, write_json_atomic
 from enkflow.io import library
 from enkflow.io.rowio import pread_full, pwrite_full
 
@@ -160,6 +161,7 @@ class WriteAheadLog:
     capacity: list[int] = field(default_factory=list)
     maps: list[mmap.mmap | None] = field(default_factory=list)
     views: list[np.ndarray | None] = field(default_factory=list)
+    committed: bool = False  # a commit marker names these logs and the writes have not finished
 
     def prepare(self, sizes: list[int]) -> float:
         """Make sure log ``k`` can hold ``sizes[k]`` bytes of records, allocating the space now
@@ -193,7 +195,10 @@ class WriteAheadLog:
     def _unmap(self, k: int) -> None:
         self.views[k] = None
         if self.maps[k] is not None:
-            self.maps[k].close()  # type: ignore[union-attr]
+            try:
+                self.maps[k].close()  # type: ignore[union-attr]
+            except BufferError:
+                pass  # a view is still referenced (by an exception's traceback): unmapped when it goes
             self.maps[k] = None
 
     def sinks(self, update_id: str) -> list[LogSink]:
@@ -212,11 +217,15 @@ class WriteAheadLog:
             os.fsync(fd)
 
     def close(self) -> None:
-        """Close and delete the log files (they hold a copy of the state: free the tier)."""
+        """Close and delete the log files (they hold a copy of the state: free the tier), unless
+        a committed update still needs them (``committed``: an error or a kill came between the
+        commit and the end of the writes; the next open's recovery consumes and deletes them)."""
         for k in range(len(self.fds)):
             self._unmap(k)
         for fd, p in zip(self.fds, self.paths):
             os.close(fd)
+            if self.committed:
+                continue
             try:
                 os.unlink(p)
             except FileNotFoundError:
@@ -271,25 +280,44 @@ def _remove_stale_tmp(directory: str) -> None:
                 pass
 
 
-def commit(files: list[str], logs: list[str], records: list[list[object]], update_id: str, durable: bool) -> Path:
+def commit(files: list[str], logs: list[str], records: list[list[object]], update_id: str, durable: bool,
+           completion: dict[str, object] | None = None) -> Path:
     """Write the commit marker atomically; from now on the update will be finished whatever happens.
 
-    ``records`` refer to ``logs`` by index (``record[3]``)."""
+    ``records`` refer to ``logs`` by index (``record[3]``). ``completion`` (``{"path": ..., "body":
+    {...}}``) is a JSON record that is written atomically once every file is written, by the
+    update or by :func:`recover`, before the marker goes: it commits together with the update, so
+    its existence proves the update was applied (the analysis uses it to never apply a cycle twice)."""
     path = marker_path(files)
     body = {
         "version": 1, "id": update_id, "host": socket.gethostname(), "time": time.time(),
         "files": [os.path.abspath(f) for f in files], "logs": logs, "durable": durable, "records": records,
+        "completion": completion,
     }
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(body, fh, separators=(",", ":"))
-        if durable:
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(body, fh, separators=(",", ":"))
             fh.flush()
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+            if durable:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StorageError.from_os_error(exc, path=str(path)) from None
     if durable:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return path
+
+
+def write_completion(completion: dict[str, object] | None) -> None:
+    """Write an update's completion record (see :func:`commit`); nothing when there is none.
+    Always durable: it is what later runs trust."""
+    if completion:
+        write_json_atomic(str(completion["path"]), completion["body"])
 
 
 def clear(marker: Path, durable: bool) -> None:
@@ -299,15 +327,7 @@ def clear(marker: Path, durable: bool) -> None:
     except FileNotFoundError:
         pass
     if durable:
-        _fsync_dir(marker.parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(marker.parent)
 
 
 def pending_markers(files: list[str]) -> list[Path]:
@@ -392,6 +412,7 @@ def recover(marker: Path) -> int:
     finally:
         for fd in lfds:
             os.close(fd)
+    write_completion(body.get("completion"))
     clear(marker, bool(body.get("durable")))
     for lp in logs:
         try:

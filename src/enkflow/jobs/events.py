@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from enkflow.fsutil import append_line
+
 
 class EventLog:
     """Append-only JSON-lines log at ``path``; safe for many writers."""
@@ -38,12 +40,7 @@ class EventLog:
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one event stamped with the current time; returns the record."""
         rec = {"t": time.time(), "event": event, "pid": os.getpid(), **fields}
-        line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        append_line(self.path, (json.dumps(rec, sort_keys=True, default=str) + "\n").encode())
         return rec
 
     def read(self) -> list[dict[str, Any]]:

@@ -1,0 +1,88 @@
+"""Crash-safe small-file primitives used by every layer.
+
+A state file is replaced atomically (write a temporary sibling, fsync, rename
+over the old one, fsync the directory): a reader, or a process started after a
+``kill -9``, sees the old or the new content, never a mixture. A write that
+fails (disk full, quota, read-only file system) raises
+:class:`~enkflow.errors.StorageError` naming the file and what to do, and
+leaves the old content in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from enkflow.errors import StorageError
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename inside directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], payload: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``payload`` atomically.
+
+    ``durable=False`` skips the fsyncs: for files (heartbeats) whose loss in a
+    power cut is harmless, where the rename alone gives atomicity.
+    """
+    p = Path(path)
+    # pid and thread id make the temporary name unique among concurrent writers.
+    tmp = p.with_name(f".{p.name}.tmp.{os.getpid()}.{threading.get_ident()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+        if durable:
+            fsync_dir(p.parent)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise StorageError.from_os_error(exc, path=str(p)) from None
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any, *, durable: bool = True) -> None:
+    """Replace ``path`` with the JSON of ``data`` atomically (see :func:`write_bytes_atomic`)."""
+    write_bytes_atomic(path, json.dumps(data, sort_keys=True, separators=(",", ":")).encode(), durable=durable)
+
+
+def append_line(path: str | os.PathLike[str], line: bytes) -> None:
+    """Append one line with a single ``write`` on an ``O_APPEND`` descriptor, so lines of
+    concurrent writers never interleave. A failure raises :class:`StorageError`; a partial
+    line (disk full mid-write) is left unterminated, and readers skip it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            n = os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError.from_os_error(exc, path=str(path)) from None
+    if n != len(line):
+        raise StorageError(f"only {n} of {len(line)} bytes could be appended (file system full?)", path=str(path))
+
+
+def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
+    """The JSON content of ``path``, or ``default`` when the file does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except FileNotFoundError:
+        return default
