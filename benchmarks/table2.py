@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The local SLURM harness (enkflow_testing.localslurm) lives outside the installed package.
+sys.path.insert(0, str(ROOT / "testing"))
 TOY_ANALYSIS = ROOT / "tests" / "jobs_helpers" / "toy_analysis.py"
 
 
@@ -122,9 +124,9 @@ def main() -> int:
     import importlib.util
 
     from enkflow.experiment import Experiment, load_experiment
-    from enkflow.jobs.localslurm import BackgroundLoad, LocalSlurm, missing_reason
     from enkflow.models.synthetic_land_files import generate
     from enkflow.report import load_report
+    from enkflow_testing.localslurm import BackgroundLoad, LocalSlurm, missing_reason
 
     reason = missing_reason()
     if reason:

@@ -28,8 +28,13 @@ import argparse
 import math
 import random
 import statistics
+import sys
+from pathlib import Path
 
-from enkflow.jobs.localslurm import BackgroundLoad
+# The local SLURM harness (enkflow_testing.localslurm) lives outside the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
+
+from enkflow_testing.localslurm import BackgroundLoad  # noqa: E402
 
 DT = 0.1  # time step, s
 STRATEGIES = ("dynamic", "per-member", "single")

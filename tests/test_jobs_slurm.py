@@ -1,4 +1,4 @@
-"""The SLURM launcher against a real one-node SLURM started by the test.
+"""The SLURM launcher against a real one-node SLURM started by the test (``enkflow_testing.localslurm``).
 
 Installs ``slurmctld slurmd slurm-client munge`` with apt-get when they are
 absent (root only) and skips, with the reason, where that is impossible.
@@ -14,8 +14,8 @@ import pytest
 from enkflow.errors import EnkflowError
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
-from enkflow.jobs.localslurm import BackgroundLoad, LocalSlurm, missing_reason
 from enkflow.report import load_report
+from enkflow_testing.localslurm import BackgroundLoad, LocalSlurm, missing_reason
 from jobs_helpers.experiments import make_experiment, restarts
 
 pytestmark = pytest.mark.slurm
@@ -117,7 +117,7 @@ def test_eligible_ranking_releases_a_held_job_whose_dependency_slurm_cleared(mon
     next pass sees it unfulfilled-and-done; the job must still be released, not held forever."""
     import subprocess
 
-    from enkflow.jobs import localslurm
+    from enkflow_testing import localslurm
 
     calls: list[list[str]] = []
     monkeypatch.setattr(localslurm.subprocess, "run",

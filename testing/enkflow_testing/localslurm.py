@@ -1,5 +1,9 @@
 """A real one-node SLURM on this machine, for tests and benchmarks.
 
+A harness, not part of the installed package: ``tests/`` import it as
+``enkflow_testing.localslurm`` (pytest's ``pythonpath``), ``benchmarks/`` put
+``testing/`` on ``sys.path``.
+
 Starts ``munged`` (if no munge daemon answers), ``slurmctld`` and
 ``slurmd`` from Debian's packages with a configuration under a private
 directory, and stops what it started. The node can claim more CPUs than the
@@ -11,7 +15,7 @@ them with apt-get when missing.
 Usage::
 
     with LocalSlurm(workdir, cpus=16) as slurm:
-        launcher = SlurmLauncher(workdir / "scripts")  # SLURM_CONF is set in os.environ
+        launcher = enkflow.jobs.SlurmLauncher(workdir / "scripts")  # SLURM_CONF is set in os.environ
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The dynamic running job scheme: to-do list, pilot workers, launchers, strategies.
 
 See ``docs/jobs.md``. Launchers live one per module (:mod:`.local`,
-:mod:`.slurm`); :mod:`.localslurm` starts a real one-node SLURM for tests and
-benchmarks. The names below are imported on first use, so that a pilot
+:mod:`.slurm`); the one-node SLURM that the tests and benchmarks start is a
+harness outside the installed package (``testing/enkflow_testing/localslurm.py``).
+The names below are imported on first use, so that a pilot
 (``python -m enkflow.jobs``) loads only the worker's modules.
 """
 
