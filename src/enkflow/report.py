@@ -78,6 +78,7 @@ class Report:
     cycles: list[CycleTiming]
     strategy: str = ""
     launcher: str = ""
+    warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """``{figure: {mean, std, pct_mean, pct_std}}`` over cycles (std is the sample std; 0 for one cycle)."""
@@ -155,8 +156,7 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
             if name == "task_end":
                 if e.get("member") is not None:
                     m = members.setdefault(e["member"], {"attempts": 1, "first_start": e.get("t_start", e["t"])})
-                    m.update(run_s=e.get("run_s", 0.0), io_s=e.get("io_s", 0.0), recovered=e.get("recovered", False),
-                             worker=e.get("worker"), end=e["t"])
+                    m.update(run_s=e.get("run_s", 0.0), io_s=e.get("io_s", 0.0), worker=e.get("worker"), end=e["t"])
                 else:
                     analysis = {kk: float(v) for kk, v in (e.get("timings") or {}).items()}
                     analysis["run_s"] = float(e.get("run_s", 0.0))
@@ -178,25 +178,95 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
     )
 
 
+EVENTS = "events.jsonl"
+
+
+def _toml_expdirs(tomls: list[Path]) -> list[Path]:
+    """Experiment directories named by experiment TOML files (their ``[experiment] directory``)."""
+    import tomllib
+
+    out = []
+    for toml in tomls:
+        try:
+            data = tomllib.loads(toml.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # not an experiment file; the subdirectory scan may still find the run
+        exp = data.get("experiment")
+        if isinstance(exp, dict):
+            # The default and the resolution of enkflow.experiment.config: relative to the TOML's directory.
+            sub = Path(str(exp.get("directory", "experiment"))).expanduser()
+            out.append(sub if sub.is_absolute() else toml.parent / sub)
+    return out
+
+
+def find_expdir(path: str | Path) -> Path:
+    """The experiment directory (holding ``events.jsonl``) that ``path`` means.
+
+    ``path`` is the experiment directory itself, an experiment TOML, or a directory
+    above the experiment directory, such as the one ``enkflow demo`` names (it holds
+    ``experiment.toml`` and the run directory ``run/``). Raises :class:`EnkflowError`
+    naming ``path`` and the directories found, where none or several hold a run.
+    """
+    p = Path(path)
+    if (p / EVENTS).is_file():
+        return p
+    if p.is_file() and p.suffix == ".toml":
+        named = _toml_expdirs([p])
+        found = [q for q in named if (q / EVENTS).is_file()]
+    elif p.is_dir():
+        named = _toml_expdirs(sorted(p.glob("*.toml")))
+        found = [q for q in named if (q / EVENTS).is_file()]
+        found += [q.parent for q in sorted(p.glob(f"*/{EVENTS}"))]
+    else:
+        raise EnkflowError(f"{p}: no such experiment directory or file")
+    found = list(dict.fromkeys(q.resolve() for q in found))
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise EnkflowError(f"{p}: not an experiment directory, but {len(found)} are below it; "
+                           f"give one of: {', '.join(str(q) for q in found)}")
+    hint = ""
+    if named:
+        hint = (f" Its experiment TOML names the experiment directory {', '.join(str(q.resolve()) for q in named)},"
+                f" which has no {EVENTS} yet (has `enkflow run` started?)")
+    raise EnkflowError(f"{p}: no {EVENTS}; is it an enkflow experiment directory?{hint}")
+
+
 def load_report(expdir: str | Path) -> Report:
-    """The report of the experiment in ``expdir`` (its ``events.jsonl``)."""
-    d = Path(expdir)
-    path = d / "events.jsonl"
-    if not path.exists():
-        raise EnkflowError(f"{d}: no events.jsonl; is it an enkflow experiment directory?")
+    """The report of the experiment in ``expdir`` (its ``events.jsonl``).
+
+    ``expdir`` may also be an experiment TOML or the directory above the experiment
+    directory (see :func:`find_expdir`); the report names the directory it read.
+    """
+    d = find_expdir(expdir)
+    path = d / EVENTS
     events = list(iter_events(path))
     strategy = launcher = ""
     for e in events:
         if e["event"] in ("experiment_start", "resume"):
             strategy, launcher = e.get("strategy", ""), e.get("launcher", "")
-    return Report(d, cycle_timings(events), strategy, launcher)
+    return Report(d, cycle_timings(events), strategy, launcher, warnings(events))
+
+
+def warnings(events: list[dict[str, Any]]) -> list[str]:
+    """What a user must look at: members whose model exited 0 but left the restart unchanged,
+    forecasts rerun from their protected restart."""
+    out = []
+    for e in events:
+        if e["event"] == "task_unchanged":
+            out.append(f"cycle {e.get('cycle')}, member {e.get('member')}: the model exited 0 but left its restart "
+                       f"{e.get('restart')} unchanged (command: {' '.join(map(str, e.get('argv', [])))})")
+        elif e["event"] == "task_restore":
+            out.append(f"cycle {e.get('cycle')}, member {e.get('member')}: rerun from its protected restart "
+                       "(an earlier attempt failed or was killed)")
+    return out
 
 
 def render_report(rep: Report, *, members: bool = False) -> str:
     """Per-cycle figures and the mean +- std table, as text."""
     lines = [f"experiment {rep.expdir}  (strategy {rep.strategy or '?'}, launcher {rep.launcher or '?'})", ""]
     if not rep.cycles:
-        return "\n".join(lines + ["no finished cycle yet"])
+        return "\n".join(lines + ["no finished cycle yet"] + [f"warning: {w}" for w in rep.warnings])
     hdr = f"{'cycle':>5} {'total':>8} {'queuing':>8} {'running':>8} {'I/O':>7} {'overhead':>8} {'memberI/O':>9} {'an.comp':>8} {'jobs':>4} {'fail':>4} {'requeue':>7}"
     lines += ["per cycle, seconds:", hdr]
     for c in rep.cycles:
@@ -206,7 +276,9 @@ def render_report(rep: Report, *, members: bool = False) -> str:
             for m, r in sorted(c.members.items()):
                 lines.append(f"        member {m:>3}: wait {r.get('wait_s', 0):7.2f}  run {r.get('run_s', 0):7.2f}  "
                              f"I/O {r.get('io_s', 0):6.3f}  attempts {r.get('attempts', 0)}"
-                             + ("  (recovered)" if r.get("recovered") else ""))
+                             )
+    if rep.warnings:
+        lines += ["", f"warnings ({len(rep.warnings)}):"] + [f"  {w}" for w in rep.warnings]
     s = rep.summary()
     lines += ["", f"mean +- std over {len(rep.cycles)} cycle(s) (Zheng et al. 2020, Table 2):",
               f"{'':10} {'seconds':>20} {'% of total':>16}"]
@@ -223,4 +295,5 @@ def report_json(rep: Report) -> dict[str, Any]:
         "cycles": [{**{k: v for k, v in c.__dict__.items() if k != "members"},
                     "members": {str(m): r for m, r in c.members.items()}} for c in rep.cycles],
         "summary": rep.summary(),
+        "warnings": rep.warnings,
     }

@@ -30,7 +30,7 @@ def make_experiment(root: Path, synth: Path, *, members: int = 4, cycles: int = 
                     model_sleep: float = 0.2, analysis_sleep: float = 0.0, strategy: str = "dynamic",
                     launcher: str = "local", extra: str = "", model_command: str | None = None,
                     max_attempts: int = 3, obs_cycles: int | None = None, time_limit: float = 600.0,
-                    launcher_cpus: int = 0) -> Path:
+                    launcher_cpus: int = 0, model_extra: str = "") -> Path:
     """Copy the member restarts to ``root/members`` and write ``root/exp.toml``; returns its path."""
     root.mkdir(parents=True, exist_ok=True)
     mdir = root / "members"
@@ -55,6 +55,7 @@ forecast_length = 6
 [model]
 command = "{model}"
 max_attempts = {max_attempts}
+{model_extra}
 
 [observations]
 file = "obs/obs_{{cycle:03d}}.nc"

@@ -13,9 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from enkflow.errors import EnkflowError
+from enkflow.errors import EnkflowError, RecoveryError, StorageError
 from enkflow.experiment.config import experiment_from_json
 from enkflow.jobs.files import read_json, write_json_atomic
+
+
+# Exit status of a deterministic error (bad input or configuration): a retry would fail the same
+# way, so the job scheme stops the experiment at once (EX_DATAERR of sysexits.h).
+DETERMINISTIC_ERROR_RC = 65
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         if out and get_comm().rank == 0:
             write_json_atomic(out, {k: float(v) for k, v in dict(timings or {}).items()
                                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    except EnkflowError as exc:
+    except (StorageError, RecoveryError) as exc:
+        # May pass once the cause is fixed or on another attempt: the job scheme retries.
         print(f"enkflow analysis (cycle {cycle}): error: {exc}", file=sys.stderr)
         return 2
+    except EnkflowError as exc:
+        print(f"enkflow analysis (cycle {cycle}): error: {exc}", file=sys.stderr)
+        return DETERMINISTIC_ERROR_RC
     return 0
 
 

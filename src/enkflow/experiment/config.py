@@ -13,7 +13,7 @@ import json
 import shlex
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -79,6 +79,13 @@ class ModelSection(Strict):
     command: str = Field(description="template; placeholders {member} {cycle} {restart} {length} {output} {expdir} {workdir}")
     max_attempts: int = Field(default=3, ge=1, description="non-zero exits of one member before the experiment stops")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of model runs")
+    restart_write: Literal["in-place", "rename"] = Field(
+        default="in-place",
+        description="how the model writes its restart: 'in-place' (it may rewrite the file; the worker keeps a "
+                    "copy aside before the first run) or 'rename' (it renames a finished file over it; a free hard "
+                    "link is kept). A model writing {output} is 'rename' whatever this says")
+    unchanged: Literal["warn", "error"] = Field(
+        default="warn", description="a model that exits 0 but leaves its restart unchanged: a warning, or an error")
 
     @field_validator("command")
     @classmethod

@@ -21,10 +21,11 @@ from typing import Callable
 
 from enkflow.errors import EnkflowError, MemberError
 from enkflow.experiment import checks
+from enkflow.experiment.analysis_task import DETERMINISTIC_ERROR_RC
 from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.state import ExperimentState
 from enkflow.jobs.events import EventLog
-from enkflow.jobs.files import fingerprint, write_json_atomic
+from enkflow.jobs.files import write_json_atomic
 from enkflow.jobs.launcher import JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
 from enkflow.jobs.slurm import SlurmLauncher
@@ -54,7 +55,6 @@ def _fmt_length(x: float) -> str:
 def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
     """The task table of ``cycle``: one forecast (+ operator) per member, then the analysis.
 
-    The restart fingerprints are taken now, before any forecast of the cycle.
     """
     n = cfg.experiment.members
     cdir = cfg.cycle_dir(cycle)
@@ -68,7 +68,7 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
         values = {"member": m, "cycle": cycle, "restart": restart, "length": _fmt_length(cfg.experiment.forecast_length),
                   "output": tmp, "expdir": cfg.expdir, "workdir": workdir}
         uses_output = "{output}" in cfg.model.command
-        steps = [Step("model", _argv(cfg.model.command, values), skip_if_changed=True,
+        steps = [Step("model", _argv(cfg.model.command, values),
                       commit={"from": str(tmp), "to": str(restart)} if uses_output else None)]
         if cfg.observations.operator:
             final = cfg.operator_output(m, cycle)
@@ -78,7 +78,8 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
             ov = {"member": m, "cycle": cycle, "restart": restart, "obs": obs, "output": op_tmp or "", "expdir": cfg.expdir}
             steps.append(Step("operator", _argv(cfg.observations.operator, ov),
                               commit={"from": str(op_tmp), "to": str(final)} if final is not None and "{output}" in cfg.observations.operator else None))
-        tasks[m] = Task(m, m, steps, str(restart), fingerprint(restart))
+        tasks[m] = Task(m, m, steps, restart=str(restart), restart_write="rename" if uses_output else cfg.model.restart_write,
+                        unchanged=cfg.model.unchanged)
     at = cfg.analysis_task
     prefix = shlex.split(at.launcher) if at.launcher.strip() else []
     if at.command is not None:
@@ -86,7 +87,8 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
         argv = prefix + _argv(at.command, av)
     else:
         argv = prefix + [cfg.launcher.python or sys.executable, "-m", "enkflow.experiment.analysis_task", str(cfg.expdir), str(cycle)]
-    tasks[n + 1] = Task(n + 1, None, [Step("analysis", argv)], max_attempts=at.max_attempts)
+    fatal = None if at.command is not None else DETERMINISTIC_ERROR_RC
+    tasks[n + 1] = Task(n + 1, None, [Step("analysis", argv, fatal_rc=fatal)], max_attempts=at.max_attempts)
     return TaskTable(cycle=cycle, n_members=n, tasks=tasks, events=str(events),
                      max_attempts=cfg.model.max_attempts, heartbeat_s=cfg.jobs.heartbeat, lease_s=cfg.jobs.lease,
                      poll_s=cfg.jobs.poll, env=dict(cfg.model.env))
@@ -248,7 +250,8 @@ class Experiment:
         key, rep = sorted(snap["failed"].items(), key=lambda kv: int(kv[0]))[0]
         task = int(key)
         count = snap["failures"].get(key, 0)
-        msg = (f"{rep.get('step', 'model')} failed {count} time(s), last exit status {rep.get('returncode')}\n"
+        what = rep.get("reason") or f"failed {count} time(s), last exit status {rep.get('returncode')}"
+        msg = (f"{rep.get('step', 'model')}: {what}\n"
                f"  command: {shlex.join(rep.get('argv', []))}\n"
                f"  log: {rep.get('log')}\n  stderr (last lines):\n"
                + "\n".join("    " + line for line in str(rep.get("stderr_tail", "")).splitlines()))

@@ -14,7 +14,9 @@ Event names (``event`` field) and their extra fields:
 ``job_cancel``                        cycle, job
 ``task_start``                        cycle, task, member|None, worker, attempt
 ``task_end``                          cycle, task, member, worker, run_s, io_s, timings
-``task_recovered``                    cycle, task, member (forecast had finished; confirmed without rerun)
+``task_protect``                      cycle, task, member, how (reflink, copy_file_range, copy, link), protect_s
+``task_restore``                      cycle, task, member (a rerun starts from the protected restart)
+``task_unchanged``                    cycle, task, member, argv, restart (exit 0, restart untouched: a warning)
 ``task_fail``                         cycle, task, member, returncode, stderr_tail, argv
 ``task_requeue``                      cycle, task, reason (time-limit, sigterm, stale)
 ``experiment_start`` / ``experiment_end`` / ``resume``

@@ -6,19 +6,19 @@ job layer knows commands, not experiment configuration. Schema::
     {"cycle": k, "n_members": N, "events": "/abs/events.jsonl",
      "max_attempts": 3, "heartbeat_s": 2.0, "lease_s": 15.0, "poll_s": 0.2,
      "env": {"VAR": "value"},
-     "tasks": {"1": {"member": 1,
-                     "fingerprint_path": "/abs/member_001.nc",
-                     "fingerprint": {"ino":..., "size":..., "mtime_ns":...},
-                     "steps": [{"name": "model", "argv": [...], "skip_if_changed": true,
+     "tasks": {"1": {"member": 1, "restart": "/abs/member_001.nc",
+                     "restart_write": "in-place" | "rename", "unchanged": "warn" | "error",
+                     "steps": [{"name": "model", "argv": [...],
                                 "commit": {"from": "/abs/tmp", "to": "/abs/final"} | null}]},
                ...,
                "N+1": {"member": null, "steps": [{"name": "analysis", "argv": [...]}]}}}
 
-A step with ``skip_if_changed`` is not rerun when the fingerprinted file no
-longer matches the fingerprint taken before the cycle: its effect (the
-forecast written to the restart) is already there. ``commit`` renames the
-step's output over its destination after a zero exit, which makes any model
-write its restart atomically.
+A member's ``restart`` is kept aside before its first run in the cycle and
+restored before every rerun (:mod:`enkflow.jobs.protect`), so a forecast is
+applied exactly once whatever was killed when. ``commit`` renames the step's
+output over its destination after a zero exit (a model writing ``{output}``);
+the output must then exist. ``unchanged`` says what a model that exits 0 but
+leaves its restart untouched gets: a warning event or a failure.
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ class Step:
 
     name: str
     argv: list[str]
-    skip_if_changed: bool = False
     commit: dict[str, str] | None = None
+    fatal_rc: int | None = None  # exit status meaning a deterministic error: never retried
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "argv": list(self.argv), "skip_if_changed": self.skip_if_changed, "commit": self.commit}
+        return {"name": self.name, "argv": list(self.argv), "commit": self.commit, "fatal_rc": self.fatal_rc}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Step":
-        return cls(d["name"], list(d["argv"]), bool(d.get("skip_if_changed", False)), d.get("commit"))
+        return cls(d["name"], list(d["argv"]), d.get("commit"), d.get("fatal_rc"))
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,9 @@ class Task:
     id: int
     member: int | None
     steps: list[Step]
-    fingerprint_path: str | None = None
-    fingerprint: dict[str, int] | None = None
+    restart: str | None = None  # the member restart the model advances (protected copy, unchanged check)
+    restart_write: str = "in-place"  # how the model writes it: "in-place" or "rename" (protect.py)
+    unchanged: str = "warn"  # a zero exit that left the restart untouched: "warn" or "error"
     max_attempts: int | None = None  # overrides the table's limit (the analysis has its own)
 
     @property
@@ -68,15 +69,16 @@ class Task:
         return {
             "member": self.member,
             "steps": [s.to_json() for s in self.steps],
-            "fingerprint_path": self.fingerprint_path,
-            "fingerprint": self.fingerprint,
+            "restart": self.restart,
+            "restart_write": self.restart_write,
+            "unchanged": self.unchanged,
             "max_attempts": self.max_attempts,
         }
 
     @classmethod
     def from_json(cls, tid: int, d: dict[str, Any]) -> "Task":
-        return cls(tid, d.get("member"), [Step.from_json(s) for s in d["steps"]], d.get("fingerprint_path"),
-                   d.get("fingerprint"), d.get("max_attempts"))
+        return cls(tid, d.get("member"), [Step.from_json(s) for s in d["steps"]], d.get("restart"),
+                   d.get("restart_write", "in-place"), d.get("unchanged", "warn"), d.get("max_attempts"))
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ GMD 2020, fig. 3). It
   back at the front of the list;
 * confirms a member only after the model exited 0 and its restart was
   committed: the done-marker (``done/task_NNN.json``) is written atomically
-  after that, and only then is the ID marked done. A member whose forecast
-  finished but was not confirmed (worker killed in between) is recognized by
-  its restart fingerprint and confirmed without running it again.
+  after that, and only then is the ID marked done. Before a member's model
+  first runs its restart is kept aside, and every rerun starts from that copy
+  (:mod:`enkflow.jobs.protect`): a half-written restart is never accepted, and
+  a forecast is never applied twice.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import psutil
 
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
+from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
 from enkflow.jobs.tasks import Step, Task, TaskTable
 from enkflow.jobs.todo import Claimant, Take, TodoList
 
@@ -253,47 +255,97 @@ class Worker:
     def _run_task(self, task: Task, who: Claimant) -> None:
         cyc = self.table.cycle
         marker = self._marker(task)
+        prot = protected_path(task.restart, cyc) if task.restart else None
         if marker.exists():
             # Confirmed earlier by a worker that died before updating the list.
             self.todo.complete(task.id, who)
+            if prot is not None:
+                discard(prot)
             return
         attempt = self.todo.snapshot()["claims"].get(str(task.id), {}).get("attempt", 1)
         t_start = time.time()
         self.events.emit("task_start", cycle=cyc, task=task.id, member=task.member, worker=who.worker, job=self.job_id, attempt=attempt)
-        changed = task.fingerprint is not None and fingerprint(task.fingerprint_path) != task.fingerprint
+        prot_fp = self._protect(task, prot, who) if prot is not None else None
+        before = fingerprint(task.restart) if task.restart else None
         run_s = 0.0
         timings: dict[str, float] = {}
-        recovered = False
-        for i, step in enumerate(task.steps):
-            if step.skip_if_changed and changed:
-                recovered = True
-                self.events.emit("task_recovered", cycle=cyc, task=task.id, member=task.member, step=step.name, worker=who.worker)
-                continue
+        for step in task.steps:
             tfile = self.cycle_dir / "timing" / f"task_{task.id:03d}.a{attempt}.{step.name}.json"
             t1 = time.time()
             rc, errlog = self._run_step(task, step, attempt, tfile)
             run_s += time.time() - t1
+            report = {"returncode": rc, "stderr_tail": _tail(errlog), "argv": step.argv, "log": str(errlog), "step": step.name}
             if rc != 0:
-                report = {"returncode": rc, "stderr_tail": _tail(errlog), "argv": step.argv, "log": str(errlog), "step": step.name}
-                final = self.todo.fail(task.id, max_attempts=task.max_attempts or self.table.max_attempts, report=report)
-                self.events.emit("task_fail", cycle=cyc, task=task.id, member=task.member, worker=who.worker, attempt=attempt, final=final, **report)
-                if final:
-                    self.aborted = True
-                    self.stop.set()
+                deterministic = step.fatal_rc is not None and rc == step.fatal_rc
+                if deterministic:
+                    report["reason"] = f"exit status {rc}: a deterministic error (bad input or configuration), not retried"
+                self._fail(task, who, attempt, report, fatal=deterministic)
                 return
             if step.commit:
+                if not os.path.exists(step.commit["from"]):
+                    report["reason"] = (f"the {step.name} exited 0 but wrote no {{output}} file "
+                                        f"(expected {step.commit['from']})")
+                    self._fail(task, who, attempt, report, fatal=True)
+                    return
                 os.replace(step.commit["from"], step.commit["to"])
+            if step.name == "model" and task.restart:
+                if prot is not None and prot_fp is not None and not link_intact(prot, prot_fp):
+                    report["reason"] = ("model.restart_write = 'rename' says the model replaces its restart by "
+                                        "renaming a new file over it, but it wrote into the restart in place; "
+                                        "set restart_write = 'in-place'")
+                    self._fail(task, who, attempt, report, fatal=True)
+                    return
+                if fingerprint(task.restart) == before:
+                    self.events.emit("task_unchanged", cycle=cyc, task=task.id, member=task.member, worker=who.worker,
+                                     argv=step.argv, restart=task.restart, policy=task.unchanged)
+                    if task.unchanged == "error":
+                        report["reason"] = f"the model exited 0 but left its restart {task.restart} unchanged (model.unchanged = 'error')"
+                        self._fail(task, who, attempt, report, fatal=True)
+                        return
             for k, v in read_timings(tfile).items():
                 timings[k] = timings.get(k, 0.0) + v
         t_end = time.time()
         rec = {
             "cycle": cyc, "task": task.id, "member": task.member, "worker": who.worker, "job": self.job_id,
             "attempt": attempt, "t_start": t_start, "t_end": t_end, "run_s": run_s, "io_s": io_seconds(timings),
-            "timings": timings, "recovered": recovered,
+            "timings": timings,
         }
         write_json_atomic(marker, rec)
         self.todo.complete(task.id, who)
+        if prot is not None:
+            discard(prot)
         self.events.emit("task_end", **rec)
+
+    def _protect(self, task: Task, prot: Path, who: Claimant) -> dict[str, int] | None:
+        """Restore the restart from its protected copy (a rerun) or make that copy (the first run).
+        Returns the copy's fingerprint for a hard link (to check later that nothing wrote into it)."""
+        restart = Path(task.restart)  # type: ignore[arg-type]
+        if prot.exists():
+            restore(prot, restart, task.restart_write)
+            self.events.emit("task_restore", cycle=self.table.cycle, task=task.id, member=task.member, worker=who.worker,
+                             restart=str(restart), protected=str(prot))
+        else:
+            t0 = time.time()
+            how = protect(restart, prot, task.restart_write)
+            self.events.emit("task_protect", cycle=self.table.cycle, task=task.id, member=task.member, worker=who.worker,
+                             how=how, protect_s=time.time() - t0)
+        return fingerprint(prot) if task.restart_write == "rename" else None
+
+    def _fail(self, task: Task, who: Claimant, attempt: int, report: dict[str, Any], *, fatal: bool) -> None:
+        """Record a failed attempt: retried first in line, unless ``fatal`` (a deterministic error)
+        or the attempts are used up; then the experiment stops, with the restart restored."""
+        cyc = self.table.cycle
+        limit = 1 if fatal else (task.max_attempts or self.table.max_attempts)
+        final = self.todo.fail(task.id, max_attempts=limit, report=report)
+        self.events.emit("task_fail", cycle=cyc, task=task.id, member=task.member, worker=who.worker, attempt=attempt,
+                         final=final, **report)
+        if final:
+            if task.restart:
+                prot = protected_path(task.restart, cyc)
+                if prot.exists():
+                    restore(prot, Path(task.restart), task.restart_write)
+            self.aborted = True
+            self.stop.set()
 
     def _run_step(self, task: Task, step: Step, attempt: int, tfile: Path) -> tuple[int, Path]:
         """Run one step; returns (exit status, stderr log). Raises _Stop when told to stop."""

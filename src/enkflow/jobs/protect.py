@@ -1,0 +1,131 @@
+"""Protected copies of member restarts: a forecast is applied exactly once.
+
+A changed restart is no evidence that the model finished: a model killed
+halfway through rewriting its restart in place leaves a changed, corrupt file.
+So before a member's model first runs in a cycle, its restart is kept aside
+(``.NAME.enkflow-cCYCLE.orig`` beside it, on the same file system). Every later
+attempt of that member in that cycle (after a failure, a kill of the model or
+of its worker, even one killed after the model exited 0 but before the member
+was recorded as done) first restores the restart from it, then reruns the model.
+The copy is removed once the member's done-marker exists.
+
+How the copy is made depends on how the model writes (``model.restart_write``):
+
+* ``in-place`` (the default, and the only safe assumption for an unknown model):
+  a real copy. A reflink (``FICLONE``: btrfs, XFS, bcachefs, ZFS 2.2) costs
+  nothing; else ``copy_file_range`` lets the file system copy without the data
+  passing through this process (server-side on NFS 4.2 and Lustre), else a
+  plain copy. Costs one read and one write of the restart per member per cycle
+  where no reflink is possible (see docs/jobs.md for the figures).
+* ``rename`` (the model, or the worker for an ``{output}`` model, replaces the
+  restart by renaming a new file over it): a hard link, free. The old inode
+  keeps the old content because nothing writes into it; the worker checks that
+  after each run (:func:`link_intact`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import os
+import shutil
+from pathlib import Path
+
+from enkflow.fsutil import fsync_dir
+from enkflow.errors import StorageError
+
+_FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
+
+
+def protected_path(restart: str | os.PathLike[str], cycle: int) -> Path:
+    """Where the protected copy of ``restart`` for ``cycle`` lives (beside it: same file system)."""
+    p = Path(restart)
+    return p.with_name(f".{p.name}.enkflow-c{cycle}.orig")
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f"{path.name}.tmp{os.getpid()}")
+
+
+def clone_file(src: Path, dst: Path) -> str:
+    """Copy ``src`` to a new file ``dst`` (fsynced); returns how: ``reflink``, ``copy_file_range`` or ``copy``."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        try:
+            fcntl.ioctl(fo.fileno(), _FICLONE, fi.fileno())
+            how = "reflink"
+        except OSError:
+            how = "copy_file_range"
+            try:
+                size = os.fstat(fi.fileno()).st_size
+                off = 0
+                while off < size:
+                    n = os.copy_file_range(fi.fileno(), fo.fileno(), size - off, off, off)
+                    if n == 0:
+                        break
+                    off += n
+                if off != size:
+                    raise OSError(errno.EIO, "short copy")
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EIO):
+                    raise
+                fi.seek(0)
+                fo.seek(0)
+                fo.truncate()
+                shutil.copyfileobj(fi, fo, 16 << 20)
+                how = "copy"
+        fo.flush()
+        os.fsync(fo.fileno())
+    shutil.copystat(src, dst)
+    return how
+
+
+def protect(restart: Path, prot: Path, mode: str) -> str:
+    """Keep ``restart`` aside as ``prot`` (atomically: ``prot`` exists only when complete).
+    ``mode`` is ``in-place`` (copy) or ``rename`` (hard link). Returns how it was made."""
+    tmp = _tmp(prot)
+    tmp.unlink(missing_ok=True)
+    try:
+        if mode == "rename":
+            os.link(restart, tmp)
+            how = "link"
+        else:
+            how = clone_file(restart, tmp)
+        os.replace(tmp, prot)
+        fsync_dir(prot.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError.from_os_error(exc, path=str(prot)) from None
+    return how
+
+
+def restore(prot: Path, restart: Path, mode: str) -> None:
+    """Put the protected content back as ``restart`` (atomically, by rename) and keep ``prot``.
+    For ``in-place`` models the restart gets its own copy, so the next run cannot touch ``prot``."""
+    tmp = _tmp(restart)
+    tmp.unlink(missing_ok=True)
+    try:
+        if mode == "rename":
+            os.link(prot, tmp)
+        else:
+            clone_file(prot, tmp)
+        os.replace(tmp, restart)
+        fsync_dir(restart.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError.from_os_error(exc, path=str(restart)) from None
+
+
+def link_intact(prot: Path, before: dict[str, int] | None) -> bool:
+    """Whether a hard-linked protected copy still has the content it had (``before``: its
+    fingerprint when made); False means the model wrote into the restart in place."""
+    from enkflow.jobs.files import fingerprint
+
+    return before is None or fingerprint(prot) == before
+
+
+def discard(prot: Path) -> None:
+    """Remove a protected copy (and a temporary left by a kill while making it)."""
+    prot.unlink(missing_ok=True)
+    for t in glob.glob(glob.escape(str(prot)) + ".tmp*"):
+        Path(t).unlink(missing_ok=True)
