@@ -100,6 +100,7 @@ inflation = {{ prior = {s.inflation} }}
     workers = f"workers = {s.workers}\n" if s.workers else ""
     toml = directory / "experiment.toml"
     toml.write_text(f'''# Written by `enkflow demo`; rerun with `enkflow run {toml}` (it resumes), see docs/jobs.md.
+# The run directory (events, cycles) is run/ next to this file: `enkflow report {directory / 'run'}`.
 [experiment]
 directory = "run"
 cycles = {s.cycles}
@@ -160,4 +161,6 @@ def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, 
     for k, (e, sp) in sorted(rmse.items()):
         say(f"  cycle {k}: RMSE {e:.4f}   spread {sp:.4f}" + ("   (initial)" if k == 0 else ""))
     say(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; experiment files in {d}")
+    # The run directory is one level down; name it so `enkflow report` gets the right one.
+    say(f"run directory (events, cycles): {cfg.expdir}; timing table again: enkflow report {cfg.expdir}")
     return {"rmse": {k: v[0] for k, v in rmse.items()}, "spread": {k: v[1] for k, v in rmse.items()}, "report": rep, "config": toml}
