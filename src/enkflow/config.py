@@ -10,7 +10,10 @@ documents every key.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+import types
+import typing
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,16 +111,85 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
 
 
+def _step(tp: Any, part: Any) -> Any:
+    """The type found at loc element ``part`` inside type ``tp`` (a model field, a list item, a dict value)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        # Pydantic names the union member in the loc when a union holds several models.
+        for a in members:
+            if isinstance(a, type) and a.__name__ == part:
+                return a
+        for a in members:
+            found = _step(a, part)
+            if found is not None:
+                return found
+        return None
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        field = tp.model_fields.get(str(part))
+        return None if field is None else field.annotation
+    args = typing.get_args(tp)
+    if origin in (list, tuple, set, frozenset) and isinstance(part, int) and args:
+        return args[0]
+    if origin is dict and len(args) == 2:
+        return args[1]
+    return None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The valid keys of the table at ``loc`` in ``model`` (empty when it is not a model)."""
+    tp: Any = model
+    for part in loc:
+        tp = _step(tp, part)
+        if tp is None:
+            return []
+    candidates = [tp]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        candidates = list(typing.get_args(tp))
+    keys: list[str] = []
+    for c in candidates:
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            keys += [f.alias or name for name, f in c.model_fields.items() if name not in keys]
+    return keys
+
+
+def _unknown_key_message(model: type[BaseModel], err: Any, missing: set[tuple[Any, ...]]) -> str:
+    """'unknown key A.B, did you mean C?' for a forbidden extra key, naming what its typo left missing."""
+    loc = tuple(err["loc"])
+    parent, name = loc[:-1], str(loc[-1])
+    valid = _keys_at(model, parent)
+    where = _dotted(loc)
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    if close:
+        msg = f"unknown key {where}, did you mean {close[0]}?"
+        if parent + (close[0],) in missing:
+            msg += f" ({close[0]} is required and missing)"
+        return msg
+    if valid:
+        return f"unknown key {where}; valid keys here: {', '.join(valid)}"
+    return f"unknown key {where}"
+
+
 def validate(model: type[M], data: dict[str, Any], *, file: str | None = None, prefix: str = "") -> M:
-    """Validate ``data`` against ``model``; the first error becomes a ConfigError with its key path."""
+    """Validate ``data`` against ``model``; the first error becomes a ConfigError with its key path.
+
+    An unknown key is reported before any other error, with the nearest valid key: a
+    typo'd required key also makes the real one missing, and one message names both.
+    """
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        extras = [e for e in errors if e["type"] == "extra_forbidden"]
+        err = extras[0] if extras else errors[0]
         key = _dotted(tuple(p for p in (prefix,) if p) + tuple(err["loc"]))
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            msg = "unknown key"
+        if extras:
+            missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+            msg = _unknown_key_message(model, err, missing)
+            if prefix:
+                msg = msg.replace("unknown key ", f"unknown key {prefix}.", 1)
+        elif err["type"] == "missing":
+            msg = "required key missing"
         else:
             msg = err["msg"]
         raise ConfigError(msg, key=key or None, file=file) from None

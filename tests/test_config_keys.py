@@ -1,0 +1,80 @@
+"""Unknown (typo'd) configuration keys are named with the nearest valid key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from enkflow.config import AnalysisConfig, validate
+from enkflow.errors import ConfigError
+from enkflow.experiment.config import load_experiment
+
+TOML = '''
+[experiment]
+cycles = 2
+members = 3
+restart = "members/member_{member:04d}.nc"
+forecast_length = 6
+
+[model]
+command = "model {restart}"
+
+[observations]
+file = "obs/obs_{cycle:03d}.nc"
+
+[analysis]
+method = "letkf"
+localization = { radius = 500.0, metric = "sphere" }
+'''
+
+
+def _load(tmp_path: Path, text: str) -> ConfigError:
+    toml = tmp_path / "exp.toml"
+    toml.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(toml)
+    assert str(toml) in str(ei.value)
+    return ei.value
+
+
+def test_the_valid_file_loads(tmp_path: Path) -> None:
+    (tmp_path / "exp.toml").write_text(TOML)
+    assert load_experiment(tmp_path / "exp.toml").experiment.forecast_length == 6
+
+
+def test_typo_of_a_required_key_is_one_message_naming_both(tmp_path: Path) -> None:
+    err = _load(tmp_path, TOML.replace("forecast_length = 6", "forcast_length = 6"))
+    assert err.key == "experiment.forcast_length"
+    msg = str(err)
+    assert msg.startswith("unknown key experiment.forcast_length, did you mean forecast_length?")
+    assert "forecast_length is required and missing" in msg
+    assert "Field required" not in msg
+
+
+@pytest.mark.parametrize("old, new, key, suggestion", [
+    ("[model]", "[modle]", "modle", "model"),                                     # a table name
+    ('method = "letkf"', 'methd = "letkf"', "analysis.methd", "method"),          # an optional key
+    ('metric = "sphere"', 'metrc = "sphere"', "analysis.localization.metrc", "metric"),  # in an inline table
+    ("[analysis]", "[analysis]\ninflaton = { prior = 1.1 }", "analysis.inflaton", "inflation"),
+    ("[model]", "[jobs]\nwrokers = 2\n\n[model]", "jobs.wrokers", "workers"),
+])
+def test_unknown_key_names_the_nearest_valid_one(tmp_path: Path, old: str, new: str, key: str, suggestion: str) -> None:
+    err = _load(tmp_path, TOML.replace(old, new, 1))
+    assert err.key == key
+    assert f"unknown key {key}, did you mean {suggestion}?" in str(err)
+
+
+def test_unknown_key_without_a_near_one_lists_the_valid_keys(tmp_path: Path) -> None:
+    err = _load(tmp_path, TOML.replace("[model]", "[model]\nzzz = 1"))
+    assert err.key == "model.zzz"
+    assert "unknown key model.zzz; valid keys here:" in str(err) and "command" in str(err)
+
+
+def test_prefix_and_a_missing_key_without_typo() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key analysis\.kernal, did you mean kernel\?") as ei:
+        validate(AnalysisConfig, {"kernal": "compiled"}, prefix="analysis")
+    assert ei.value.key == "analysis.kernal"
+    with pytest.raises(ConfigError, match="required key missing") as ei:
+        validate(AnalysisConfig, {"method": "letkf", "localization": {"metric": "sphere"}}, prefix="analysis")
+    assert ei.value.key == "analysis.localization.radius"
