@@ -17,12 +17,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run (or resume) an offline cycling experiment", description=__doc__)
     p.add_argument("config", help="experiment TOML file")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="put the tasks that failed for good back in line (after fixing the cause); "
+                        "done members are not run again")
+    p.add_argument("--accept-restarts", action="store_true",
+                   help="start (or resume) from restarts that another experiment advanced, or that changed "
+                        "since this experiment wrote them")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     cfg = load_experiment(args.config)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    Experiment(cfg, progress=progress).run()
+    Experiment(cfg, progress=progress).run(retry_failed=args.retry_failed, accept_restarts=args.accept_restarts)
     print(render_report(load_report(cfg.expdir)))
     return 0

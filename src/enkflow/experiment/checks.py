@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import shutil
@@ -46,9 +45,6 @@ def check_commands(cfg: ExperimentConfig) -> None:
         _check_program(task.launcher, "analysis_task.launcher")
     if task.command is not None:
         _check_program(task.command, "analysis_task.command")
-    elif importlib.util.find_spec("enkflow.experiment.analysis_step") is None:
-        raise ConfigError("the built-in analysis (enkflow.experiment.analysis_step) is not available in this "
-                          "installation; set analysis_task.command to an analysis program", key="analysis_task.command")
 
 
 def _structure(path: Path) -> tuple[dict[str, int], dict[str, tuple[tuple[str, ...], str]]]:
@@ -63,14 +59,17 @@ def _structure(path: Path) -> tuple[dict[str, int], dict[str, tuple[tuple[str, .
     return dims, var
 
 
-def check_restarts(cfg: ExperimentConfig) -> None:
+def check_restarts(cfg: ExperimentConfig, *, source: bool = False) -> None:
     """Every member's restart exists and has member 1's dimensions and variables.
 
     With a ``[state]`` section the I/O layer's own check runs too (state
     variables present, same shapes, types and storage layout, writable).
+    ``source`` checks the configured initial restarts instead of the ones
+    cycled (they differ with ``experiment.initial = "copy"``).
     """
-    ref_path = cfg.restart_path(1)
-    paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
+    where = cfg.source_restart_path if source else cfg.restart_path
+    ref_path = where(1)
+    paths = [where(m) for m in range(1, cfg.experiment.members + 1)]
     for m, p in enumerate(paths, start=1):
         if not p.is_file():
             raise FileFormatError(f"restart file of member {m} not found (experiment.restart)", path=str(p))
@@ -78,7 +77,8 @@ def check_restarts(cfg: ExperimentConfig) -> None:
         from enkflow.io.validate import validate_files
         from enkflow.state import StateLayout
 
-        validate_files([str(p) for p in paths], StateLayout.from_config(ref_path, cfg.state), writable=True)
+        writable = not (source and cfg.experiment.initial == "copy")
+        validate_files([str(p) for p in paths], StateLayout.from_config(ref_path, cfg.state), writable=writable)
     ref_dims, ref_vars = _structure(ref_path)
     for p in paths[1:]:
         dims, var = _structure(p)

@@ -63,6 +63,10 @@ class ExperimentSection(Strict):
     members: int = Field(ge=2, description="ensemble size N_e")
     restart: str = Field(description="restart file of a member, template with {member}")
     forecast_length: float = Field(gt=0, description="forecast length per cycle, in the model's time unit, passed as {length}")
+    initial: Literal["in-place", "copy"] = Field(
+        default="in-place",
+        description="'in-place': cycle the restarts where they are; 'copy': copy them into EXPDIR/restarts first and "
+                    "cycle the copies, so the initial ensemble stays untouched and a rerun from scratch is always possible")
 
     @field_validator("restart")
     @classmethod
@@ -226,9 +230,17 @@ class ExperimentConfig(Strict):
         first = self.experiment.first_cycle
         return list(range(first, first + self.experiment.cycles))
 
-    def restart_path(self, member: int) -> Path:
-        """Restart file of ``member`` (IDs 1..N_e)."""
+    def source_restart_path(self, member: int) -> Path:
+        """The initial restart of ``member`` as configured (``experiment.restart``)."""
         return self.path(self.experiment.restart.format(member=member))
+
+    def restart_path(self, member: int) -> Path:
+        """The restart file that the cycles advance for ``member`` (IDs 1..N_e): the configured
+        one, or with ``experiment.initial = "copy"`` its copy under ``EXPDIR/restarts``."""
+        src = self.source_restart_path(member)
+        if self.experiment.initial == "copy":
+            return self.expdir / "restarts" / f"{member:04d}" / src.name
+        return src
 
     def obs_path(self, cycle: int) -> Path:
         """Observation file of ``cycle``."""
@@ -251,16 +263,24 @@ class ExperimentConfig(Strict):
         return Resources(workers=workers, cpus_per_job=self.jobs.cpus_per_job, analysis_cpus=self.jobs.analysis_cpus,
                          time_limit_s=self.jobs.time_limit, nodes=self.launcher.nodes)
 
-    def digest(self) -> str:
-        """Hash of the settings that change results (resuming with different ones is refused).
+    def digests(self) -> dict[str, str]:
+        """Hashes of the settings each kind of step depends on (see :mod:`enkflow.experiment.state`).
 
-        Jobs, launcher and the number of cycles may change between runs: rerunning
-        with a larger ``experiment.cycles`` extends a finished experiment.
+        ``ensemble``: members, restarts, cycle numbering, forecast length and state; ``model``:
+        what a forecast runs; ``analysis``: what the analysis (and the operator stage) does.
+        Settings that cannot change a result are left out: jobs, launcher, I/O tuning, retry
+        limits, the analysis launcher, the number of cycles.
         """
-        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir"})
-        # More (or fewer) cycles continue the same experiment.
-        d["experiment"].pop("cycles", None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir", "io"})
+        exp = {k: v for k, v in d["experiment"].items() if k not in ("cycles", "directory")}
+        model = {k: v for k, v in d["model"].items() if k not in ("max_attempts", "unchanged")}
+        task = {k: v for k, v in d["analysis_task"].items() if k not in ("max_attempts", "launcher")}
+        parts = {
+            "ensemble": {"experiment": exp, "state": d["state"]},
+            "model": model,
+            "analysis": {"analysis": d["analysis"], "analysis_task": task, "observations": d["observations"]},
+        }
+        return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in parts.items()}
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from enkflow.errors import EnkflowError, MemberError
-from enkflow.experiment import checks
+from enkflow.errors import ConfigError, EnkflowError, MemberError, StorageError
+from enkflow.experiment import checks, provenance
 from enkflow.experiment.analysis_task import DETERMINISTIC_ERROR_RC
 from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
 from enkflow.jobs.events import EventLog
-from enkflow.jobs.files import write_json_atomic
+from enkflow.jobs.files import fingerprint, read_json, write_json_atomic
+from enkflow.jobs.protect import clone_file
 from enkflow.jobs.launcher import JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
 from enkflow.jobs.slurm import SlurmLauncher
@@ -125,26 +127,53 @@ class Experiment:
         if self.progress is not None:
             self.progress(msg)
 
-    def check(self, cycles: list[int]) -> None:
-        """Pre-flight checks: commands, observation files, restart structure."""
+    def check(self, cycles: list[int], *, source: bool = False) -> None:
+        """Pre-flight checks: commands, every cycle's observation file, restart structure."""
         checks.check_commands(self.cfg)
         checks.check_observations(self.cfg, cycles)
-        checks.check_restarts(self.cfg)
+        checks.check_restarts(self.cfg, source=source)
 
-    def run(self) -> list[int]:
-        """Run (or resume) every cycle; returns the cycles run by this call."""
+    def run(self, *, retry_failed: bool = False, accept_restarts: bool = False) -> list[int]:
+        """Run (or resume) every cycle; returns the cycles run by this call.
+
+        ``retry_failed`` puts tasks that failed for good back in line (after the
+        cause was fixed); ``accept_restarts`` starts or resumes from restarts that
+        another experiment advanced or that changed since this one wrote them.
+        Holds the experiment directory's lock throughout (:class:`DriverLock`).
+        """
+        with DriverLock(self.expdir):
+            return self._run(retry_failed=retry_failed, accept_restarts=accept_restarts)
+
+    def _run(self, *, retry_failed: bool, accept_restarts: bool) -> list[int]:
         cfg = self.cfg
-        state, resumed = ExperimentState.open(self.expdir, cfg.digest())
+        digests = cfg.digests()
+        members = range(1, cfg.experiment.members + 1)
+        state = ExperimentState.load(self.expdir)
+        resumed = state is not None
+        todo_cycles = [k for k in cfg.cycle_numbers if state is None or k not in state.cycles_done]
+        if state is None:
+            # Every check before anything is written: the restarts checked are the initial ones.
+            self.check(todo_cycles, source=True)
+            sources = [cfg.source_restart_path(m) for m in members]
+            if not accept_restarts:
+                provenance.check_new(sources, self.expdir)
+            if cfg.experiment.initial == "copy":
+                self._copy_initial()
+            state = ExperimentState.create(self.expdir, digests, {str(p): fingerprint(p) for p in sources})
+        else:
+            state.check_finished(digests)
+            self.check(todo_cycles)
+            if not accept_restarts:
+                provenance.check_resume([cfg.restart_path(m) for m in members], self.expdir)
         write_json_atomic(self.expdir / "config.json", cfg.to_json())
-        todo_cycles = [k for k in cfg.cycle_numbers if k not in state.cycles_done]
-        self.check(todo_cycles)
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
-                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind)
+                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind, accept_restarts=accept_restarts)
         try:
             for k in todo_cycles:
                 checks.check_restarts(cfg)
-                self.run_cycle(k)
-                state.mark_done(k)
+                self.run_cycle(k, retry_failed=retry_failed)
+                provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, "analysed")
+                state.mark_done(k, digests)
                 if self.on_cycle_end is not None:
                     self.on_cycle_end(k)
         finally:
@@ -152,9 +181,44 @@ class Experiment:
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
         return todo_cycles
 
+    def _copy_initial(self) -> None:
+        """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble."""
+        for m in range(1, self.cfg.experiment.members + 1):
+            src, dst = self.cfg.source_restart_path(m), self.cfg.restart_path(m)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f".{dst.name}.copying")
+            try:
+                clone_file(src, tmp)
+                os.replace(tmp, dst)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise StorageError.from_os_error(exc, path=str(dst)) from None
+        self._say(f"copied the initial ensemble to {self.expdir / 'restarts'}")
+
     # -- one cycle -----------------------------------------------------------------
 
-    def run_cycle(self, cycle: int) -> None:
+    def _resume_table(self, cycle: int, cdir: Path) -> TaskTable:
+        """The task table of a started cycle, rebuilt from the current configuration when the
+        steps that already ran did not depend on what changed."""
+        cfg = self.cfg
+        now = cfg.digests()
+        was = read_json(cdir / "digests.json", now)
+        n = cfg.experiment.members
+        done = [m for m in range(1, n + 1) if (cdir / "done" / f"task_{m:03d}.json").exists()]
+        if was["model"] != now["model"] and done:
+            raise ConfigError(f"the [model] settings changed, but members {', '.join(map(str, done))} of cycle {cycle} "
+                              "already ran with the recorded ones; restore them to resume", key="model")
+        if was["analysis"] != now["analysis"] and cfg.applied_record(cycle).exists():
+            raise ConfigError(f"the analysis settings changed, but the analysis of cycle {cycle} was already applied "
+                              "with the recorded ones; restore them to resume", key="analysis")
+        if was != now:
+            self.events.emit("config_change", cycle=cycle, parts=[k for k in now if was.get(k) != now[k]])
+        table = build_tasks(cfg, cycle, self.events.path)
+        table.write(cdir)
+        write_json_atomic(cdir / "digests.json", now)
+        return table
+
+    def run_cycle(self, cycle: int, *, retry_failed: bool = False) -> None:
         """Run one cycle to the end of its analysis (resuming it if it was started)."""
         cfg = self.cfg
         n = cfg.experiment.members
@@ -162,13 +226,18 @@ class Experiment:
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / "logs").mkdir(exist_ok=True)
         if (cdir / "tasks.json").exists():
-            table = TaskTable.read(cdir)
+            table = self._resume_table(cycle, cdir)
             self.events.emit("cycle_resume", cycle=cycle)
         else:
             self.events.emit("cycle_start", cycle=cycle)
+            provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, "advancing")
             table = build_tasks(cfg, cycle, self.events.path)
+            write_json_atomic(cdir / "digests.json", cfg.digests())
             table.write(cdir)
         todo = TodoList.create(cdir, n)
+        if retry_failed:
+            for task in todo.reset_failed():
+                self.events.emit("task_reset", cycle=cycle, task=task, member=task if task <= n else None)
         self.jobs = []
         res = cfg.resources(os.cpu_count() or 1)
         submitted = 0

@@ -4,6 +4,15 @@ The driver records a cycle as finished only after its analysis is confirmed
 done; everything inside a cycle is recovered from the cycle's to-do list and
 done-markers. Rerunning ``enkflow run`` therefore continues where a crash or
 kill stopped it, without rerunning finished members or cycles.
+
+Configuration changes on resume. Each finished cycle records the digests of
+the settings its steps depended on (:meth:`ExperimentConfig.digests`):
+``ensemble`` (members, restarts, state) may never change; ``model`` and
+``analysis`` may not change for finished cycles, nor for the steps of the
+started cycle that already ran (its done members, its applied analysis);
+anything no finished step depended on may change, e.g. a fixed analysis
+setting after the analysis failed. The first state of the restarts is kept as
+``initial`` fingerprints.
 """
 
 from __future__ import annotations
@@ -11,41 +20,64 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from enkflow.errors import ConfigError
-from enkflow.jobs.files import read_json, write_json_atomic
+from enkflow.fsutil import read_json, write_json_atomic
+
+VERSION = 2
 
 
 @dataclass
 class ExperimentState:
-    """``digest``: the configuration's result-relevant hash; ``cycles_done``: finished cycles."""
+    """``digests``: the settings the finished cycles ran with; ``cycles_done``: finished cycles;
+    ``initial``: fingerprints of the restarts the experiment started from."""
 
     path: Path
-    digest: str
+    digests: dict[str, str]
     cycles_done: list[int] = field(default_factory=list)
     created: float = field(default_factory=time.time)
+    initial: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, expdir: Path, digest: str) -> tuple["ExperimentState", bool]:
-        """The state of ``expdir`` (created if absent); True when an earlier run is resumed.
-
-        A directory holding a run with a different configuration is refused.
-        """
+    def load(cls, expdir: Path) -> "ExperimentState | None":
+        """The recorded state of ``expdir``, or None for a new experiment."""
         path = expdir / "state.json"
         data = read_json(path)
         if data is None:
-            st = cls(path, digest)
-            st.save()
-            return st, False
-        if data.get("digest") != digest:
-            raise ConfigError(f"{expdir} holds an experiment run with a different configuration; "
-                              "choose another experiment.directory or remove that one", key="experiment.directory")
-        return cls(path, digest, list(data.get("cycles_done", [])), float(data.get("created", time.time()))), True
+            return None
+        if data.get("version") != VERSION:
+            raise ConfigError(f"{path} was written by another enkflow version (state version "
+                              f"{data.get('version', 1)}, this one reads {VERSION}); finish it with that version, "
+                              "or start a new experiment directory", key="experiment.directory")
+        return cls(path, dict(data["digests"]), list(data.get("cycles_done", [])), float(data.get("created", time.time())),
+                   dict(data.get("initial", {})))
+
+    @classmethod
+    def create(cls, expdir: Path, digests: dict[str, str], initial: dict[str, Any]) -> "ExperimentState":
+        st = cls(expdir / "state.json", dict(digests), initial=initial)
+        st.save()
+        return st
+
+    def check_finished(self, digests: dict[str, str], file: str | None = None) -> None:
+        """Refuse settings that differ from those the finished cycles (or the ensemble) depend on."""
+        for part, keys in (("ensemble", "[experiment] members/restart/initial/forecast_length/first_cycle, [state]"),
+                           ("model", "[model]"), ("analysis", "[analysis], [analysis_task], [observations]")):
+            if part == "ensemble" or self.cycles_done:
+                if digests[part] != self.digests[part]:
+                    done = f"cycles {self.cycles_done[0]}-{self.cycles_done[-1]} ran" if self.cycles_done else "the experiment was set up"
+                    raise ConfigError(
+                        f"{self.path.parent} holds an experiment whose {keys} settings differ from this configuration, "
+                        f"and {done} with the recorded ones; restore those settings to resume, or start a new "
+                        "experiment from restarts you choose (see experiment.initial and --accept-restarts)",
+                        key=keys.split()[0].strip("[]"), file=file)
 
     def save(self) -> None:
-        write_json_atomic(self.path, {"digest": self.digest, "cycles_done": self.cycles_done, "created": self.created})
+        write_json_atomic(self.path, {"version": VERSION, "digests": self.digests, "cycles_done": self.cycles_done,
+                                      "created": self.created, "initial": self.initial})
 
-    def mark_done(self, cycle: int) -> None:
+    def mark_done(self, cycle: int, digests: dict[str, str]) -> None:
         if cycle not in self.cycles_done:
             self.cycles_done.append(cycle)
-            self.save()
+        self.digests = dict(digests)
+        self.save()

@@ -206,6 +206,19 @@ class TodoList:
                 data["pending"].insert(0, task)
             return False
 
+    def reset_failed(self) -> list[int]:
+        """Put every failed task back at the front with its failure count cleared (``enkflow run
+        --retry-failed``, after the user fixed the cause); returns their IDs."""
+        with self._edit() as data:
+            reset = sorted(int(k) for k in data["failed"])
+            for task in reversed(reset):
+                data["failed"].pop(str(task), None)
+                data["failures"].pop(str(task), None)
+                data["claims"].pop(str(task), None)
+                if task not in data["pending"] and task not in data["done"]:
+                    data["pending"].insert(0, task)
+            return reset
+
     def requeue_stale(self, is_stale: Callable[[dict[str, Any]], bool]) -> list[tuple[int, dict[str, Any]]]:
         """Requeue, at the front, every claim whose holder ``is_stale``; returns them."""
         with self._locked():
