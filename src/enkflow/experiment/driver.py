@@ -26,6 +26,7 @@ from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
 from enkflow.jobs.events import EventLog
+from enkflow.fsutil import write_bytes_atomic
 from enkflow.jobs.files import fingerprint, read_json, write_json_atomic
 from enkflow.jobs.protect import clone_file
 from enkflow.jobs.launcher import JobState, Launcher
@@ -166,6 +167,8 @@ class Experiment:
             if not accept_restarts:
                 provenance.check_resume([cfg.restart_path(m) for m in members], self.expdir)
         write_json_atomic(self.expdir / "config.json", cfg.to_json())
+        # For external analysis programs: the restarts the cycles advance, one path per line, member 1 first.
+        write_bytes_atomic(self.expdir / "restarts.txt", "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
                          strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind, accept_restarts=accept_restarts)
         try:
@@ -257,7 +260,8 @@ class Experiment:
                 if uncovered:
                     if submitted > 0 and serial > cfg.jobs.max_resubmits:
                         raise EnkflowError(f"cycle {cycle}: more than {cfg.jobs.max_resubmits} resubmissions "
-                                           f"(jobs.max_resubmits); see {cdir / 'logs'}")
+                                           f"(jobs.max_resubmits): jobs kept ending with tasks "
+                                           f"{', '.join(map(str, uncovered))} left undone{_last_job_log(cdir)}")
                     planned = plan(cfg.jobs.strategy, cycle=cycle, cycle_dir=cdir, n_members=n, todo=uncovered, res=res,
                                    serial=serial, python=cfg.launcher.python)
                     self._submit(cycle, planned)
@@ -328,3 +332,12 @@ class Experiment:
         if task <= n:
             raise MemberError(msg, member=task, cycle=cycle)
         raise EnkflowError(f"analysis of cycle {cycle}: {msg}")
+
+
+def _last_job_log(cdir: Path, lines: int = 10) -> str:
+    """The tail of the newest job log of a cycle, for an error message."""
+    logs = sorted((cdir / "logs").glob("job-*.log"), key=lambda p: p.stat().st_mtime)
+    if not logs:
+        return f"; see {cdir / 'logs'}"
+    tail = logs[-1].read_bytes()[-8192:].decode(errors="replace").splitlines()[-lines:]
+    return f"; the last job log {logs[-1]} ends with:\n" + "\n".join("    " + t for t in tail)

@@ -26,6 +26,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from typing import Any
 
 import psutil
 
+from enkflow.errors import EnkflowError
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
 from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
@@ -177,6 +179,7 @@ class Worker:
         me = psutil.Process()
         self.claimant_base = (hostname(), os.getpid(), me.create_time())
         self.aborted = False
+        self.failed = False  # a write of the scheme's own files failed
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -202,19 +205,28 @@ class Worker:
                     self.request_stop("time-limit")
         finally:
             self.stop.set()
-            self.events.emit("job_end", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id, reason=self.stop_reason or "empty")
+            try:
+                self.events.emit("job_end", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id,
+                                 reason=self.stop_reason or ("error" if self.failed else "empty"))
+            except EnkflowError as exc:
+                print(f"enkflow worker {self.worker_id}: error: {exc}", file=sys.stderr, flush=True)
+                self.failed = True
             try:
                 (self.hb_dir / f"{self.worker_id}.json").unlink()
             except FileNotFoundError:
                 pass
-        return 3 if self.aborted else 0
+        return 3 if self.aborted else 4 if self.failed else 0
 
     def _heartbeat(self) -> None:
         path = self.hb_dir / f"{self.worker_id}.json"
         while True:
             with self._clock:
                 children = {str(k): list(v) for k, v in self._children.items()}
-            write_json_atomic(path, {"t": time.time(), "host": hostname(), "pid": os.getpid(), "children": children}, durable=False)
+            try:
+                write_json_atomic(path, {"t": time.time(), "host": hostname(), "pid": os.getpid(), "children": children},
+                                  durable=False)
+            except EnkflowError:
+                pass  # a missed beat is harmless; the claim loop reports a full disk
             if self.stop.wait(self.table.heartbeat_s) and not children:
                 return
 
@@ -240,6 +252,13 @@ class Worker:
             task = self.table.tasks[got]
             try:
                 self._run_task(task, who)
+            except EnkflowError as exc:
+                # A write of the scheme's own files failed (disk full...): the claim stays, so the
+                # driver requeues the task once this worker is gone, and reports the cause itself.
+                print(f"enkflow worker {who.worker}: {task.label}: error: {exc}", file=sys.stderr, flush=True)
+                self.failed = True
+                self.stop.set()
+                return
             except _Stop as stop:
                 self.todo.requeue(task.id, reason=stop.reason)
                 self.events.emit("task_requeue", cycle=self.table.cycle, task=task.id, member=task.member, reason=stop.reason, worker=who.worker)
