@@ -30,7 +30,7 @@ from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import write_mean_spread
 from enkflow.obs import GivenHX, LinearObsOperator, ObsSet
-from enkflow.obs.obsfile import read_obs_file
+from enkflow.obs.obsfile import load_for_state
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
 from enkflow.state.config import StateConfig
@@ -90,16 +90,12 @@ def analyse_files(
     comm = comm or get_comm()
     t0 = time.perf_counter()
     layout = StateLayout.from_config(paths[0], state)
-    of = read_obs_file(obs_file, n_state=layout.n_rows)
     f = make_filter(analysis)
     metric = analysis.localization.metric if analysis.localization else None
-    if metric is Metric.SPHERE and layout.coord_kind != "lonlat":
-        raise ConfigError(
-            f"the sphere metric needs longitude/latitude coordinates; the state has {', '.join(layout.coord_names)}",
-            key="analysis.localization.metric",
-        )
-    # Observations sit at their state rows: same coordinates as the state points.
-    obs = ObsSet(of.obs.values, of.obs.error_var, layout.coords[of.state_index], of.obs.kinds)
+    # Every check of the file against the state and metric (enkflow run did them before the first forecast);
+    # observations sit at their state rows: same coordinates as the state points.
+    of = load_for_state(obs_file, layout, metric, cycle=cycle)
+    obs = of.obs
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
     try:
         # After the open: it finished any interrupted update, which writes the record.

@@ -12,11 +12,30 @@ from enkflow.experiment.config import ExperimentConfig
 
 
 def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
-    """Every cycle's observation file exists."""
+    """Every cycle's observation file exists and, with the built-in analysis, passes every check
+    the analysis would make of it (:func:`enkflow.obs.obsfile.load_for_state`).
+
+    Run before the first forecast: a bad file of a late cycle must not be found only after the
+    forecasts of the earlier cycles have rewritten the restarts. An external analysis program
+    reads the files its own way, so for it only their existence is checked.
+    """
     for k in cycles:
         p = cfg.obs_path(k)
         if not p.is_file():
             raise ConfigError(f"observation file of cycle {k} not found: {p}", key="observations.file", file=None)
+    builtin = cfg.analysis_task.command is None and cfg.state is not None and cfg.analysis is not None
+    # Member 1's restart gives the state's layout: the experiment's copy, or before the copy is
+    # made (experiment.initial = "copy") the configured one; without either, check_restarts names it.
+    template = next((p for p in (cfg.restart_path(1), cfg.source_restart_path(1)) if p.is_file()), None)
+    if not builtin or not cycles or template is None:
+        return
+    from enkflow.obs.obsfile import load_for_state
+    from enkflow.state import StateLayout
+
+    layout = StateLayout.from_config(template, cfg.state)
+    metric = cfg.analysis.localization.metric if cfg.analysis.localization else None
+    for k in cycles:
+        load_for_state(cfg.obs_path(k), layout, metric, cycle=k)
 
 
 def _check_program(template: str, key: str, env_path: str | None = None) -> None:

@@ -1,0 +1,98 @@
+"""Every cycle's observation file is checked before the first forecast (issue 9, defect 4).
+
+A defect in cycle 3's file used to surface only in cycle 3's analysis, after the
+forecasts of cycles 1 to 3 had rewritten the restarts. With the built-in analysis
+``enkflow run`` now fails before any member runs, naming file, variable, cycle
+and the first bad index; with an external analysis only existence is checked.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+from enkflow.cli import main
+from enkflow.experiment import checks, load_experiment
+from jobs_helpers.experiments import restarts
+
+N = 4
+CYCLES = 3
+
+
+def _experiment(root: Path, synth: Path, *, external: bool = False) -> Path:
+    """``root/exp.toml``: N members of the tiny land problem, the bundled model, the built-in LETKF."""
+    (root / "members").mkdir(parents=True)
+    (root / "obs").mkdir()
+    for m in range(1, N + 1):
+        shutil.copyfile(synth / f"member_{m:04d}.nc", root / "members" / f"member_{m:04d}.nc")
+    for k in range(1, CYCLES + 1):
+        shutil.copyfile(synth / "obs.nc", root / "obs" / f"obs_{k:03d}.nc")
+    py = sys.executable
+    analysis = (f'[analysis_task]\ncommand = "{py} -c pass"\n' if external else
+                '[state]\nvariables = ["soil_moisture"]\ncoordinates = ["land_lon", "land_lat"]\n\n'
+                '[analysis]\nmethod = "letkf"\nlocalization = { radius = 1500.0, metric = "sphere" }\n')
+    (root / "exp.toml").write_text(f'''
+[experiment]
+directory = "exp"
+cycles = {CYCLES}
+members = {N}
+restart = "members/member_{{member:04d}}.nc"
+forecast_length = 6
+
+[model]
+command = "{py} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{cycle}}"
+
+[observations]
+file = "obs/obs_{{cycle:03d}}.nc"
+
+{analysis}
+[jobs]
+workers = 2
+poll = 0.1
+''')
+    return root / "exp.toml"
+
+
+def _spoil(path: Path, variable: str, index: int, value: float) -> None:
+    with netCDF4.Dataset(path, "a") as ds:
+        ds[variable][index] = value
+
+
+@pytest.mark.parametrize("variable, index, value, message", [
+    ("value", 5, np.nan, "holds NaN or Inf at index 5"),
+    ("error_std", 2, 0.0, "must be > 0; index 2 has 0.0"),
+    ("error_std", 4, -0.5, "must be > 0; index 4 has -0.5"),
+    ("state_index", 7, 877, "must be < n_state = 877; index 7 has 877"),
+    ("lat", 3, 95.0, r"must lie in \[-90, 90\] degrees; index 3 has 95.0"),
+])
+def test_bad_observation_file_of_cycle_3_stops_the_run_before_any_forecast(
+        tmp_path: Path, synth: Path, capsys: pytest.CaptureFixture[str],
+        variable: str, index: int, value: float, message: str) -> None:
+    toml = _experiment(tmp_path, synth)
+    bad = tmp_path / "obs" / "obs_003.nc"
+    _spoil(bad, variable, index, value)
+    before = restarts(tmp_path, N)
+    assert main(["run", "--quiet", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}, variable '{variable}'" in err and "(observation file of cycle 3)" in err
+    assert re.search(message, err), err
+    # No forecast ran: the restarts are untouched, no task ended, no cycle was started.
+    for a, b in zip(restarts(tmp_path, N), before):
+        assert np.array_equal(a, b)
+    events = tmp_path / "exp" / "events.jsonl"
+    assert not events.exists() or '"task_end"' not in events.read_text()
+    assert not (tmp_path / "exp" / "cycles").exists()
+
+
+def test_the_good_files_pass_and_an_external_analysis_only_needs_them_to_exist(tmp_path: Path, synth: Path) -> None:
+    cfg = load_experiment(_experiment(tmp_path / "builtin", synth))
+    checks.check_observations(cfg, [1, 2, 3])
+    ext = load_experiment(_experiment(tmp_path / "external", synth, external=True))
+    _spoil(tmp_path / "external" / "obs" / "obs_003.nc", "value", 0, np.nan)
+    checks.check_observations(ext, [1, 2, 3])  # the external program reads the files its own way
