@@ -1,8 +1,12 @@
-"""Fault tests: kill -9 of a member's model, a pilot worker and the analysis at random moments.
+"""Fault tests: kill -9 of a member's model, a pilot worker and the analysis at random moments,
+and of the analysis once more right after it has rewritten its first restart (so that its rerun
+finds some members analysed and some not).
 
 Each cycle must complete, no member may run twice to completion (exactly one
 ``task_end`` per cycle and task), and the restarts must equal those of a
-fault-free run bit for bit.
+fault-free run bit for bit. The analysis (``jobs_helpers/toy_analysis.py``)
+nudges the restarts toward every observation of the cycle, so an observation
+lost or applied twice by a rerun changes the bits.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ N = 4
 
 def _find(kind: str, root: Path) -> list[psutil.Process]:
     """This test's processes of one kind (matched on their command line, under ``root`` only)."""
-    marker = {"model": "enkflow.cli.model", "worker": "-m enkflow.jobs ", "analysis": "toy_analysis.py"}[kind]
+    marker = {"model": "enkflow.cli.model", "worker": "-m enkflow.jobs ", "analysis": "toy_analysis.py",
+              "analysis-writing": "toy_analysis.py"}[kind]
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
@@ -36,8 +41,13 @@ def _find(kind: str, root: Path) -> list[psutil.Process]:
     return found
 
 
+def _restart_ids(root: Path) -> dict[Path, int]:
+    return {p: p.stat().st_ino for p in sorted((root / "members").glob("member_*.nc"))}
+
+
 class Killer(threading.Thread):
-    """Kills one process of each planned kind at a random moment of its life."""
+    """Kills one process of each planned kind at a random moment of its life; an
+    ``analysis-writing`` one as soon as it has replaced a restart (its first one, usually)."""
 
     def __init__(self, root: Path, plan: list[str], seed: int):
         super().__init__(daemon=True)
@@ -51,8 +61,12 @@ class Killer(threading.Thread):
             while not self.stop.is_set() and time.time() < deadline:
                 procs = _find(kind, self.root)
                 if procs:
-                    time.sleep(self.rng.uniform(0.0, 0.25))
                     victim = self.rng.choice(procs)
+                    if kind == "analysis-writing":
+                        if not self._wait_for_a_restart_write(victim):
+                            continue
+                    else:
+                        time.sleep(self.rng.uniform(0.0, 0.25))
                     try:
                         victim.send_signal(signal.SIGKILL)
                         self.killed.append(kind)
@@ -61,6 +75,18 @@ class Killer(threading.Thread):
                     break
                 time.sleep(0.01)
             time.sleep(self.rng.uniform(0.1, 0.6))
+
+    def _wait_for_a_restart_write(self, proc: psutil.Process) -> bool:
+        """Whether a restart was replaced (new inode) while ``proc`` still ran."""
+        before = _restart_ids(self.root)
+        try:
+            while not self.stop.is_set() and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                if _restart_ids(self.root) != before:
+                    return True
+                time.sleep(0.002)
+        except psutil.NoSuchProcess:
+            pass
+        return False
 
 
 def _run(root: Path, synth: Path, plan: list[str] | None, seed: int = 0) -> tuple[list[np.ndarray], list[str], Path]:
@@ -80,9 +106,9 @@ def _run(root: Path, synth: Path, plan: list[str] | None, seed: int = 0) -> tupl
 @pytest.mark.slow
 def test_kill9_model_worker_and_analysis(tmp_path: Path, synth: Path) -> None:
     ref, _, _ = _run(tmp_path / "ref", synth, None)
-    plan = ["model", "worker", "analysis", "worker", "model", "analysis"]
+    plan = ["model", "worker", "analysis-writing", "worker", "model", "analysis"]
     got, killed, expdir = _run(tmp_path / "faulty", synth, plan, seed=int(os.environ.get("ENKFLOW_FAULT_SEED", "7")))
-    assert {"model", "worker", "analysis"} <= set(killed), killed
+    assert {"model", "worker", "analysis-writing", "analysis"} <= set(killed), killed
     for m, (a, b) in enumerate(zip(got, ref), start=1):
         assert np.array_equal(a, b), f"member {m} differs from the fault-free run"
     ends: dict[tuple[int, int], int] = {}
