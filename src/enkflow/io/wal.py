@@ -4,7 +4,7 @@ Protocol of one update (see docs/io.md):
 
 1. *log*: every byte range about to change is written, with its final content, to log files
    on a fast tier (default ``/dev/shm``: survives any process kill, costs one memory copy).
-   Each record carries a sampled checksum (one 64-bit word per page, see :func:`checksum`).
+   Each record carries a CRC-32 of every one of its bytes (:func:`checksum`).
 2. *commit*: a small JSON marker listing the files, the log files and every record is written
    beside the first member file, atomically (temporary file + ``rename``).
 3. *write*: the member files are updated in place.
@@ -29,6 +29,7 @@ import os
 import socket
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,33 +40,25 @@ from enkflow.fsutil import fsync_dir, write_json_atomic
 from enkflow.io import library
 from enkflow.io.rowio import pread_full, pwrite_full
 
-MAGIC = b"ENKWAL01"
+MAGIC = b"ENKWAL02"  # 02: full CRC-32 per record (01: one sampled word per page; not read)
 HEADER = 64  # bytes: MAGIC + update id (ascii) + padding
 MARKER_PREFIX = ".enkflow-update-"
 
 
-PAGE = 4096
+CRC_CHUNK = 1 << 18  # bytes copied into the log, then checksummed while still in cache
 
 
-def checksum(data: np.ndarray | memoryview, log_offset: int) -> int:
-    """Sampled checksum of a log record that starts at byte ``log_offset`` of its log file.
+def checksum(data: np.ndarray | memoryview, value: int = 0) -> int:
+    """CRC-32 (``zlib.crc32``) of every byte of ``data``, a C-contiguous log record.
 
-    Sum (mod 2**64) of the little-endian 64-bit words at the record's start and at every page
-    start (multiple of 4096 in the log) inside the record; a record shorter than 8 bytes sums
-    its zero-padded bytes. A crash damages a log page by page (a page not written back, zeroed
-    or left from an earlier update), so one word per page catches that damage, at 1/512 of the
-    cost of summing every word. It is not meant to catch media bit errors.
+    ``value`` is the CRC of the bytes before ``data``: chained calls over consecutive pieces of a
+    record give the CRC of the whole record. Any damage to a record is caught (a torn, zeroed or
+    stale page anywhere in it, a single changed byte), except with probability 2**-32 for
+    damage that is not a burst of at most 32 bits. zlib's CRC runs at about 4 GB/s per core
+    (releasing the GIL, so the I/O threads checksum in parallel): 3-4x the time of the copy
+    into the log (measured in docs/io.md, "Crash-safe in-place update").
     """
-    buf = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    n = buf.size
-    if n < 8:
-        return int.from_bytes(buf.tobytes() + b"\0" * (8 - n), "little")
-    first_page = -(-log_offset // PAGE) * PAGE - log_offset
-    starts = np.arange(first_page, n - 7, PAGE, dtype=np.int64)
-    if first_page != 0:
-        starts = np.concatenate(([0], starts))
-    words = buf[starts[:, None] + np.arange(8)].reshape(-1).view("<u8")
-    return int(np.add.reduce(words, dtype=np.uint64)) % (1 << 64)
+    return zlib.crc32(memoryview(data).cast("B"), value)
 
 
 def ensemble_key(paths: list[str]) -> str:
@@ -96,7 +89,7 @@ class LogSink:
     """Appends records to one log file (one per I/O thread, so threads never share a file).
 
     The log file stays mapped in memory (shared mapping, populated when the space is
-    prepared): each record is one ``memcpy`` into the mapping plus a sampled checksum
+    prepared): each record is one ``memcpy`` into the mapping plus a CRC-32 of its bytes
     (:func:`checksum`), with no page fault and no page-cache lookup during the update. Records
     start at multiples of 8 bytes.
     """
@@ -122,21 +115,26 @@ class LogSink:
 
     def _append(self, data: np.ndarray) -> tuple[int, int, int]:
         """Copy ``data`` into the log (unless it was staged there); returns
-        ``(log offset, bytes, checksum)``."""
+        ``(log offset, bytes, checksum)``. The CRC is taken of the bytes in the log, chained
+        over pieces of :data:`CRC_CHUNK` bytes each checksummed right after its copy."""
         lo = self.pos
         if data is self._staged:
             n = data.nbytes
-            dst = self.view[lo : lo + n]
             self._staged = None
+            cs = checksum(self.view[lo : lo + n])
         else:
             src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
             n = src.size
             if lo + n > self.view.size:
                 raise RecoveryError(f"log capacity {self.view.size} bytes exceeded (internal error)", path="log")
-            dst = self.view[lo : lo + n]
-            np.copyto(dst, src)
+            cs = 0
+            for a in range(0, n, CRC_CHUNK):
+                b = min(a + CRC_CHUNK, n)
+                dst = self.view[lo + a : lo + b]
+                np.copyto(dst, src[a:b])
+                cs = checksum(dst, cs)
         self.pos = lo + n + (-n % 8)
-        return lo, n, checksum(dst, lo)
+        return lo, n, cs
 
     def put_bytes(self, member: int, offset: int, data: np.ndarray) -> None:
         lo, n, cs = self._append(data)
@@ -381,7 +379,7 @@ def recover(marker: Path) -> int:
             return out
 
         for rec in recs:  # verify everything before writing anything
-            if checksum(record(rec), int(rec[4])) != rec[6]:  # type: ignore[call-overload]
+            if checksum(record(rec)) != rec[6]:
                 raise RecoveryError(
                     f"log record for {files[rec[0]]} (log offset {rec[4]}, {rec[5]} bytes) fails its checksum",  # type: ignore[index,call-overload]
                     path=logs[rec[3]],  # type: ignore[index,call-overload]
