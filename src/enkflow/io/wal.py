@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import RecoveryError, StorageError
-from enkflow.fsutil import fsync_dir, write_json_atomic
+from enkflow.fsutil import fsync_dir, write_bytes_atomic, write_json_atomic
 from enkflow.io import library
 from enkflow.io.rowio import pread_full, pwrite_full
 
@@ -264,12 +264,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_tmp(directory: str) -> None:
-    """Delete half-written markers (``<marker>.tmp<pid>``) of dead processes: a kill during the
+    """Delete half-written markers of dead processes (the temporaries of
+    :func:`enkflow.fsutil.write_bytes_atomic`, ``.<marker>.tmp.<pid>.<thread>``): a kill during the
     commit leaves one; it was never renamed, so the update was never committed."""
-    for t in glob.glob(os.path.join(glob.escape(directory), MARKER_PREFIX + "*.json.tmp*")):
+    for t in glob.glob(os.path.join(glob.escape(directory), "." + MARKER_PREFIX + "*.json.tmp.*")):
         try:
-            pid = int(t.rsplit(".tmp", 1)[1])
-        except ValueError:
+            pid = int(t.rsplit(".tmp.", 1)[1].split(".")[0])
+        except (ValueError, IndexError):
             continue
         if pid != os.getpid() and not _pid_alive(pid):
             try:
@@ -292,22 +293,7 @@ def commit(files: list[str], logs: list[str], records: list[list[object]], updat
         "files": [os.path.abspath(f) for f in files], "logs": logs, "durable": durable, "records": records,
         "completion": completion,
     }
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(body, fh, separators=(",", ":"))
-            fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise StorageError.from_os_error(exc, path=str(path)) from None
-    if durable:
-        fsync_dir(path.parent)
+    write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode(), durable=durable)
     return path
 
 

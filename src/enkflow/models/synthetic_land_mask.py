@@ -33,24 +33,23 @@ def _mask_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / _MASK_FILE
 
 
+def _axis_index(x: np.ndarray, axis: np.ndarray, limit: float, name: str) -> np.ndarray:
+    """``globe.lat_to_index`` / ``lon_to_index``: the mask row (column) of each latitude
+    (longitude) in degrees, ``limit`` 90 (180)."""
+    x = np.array(x, dtype=np.float64)
+    if np.any(np.abs(x) > limit):
+        raise InputError(f"{name}s must lie in [-{limit:g}, {limit:g}] degrees", item=name)
+    x[x > axis.max()] = axis.max()
+    x[x < axis.min()] = axis.min()
+    return ((x - axis[0]) / (axis[1] - axis[0])).astype("int")
+
+
 def _lat_index(lat: np.ndarray, axis: np.ndarray) -> np.ndarray:
-    """``globe.lat_to_index``: the mask row of each latitude (degrees north)."""
-    lat = np.array(lat, dtype=np.float64)
-    if np.any(np.abs(lat) > 90):
-        raise InputError("latitudes must lie in [-90, 90] degrees", item="lat")
-    lat[lat > axis.max()] = axis.max()
-    lat[lat < axis.min()] = axis.min()
-    return ((lat - axis[0]) / (axis[1] - axis[0])).astype("int")
+    return _axis_index(lat, axis, 90.0, "latitude")
 
 
 def _lon_index(lon: np.ndarray, axis: np.ndarray) -> np.ndarray:
-    """``globe.lon_to_index``: the mask column of each longitude (degrees east)."""
-    lon = np.array(lon, dtype=np.float64)
-    if np.any(np.abs(lon) > 180):
-        raise InputError("longitudes must lie in [-180, 180] degrees", item="lon")
-    lon[lon > axis.max()] = axis.max()
-    lon[lon < axis.min()] = axis.min()
-    return ((lon - axis[0]) / (axis[1] - axis[0])).astype("int")
+    return _axis_index(lon, axis, 180.0, "longitude")
 
 
 def _read_rows(fh: object, path: Path, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
