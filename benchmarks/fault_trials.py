@@ -175,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "fault_trials", "code": version, "src": str(src), "cycles": a.cycles, "inject_cycle": inject_cycle,
         "members": a.members, "reference_s": ref.seconds, "syscalls": plan_info,
         "syscall_trials": _section(sys_results), "kill_trials": _section(kill_results),
-        "not_equal": [{"n": r.n, "kind": r.kind, "where": r.where, "hit": r.hit, "outcome": r.outcome,
-                       "detail": r.detail, "attempts": r.attempts, "omb_ok": r.omb_ok} for r in bad],
+        "not_equal": [[r.n, r.kind, r.where if r.call is None else f"[{r.call}] {r.where}", r.outcome] for r in bad],
         "seconds": total,
     }))
     return 0 if not bad else 1

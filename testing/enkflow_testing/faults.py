@@ -509,13 +509,20 @@ def find(kind: str, root: str | Path) -> list:
     return out
 
 
-def kill_tree(pid: int, root: str | Path | None = None) -> int:
+def kill_tree(pid: int, root: str | Path | None = None, first: Sequence[int] = ()) -> int:
     """SIGKILL ``pid``, all its descendants and (with ``root``) every process of that trial, at
-    once: everything is stopped first (SIGSTOP, three rounds for children started meanwhile),
-    then killed, like a node failure. Returns the number of processes killed."""
+    once: everything is stopped first (SIGSTOP; ``first`` before anything else, then three rounds
+    for children started meanwhile), then killed, like a node failure. Returns the number of
+    processes killed."""
     import psutil
 
     frozen: dict[int, object] = {}
+    for q in first:
+        try:
+            os.kill(q, signal.SIGSTOP)
+            frozen[q] = psutil.Process(q)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
     for _ in range(3):
         cand = []
         try:
@@ -831,8 +838,9 @@ class FaultHarness:
         victim: int | None = None
         how = ""
         deadline = time.monotonic() + self.run_timeout
+        pilot: int | None = None
         if moment == "time":
-            delay = rng.uniform(0.05, max(0.1, self.ref.seconds))
+            delay = rng.uniform(0.05, max(0.1, 0.9 * self.ref.seconds))
             time.sleep(delay)
             how = f"t={delay:.2f}s"
             res.where = f"time {delay:.2f}s of {self.ref.seconds:.1f}s"
@@ -872,7 +880,17 @@ class FaultHarness:
                     how = "analysis exited"
                 if target == "pilot":
                     victim = pilot
-        if target == "driver":
+                    if victim is not None and moment == "after-analysis":
+                        try:  # before anything else: the pilot confirms within milliseconds
+                            os.kill(victim, signal.SIGKILL)
+                            res.hit = f"pilot {victim} killed ({how})"
+                        except ProcessLookupError:
+                            res.hit = f"pilot already gone ({how})"
+        if res.hit:
+            pass
+        elif drv.poll() is not None:
+            res.hit = f"(the run had finished before the kill: no fault; {how})"
+        elif target == "driver":
             victim = drv.pid
             try:
                 os.kill(drv.pid, signal.SIGKILL)
@@ -880,7 +898,7 @@ class FaultHarness:
             except ProcessLookupError:
                 res.hit = f"driver already gone ({how})"
         elif target == "tree":
-            k = kill_tree(drv.pid, root)
+            k = kill_tree(drv.pid, root, first=[pilot] if pilot and moment == "after-analysis" else [])
             res.hit = f"{k} processes killed ({how})"
         elif target == "pilot":
             if victim is None:
@@ -916,14 +934,14 @@ class FaultHarness:
 
 def format_table(results: Sequence[TrialResult]) -> str:
     """One line per trial: number, kind, planned kill point / moment, what was hit, outcome."""
-    lines = [f"{'#':>3}  {'kind':<7} {'kill point':<58} {'hit':<6} {'attempts':<8} {'omb':<4} {'runs':>4} {'s':>5}  outcome"]
+    lines = [f"{'#':>3}  {'kind':<7} {'kill point':<72} {'hit':<6} {'attempts':<8} {'omb':<4} {'runs':>4} {'s':>5}  outcome"]
     for r in results:
         hit = "" if r.exact is None else ("yes" if r.exact else "NO")
         att = ",".join(f"{v}" for _, v in sorted(r.attempts.items()))
         omb = "" if r.omb_ok is None else ("ok" if r.omb_ok else "DIFF")
         where = r.where if r.call is None else f"[{r.call}] {r.where}"
-        where = where if len(where) <= 58 else where[:8] + "..." + where[-47:]
-        lines.append(f"{r.n:>3}  {r.kind:<7} {where:<58} {hit:<6} {att:<8} {omb:<4} {r.runs:>4} {r.seconds:>5.1f}  "
+        where = where if len(where) <= 72 else where[:30] + "..." + where[-39:]
+        lines.append(f"{r.n:>3}  {r.kind:<7} {where:<72} {hit:<6} {att:<8} {omb:<4} {r.runs:>4} {r.seconds:>5.1f}  "
                      f"{r.outcome}{': ' + r.detail if r.detail else ''}")
         if r.kind != "syscall" or r.hit != r.where:
             lines.append(f"{'':>14}hit: {r.hit}")
