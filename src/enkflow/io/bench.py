@@ -5,17 +5,23 @@ Generates N_e identical-structure files, then measures in one run, warm cache (m
 
 * ``enkflow``: :meth:`EnsembleFiles.read`, :meth:`EnsembleFiles.update` unsafe and safe;
 * ``pread``/``pwrite``: plain sequential ``pread``/``pwrite`` of each file's state variables at
-  their byte offsets into/from the same array (the physical reference);
+  their byte offsets into/from the same array, one thread; ``pread_threads``/``pwrite_threads``:
+  the same with enkflow's I/O thread count, each thread taking every T-th file as enkflow does.
+  The pread references are physical (NetCDF-3's big-endian bytes are left unswapped); the
+  pwrite references write the file's byte order (NumPy converts big-endian variables in
+  enkflow's request size), so the files hold their values at every moment;
 * ``netcdf4``: a netCDF4-python loop (open, ``var[:]``, close per file);
 * ``xarray``: an xarray loop (``open_dataset``, ``.values`` per variable).
 
-Every write phase starts after ``sync`` so that no method pays for another's dirty pages.
+Every write phase starts after ``sync`` so that no method pays for another's dirty pages. Every
+write writes back the values already in the files; ``files_unchanged`` checks that at the end.
 GB/s counts the state bytes of all files (1 GB = 1e9 bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -26,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -34,6 +41,11 @@ from enkflow.io.ensemble import EnsembleFiles
 from enkflow.io.generate import make_ensemble
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
+
+
+# The read references, in the order of each round: netCDF4 last, so that the shared array
+# holds the files' values (not pread's raw NetCDF-3 bytes) when the write references run.
+READ_REFS = ("pread", "pread_threads", "xarray", "netcdf4")
 
 
 def add_parser(bench_subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -74,37 +86,67 @@ def _drop_caches(paths: list[str]) -> str:
         return "fadvise-dontneed (drop_caches not permitted; evicts only these files' clean pages)"
 
 
-def _refs(paths: list[str], layout: StateLayout, structures: list, n_rows: int) -> dict[str, Callable[[np.ndarray], None]]:
-    """Reference loops; each fills or writes a full (n_rows, N_e) F-order array."""
+def _refs(paths: list[str], layout: StateLayout, structures: list, threads: int = 1,
+          chunk_bytes: int = 4 << 20) -> dict[str, Callable[[np.ndarray], None]]:
+    """Reference loops; each fills or writes a full (n_rows, N_e) F-order float64 array.
+
+    The state variables are float64 stored contiguously (as :func:`make_ensemble` writes
+    them). ``pread``/``pwrite`` run one thread; ``pread_threads``/``pwrite_threads`` run
+    ``threads`` threads (enkflow's count), each taking every ``threads``-th file, as
+    enkflow's reader does. ``pread`` is physical: it leaves a big-endian (NetCDF-3)
+    variable's bytes unswapped. ``pwrite`` writes the file's byte order, converting a
+    big-endian variable with NumPy in ``chunk_bytes`` pieces (enkflow's request size), so
+    that what it writes back is the values already there, byte for byte: a kill at any
+    moment leaves the files valid.
+    """
     import netCDF4
 
-    names = layout.names
+    native = np.dtype(np.float64)
 
-    def pread_loop(A: np.ndarray) -> None:
-        for m, p in enumerate(paths):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                for sv in layout.variables:
-                    vs = structures[m].variables[sv.name]
-                    mv = memoryview(A[sv.rows, m]).cast("B")
-                    done = 0
-                    while done < len(mv):
-                        done += os.preadv(fd, [mv[done:]], vs.offset + done)
-            finally:
-                os.close(fd)
+    def members(n_threads: int, fn: Callable[[int], None]) -> None:
+        t = max(1, min(n_threads, len(paths)))
+        if t == 1:
+            for m in range(len(paths)):
+                fn(m)
+            return
 
-    def pwrite_loop(A: np.ndarray) -> None:
-        for m, p in enumerate(paths):
-            fd = os.open(p, os.O_WRONLY)
-            try:
-                for sv in layout.variables:
-                    vs = structures[m].variables[sv.name]
-                    mv = memoryview(A[sv.rows, m]).cast("B")
-                    done = 0
-                    while done < len(mv):
-                        done += os.pwrite(fd, mv[done:], vs.offset + done)
-            finally:
-                os.close(fd)
+        def share(k: int) -> None:
+            for m in range(k, len(paths), t):
+                fn(m)
+
+        with ThreadPoolExecutor(t) as ex:
+            for f in [ex.submit(share, k) for k in range(t)]:
+                f.result()
+
+    def pread_file(A: np.ndarray, m: int) -> None:
+        fd = os.open(paths[m], os.O_RDONLY)
+        try:
+            for sv in layout.variables:
+                vs = structures[m].variables[sv.name]
+                mv = memoryview(A[sv.rows, m]).cast("B")
+                done = 0
+                while done < len(mv):
+                    done += os.preadv(fd, [mv[done:]], vs.offset + done)
+        finally:
+            os.close(fd)
+
+    def pwrite_file(A: np.ndarray, m: int) -> None:
+        fd = os.open(paths[m], os.O_WRONLY)
+        try:
+            for sv in layout.variables:
+                vs = structures[m].variables[sv.name]
+                col = A[sv.rows, m]
+                if vs.dtype == native:
+                    _pwrite_all(fd, memoryview(col).cast("B"), vs.offset)
+                    continue
+                step = max(chunk_bytes // vs.dtype.itemsize, 1)
+                buf = np.empty(min(step, col.size), dtype=vs.dtype)
+                for j in range(0, col.size, step):
+                    piece = buf[: min(step, col.size - j)]
+                    np.copyto(piece, col[j : j + piece.size])  # NumPy swaps the bytes in the cast
+                    _pwrite_all(fd, memoryview(piece).cast("B"), vs.offset + j * vs.dtype.itemsize)
+        finally:
+            os.close(fd)
 
     def netcdf4_loop(A: np.ndarray) -> None:
         for m, p in enumerate(paths):
@@ -124,7 +166,20 @@ def _refs(paths: list[str], layout: StateLayout, structures: list, n_rows: int) 
                 for sv in layout.variables:
                     A[sv.rows, m] = ds[sv.name].values.reshape(-1)
 
-    return {"pread": pread_loop, "pwrite": pwrite_loop, "netcdf4": netcdf4_loop, "xarray": xarray_loop}
+    return {
+        "pread": lambda A: members(1, lambda m: pread_file(A, m)),
+        "pread_threads": lambda A: members(threads, lambda m: pread_file(A, m)),
+        "pwrite": lambda A: members(1, lambda m: pwrite_file(A, m)),
+        "pwrite_threads": lambda A: members(threads, lambda m: pwrite_file(A, m)),
+        "netcdf4": netcdf4_loop,
+        "xarray": xarray_loop,
+    }
+
+
+def _pwrite_all(fd: int, mv: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(mv):
+        done += os.pwrite(fd, mv[done:], offset + done)
 
 
 def _relaunch(args: argparse.Namespace) -> int:
@@ -193,13 +248,17 @@ def run(args: argparse.Namespace) -> int:
         verified = _verify(paths, layout, X, ef.row_start, ef.row_stop)
         verified = all(comm.allgather_obj(verified))
 
-        # warm-up of the references (rank 0, serial; serial runs reuse X as their array)
-        refs = _refs(paths, layout, ef.structures, layout.n_rows)
+        digest = _digest(X)  # the files' values, to check at the end that nothing changed them
+
+        # warm-up of the references (rank 0, serial; serial runs reuse X as their array).
+        # A must hold the files' values whenever a write reference runs (it writes them
+        # back): netCDF4's loop runs last of the reads (pread leaves NetCDF-3 bytes unswapped).
+        refs = _refs(paths, layout, ef.structures, threads=ef.threads, chunk_bytes=cfg.chunk_kb * 1024)
         A = None
         have_xarray = True
         if rank == 0:
             A = X if comm.size == 1 else np.empty((layout.n_rows, ef.n_members), order="F")
-            for name in ("netcdf4", "xarray", "pread"):
+            for name in READ_REFS:
                 try:
                     refs[name](A)
                 except ImportError:
@@ -213,15 +272,16 @@ def run(args: argparse.Namespace) -> int:
             logs.append(ef.update(X, safe=True).log_seconds)
 
         for _ in range(args.repeat):
-            for name in ("pread", "netcdf4", "xarray"):
+            for name in READ_REFS:
                 if name == "xarray" and not have_xarray:
                     continue
                 if rank == 0:
                     runs.setdefault(name, []).append(timed(lambda: refs[name](A), on=serial))
                 comm.barrier()
             runs.setdefault("read", []).append(timed(lambda: ef.read(X)))
-            if rank == 0:  # the write reference writes back exactly what is there
-                runs.setdefault("pwrite", []).append(timed(lambda: refs["pwrite"](A), before=sync, on=serial))
+            if rank == 0:  # the write references write back exactly what is there
+                for name in ("pwrite", "pwrite_threads"):
+                    runs.setdefault(name, []).append(timed(lambda: refs[name](A), before=sync, on=serial))
             comm.barrier()
             runs.setdefault("update", []).append(timed(lambda: ef.update(X, safe=False), before=sync))
             runs.setdefault("safe_update", []).append(timed(safe, before=sync))
@@ -238,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         ef2.close()
 
         g = lambda s: (gb / s) if s else None  # noqa: E731
-        for k in ("read", "update", "safe_update", "pread", "pwrite"):
+        for k in ("read", "update", "safe_update", "pread", "pwrite", "pread_threads", "pwrite_threads"):
             res[f"{k}_gbps"] = g(t.get(k))
         res["netcdf4_read_gbps"] = g(t.get("netcdf4"))
         res["xarray_read_gbps"] = g(t.get("xarray"))
@@ -255,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
             Xc = np.empty_like(X)
             ef3 = EnsembleFiles(paths, layout, mode="r", comm=comm, config=cfg)
             method = None
-            for name in ("pread", "read", "netcdf4", "xarray"):
+            for name in ("pread", "pread_threads", "read", "netcdf4", "xarray"):
                 if rank == 0:
                     method = _drop_caches(paths)
                 comm.barrier()
@@ -278,17 +338,20 @@ def run(args: argparse.Namespace) -> int:
         res["peak_rss_over_x"] = max(rss) / max(X.nbytes / 2**20, 1e-9)
         res["peak_rss_safe_update_mb"] = max(rss_safe)  # + the mapped log (as large as X)
         res["verified_against_netcdf4"] = verified
+        res["files_unchanged"] = _unchanged(paths, layout, comm, cfg, X, digest)
         res["ratios"] = {
             "read_over_pread": _ratio(res["read_gbps"], res["pread_gbps"]),
+            "read_over_pread_threads": _ratio(res["read_gbps"], res["pread_threads_gbps"]),
             "read_over_netcdf4": _ratio(res["read_gbps"], res["netcdf4_read_gbps"]),
             "update_over_pwrite": _ratio(res["update_gbps"], res["pwrite_gbps"]),
+            "update_over_pwrite_threads": _ratio(res["update_gbps"], res["pwrite_threads_gbps"]),
             "safe_time_over_unsafe": t["safe_update"] / t["update"],
         }
         if rank == 0:
             _print_table(res, gb)
             if args.json:
                 print(json.dumps(res, separators=(",", ":")), flush=True)
-        return 0 if verified else 1
+        return 0 if verified and res["files_unchanged"] else 1
     finally:
         comm.barrier()
         if rank == 0 and not args.keep:
@@ -332,6 +395,20 @@ def _verify(paths: list[str], layout: StateLayout, X: np.ndarray, r0: int, r1: i
     return True
 
 
+def _digest(X: np.ndarray) -> list[bytes]:
+    """A hash of each member's rows in ``X`` (n_local_rows, N_e)."""
+    return [hashlib.blake2b(np.ascontiguousarray(X[:, m]).view(np.uint8)).digest() for m in range(X.shape[1])]
+
+
+def _unchanged(paths: list[str], layout: StateLayout, comm: Comm, cfg: IOConfig, X: np.ndarray,
+               digest: list[bytes]) -> bool:
+    """The files still hold the values first read (every method wrote back what was there).
+    Reads into ``X`` (its contents are spent by then)."""
+    with EnsembleFiles(paths, layout, mode="r", comm=comm, config=cfg) as ef:
+        ef.read(X)
+    return all(comm.allgather_obj(_digest(X) == digest))
+
+
 def _ratio(a: object, b: object) -> float | None:
     return (a / b) if isinstance(a, float) and isinstance(b, float) and b else None  # type: ignore[operator]
 
@@ -341,9 +418,11 @@ def _print_table(res: dict[str, object], gb: float) -> None:
     print(f"{res['members']} files x {res['state_bytes_per_file'] / 1e6:.0f} MB state ({gb:.2f} GB), {res['format']}, "
           f"P={res['ranks']} N_io={res['io_tasks']} threads={res['threads']}")
     print("warm cache, GB/s:")
-    print(f"  enkflow read        {f(res['read_gbps'])}   pread reference   {f(res['pread_gbps'])}")
+    print(f"  enkflow read        {f(res['read_gbps'])}   pread reference   {f(res['pread_gbps'])}   "
+          f"pread, {res['threads']} thread(s)  {f(res['pread_threads_gbps'])}")
     print(f"  netCDF4 loop read   {f(res['netcdf4_read_gbps'])}   xarray loop read  {f(res['xarray_read_gbps'])}")
-    print(f"  enkflow update      {f(res['update_gbps'])}   pwrite reference  {f(res['pwrite_gbps'])}")
+    print(f"  enkflow update      {f(res['update_gbps'])}   pwrite reference  {f(res['pwrite_gbps'])}   "
+          f"pwrite, {res['threads']} thread(s) {f(res['pwrite_threads_gbps'])}")
     print(f"  safe update         {f(res['safe_update_gbps'])}   (log+commit {res['safe_update_log_s']:.2f} s; "
           f"log space allocated beforehand in {res['wal_prepare_s']:.2f} s; first update without it {f(res['safe_update_first_gbps'])})")
     if "cold" in res:
@@ -353,4 +432,4 @@ def _print_table(res: dict[str, object], gb: float) -> None:
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ra.items() if v is not None))  # type: ignore[union-attr]
     print(f"peak RSS {res['peak_rss_mb']:.0f} MB = {res['peak_rss_over_x']:.2f} x X ({res['x_mb']:.0f} MB) for read and update"
           f", {res['peak_rss_safe_update_mb']:.0f} MB with the safe update's mapped log"
-          f"; X equals netCDF4's values: {res['verified_against_netcdf4']}")
+          f"; X equals netCDF4's values: {res['verified_against_netcdf4']}; files unchanged: {res['files_unchanged']}")
