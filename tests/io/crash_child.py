@@ -2,10 +2,14 @@
 
 usage: crash_child.py FILES_DIR LOG_DIR
 Prints ``state old|new|mixed`` after opening (what the files hold once recovery has run), then
-``go`` just before the safe update and ``done <seconds> <log_seconds>`` after it.
+``go`` just before the safe update and ``done <seconds> <log_seconds>`` after it. With a third
+argument ``pause``, it prints ``committed`` right after the commit marker is written and then stops
+there (sleeps), so the parent can kill it inside the window between commit and the end of the writes
+whatever the machine's speed.
 """
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +29,18 @@ def main() -> None:
     masked = "masked" in d.name
     lay = StateLayout.from_file(paths[0], ["var0", "var1"], mask=land_mask_config() if masked else None)
     cfg = IOConfig(chunk_kb=64, safe_update=SafeUpdateConfig(log_dir=log_dir))
+    if len(sys.argv) > 3 and sys.argv[3] == "pause":
+        from enkflow.io import wal
+
+        commit = wal.commit
+
+        def commit_then_pause(*a, **k):
+            marker = commit(*a, **k)
+            print("committed", flush=True)
+            time.sleep(60)
+            return marker
+
+        wal.commit = commit_then_pause
     with EnsembleFiles(paths, lay, mode="r+", config=cfg) as ef:
         X = ef.read()
         Xn = new_values(lay.n_rows, len(paths))

@@ -29,8 +29,8 @@ CHILD = Path(__file__).with_name("crash_child.py")
 TRIALS = 22
 
 
-def _start(d: Path, log_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(CHILD), str(d), str(log_dir)], stdout=subprocess.PIPE,
+def _start(d: Path, log_dir: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(CHILD), str(d), str(log_dir), *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -73,11 +73,17 @@ def test_sigkill_at_random_moments(tmp_path, subprocess_env):
         d = tmp_path / f"t{trial}_{kind}"
         shutil.copytree(pristine[kind], d)
         wal_dir = tmp_path / f"wal{trial}"
-        p = _start(d, wal_dir, subprocess_env)
+        # Every fourth kill lands right after the commit marker (the child pauses there): random
+        # delays alone can all miss that window on a loaded machine.
+        pause = trial % 4 == 3
+        p = _start(d, wal_dir, subprocess_env, *(["pause"] if pause else []))
         _wait_for(p, "go")
         t_log, t_all = duration[kind]
-        # half the kills aim at the log phase, half at the in-place writes after the commit
-        time.sleep(rng.uniform(0.0, t_log) if trial % 4 < 2 else rng.uniform(t_log, 1.1 * t_all))
+        if pause:
+            _wait_for(p, "committed")
+        else:
+            # the other kills aim at the log phase and at the in-place writes after the commit
+            time.sleep(rng.uniform(0.0, t_log) if trial % 4 < 2 else rng.uniform(t_log, 1.1 * t_all))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         committed = bool(list(d.glob(".enkflow-update-*.json")))
