@@ -118,3 +118,5 @@ def test_trace_parser_counts_per_thread() -> None:
     assert all(p.exact for p in plan)
     assert (plan[1].path, plan[1].when) == ("/w/m1.nc", 1)
     assert plan[2].path == "/w/t.tmp%PID%"
+    # -P never selects a rename by its new name (strace 6.1): /w/t does not count it.
+    assert faults.predict(tr.calls, "rename", "/w/t", 1) == []

@@ -22,7 +22,8 @@ Three tools, used by ``tests/test_fault_injection.py`` (short) and ``benchmarks/
    set: :func:`plan_injections` takes the count run's trace (every call of the family, in order)
    and, for each call, searches for a spec that selects exactly that call under strace's rule
    (simulated on the trace): one syscall name, optionally ``-P`` one of the call's paths (with
-   the analysis' PID substituted: it is known in advance because the wrapper ``exec``'s), and
+   the analysis' PID substituted: it is known in advance because the wrapper ``exec``'s; for a
+   rename only its first path, strace 6.1 does not match ``-P`` against the new name), and
    ``when`` = the call's ordinal among the matching calls of its thread. ``--seccomp-bpf`` is not
    used: with it strace 6.1 skipped injections (seen here). Each trial's own trace then shows
    which call was really hit (``= ?`` followed by ``+++ killed by SIGKILL +++``), and the
@@ -413,6 +414,14 @@ class Injection:
         return f"inject={self.name}:signal=KILL:when={self.when}{p}"
 
 
+def touches(c: Call, path: str) -> bool:
+    """Whether strace's ``-P path`` selects call ``c``: for the rename family only the *first*
+    path counts (strace 6.1 ignores the new name: checked here), for the others any path."""
+    if c.name in ("rename", "renameat", "renameat2"):
+        return bool(c.paths) and c.paths[0] == path
+    return path in c.paths
+
+
 def predict(calls: Sequence[Call], name: str, path: str | None, when: int, children: set[int] = frozenset()) -> list[Call]:
     """The calls strace's ``inject=NAME:signal=KILL:when=WHEN [-P PATH]`` kills in a run making
     ``calls``: counted per thread over the calls of that name touching the path; a kill in one of
@@ -421,7 +430,7 @@ def predict(calls: Sequence[Call], name: str, path: str | None, when: int, child
     dead: set[int] = set()
     out = []
     for c in calls:
-        if c.tid in dead or c.name != name or (path is not None and path not in c.paths):
+        if c.tid in dead or c.name != name or (path is not None and not touches(c, path)):
             continue
         counts[c.tid] = counts.get(c.tid, 0) + 1
         if counts[c.tid] == when:
@@ -445,13 +454,13 @@ def plan_injections(trace: Trace) -> list[Injection]:
     for c in trace.calls:
         cands: list[tuple[str | None, str | None]] = []  # (path template, path as in this trace)
         for p in c.paths:
-            if _stable(p):
+            if _stable(p) and touches(c, p):
                 cands.append((_sub_pid(p, pid, PID_TOKEN) if pid else p, p))
         cands.append((None, None))
         best = None
         for tmpl, real in cands:
             when = sum(1 for d in trace.calls[: c.index + 1]
-                       if d.tid == c.tid and d.name == c.name and (real is None or real in d.paths))
+                       if d.tid == c.tid and d.name == c.name and (real is None or touches(d, real)))
             kills = predict(trace.calls, c.name, real, when, trace.children)
             inj = Injection(c, c.name, when, tmpl, tuple(k.desc for k in kills))
             if inj.exact:
