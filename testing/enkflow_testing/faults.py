@@ -665,14 +665,17 @@ class FaultHarness:
         return write_builtin_experiment(root, self.synth, members=self.members, cycles=self.cycles,
                                         workers=self.workers, analysis_launcher=launcher, python=self.python)
 
+    def _shm_logs(self, root: Path) -> list[Path]:
+        from enkflow_testing.experiments import restart_paths
+
+        key = ensemble_key([str(p) for p in restart_paths(root, self.members)])
+        return sorted(Path("/dev/shm").glob(f"enkflow-wal-{key}-*"))
+
     def _clean_shm(self, root: Path) -> None:
         """Remove write-ahead logs this trial directory's ensemble left in /dev/shm (a committed
         update's log is consumed by recovery; an uncommitted one would be removed as stale by the
         next update, but the next trial may not get that far before a kill)."""
-        from enkflow_testing.experiments import restart_paths
-
-        key = ensemble_key([str(p) for p in restart_paths(root, self.members)])
-        for p in Path("/dev/shm").glob(f"enkflow-wal-{key}-*"):
+        for p in self._shm_logs(root):
             try:
                 p.unlink()
             except OSError:
@@ -761,6 +764,9 @@ class FaultHarness:
             res.outcome, res.detail = self._compare(root)
         if left:
             res.detail = (res.detail + "; " if res.detail else "") + f"{len(left)} processes left running"
+        logs = self._shm_logs(root)
+        if logs:  # a finished experiment should leave no write-ahead log behind (tier space)
+            res.detail = (res.detail + "; " if res.detail else "") + f"{len(logs)} WAL logs left in /dev/shm"
         res.seconds = time.perf_counter() - t0
         if res.outcome != "equal" and self.keep_failed:
             dest = self.work / "failed" / f"{res.n:03d}-{res.kind}"
