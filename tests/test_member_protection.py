@@ -81,3 +81,13 @@ def test_a_model_that_wrote_no_output_stops_at_once(tmp_path: Path, synth: Path)
     assert len(events(cfg, "job_submit")) <= N  # one round of pilots, no resubmissions
     fails = events(cfg, "task_fail")
     assert all(e["final"] for e in fails)
+
+
+def test_the_analysis_task_starts_without_a_warning_in_its_log(subprocess_env: dict[str, str]) -> None:
+    # Its stderr tail is what an error report quotes: a RuntimeWarning from a module loaded twice
+    # (the driver imported the task module) cluttered every analysis log.
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "enkflow.experiment.analysis_task"], capture_output=True, text=True,
+                         env=subprocess_env, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("usage:"), out.stderr

@@ -7,6 +7,11 @@ them all; the subclasses say which part of the input was wrong.
 from __future__ import annotations
 
 
+# Exit status of a program that met a deterministic error (bad input or configuration): a retry
+# would fail the same way, so the job scheme stops the experiment at once (EX_DATAERR, sysexits.h).
+DETERMINISTIC_ERROR_RC = 65
+
+
 class EnkflowError(Exception):
     """Base class of every error enkflow raises on purpose."""
 

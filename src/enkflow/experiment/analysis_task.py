@@ -13,14 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from enkflow.errors import EnkflowError, RecoveryError, StorageError
+from enkflow.errors import DETERMINISTIC_ERROR_RC, EnkflowError, RecoveryError, StorageError
 from enkflow.experiment.config import experiment_from_json
 from enkflow.jobs.files import read_json, write_json_atomic
-
-
-# Exit status of a deterministic error (bad input or configuration): a retry would fail the same
-# way, so the job scheme stops the experiment at once (EX_DATAERR of sysexits.h).
-DETERMINISTIC_ERROR_RC = 65
 
 
 def main(argv: list[str] | None = None) -> int:

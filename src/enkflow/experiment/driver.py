@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from enkflow.errors import ConfigError, EnkflowError, MemberError, StorageError
+from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError, StorageError
 from enkflow.experiment import checks, provenance
-from enkflow.experiment.analysis_task import DETERMINISTIC_ERROR_RC
 from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
