@@ -23,13 +23,13 @@ import numpy as np
 
 from enkflow.analysis import LESTKF, LETKF, LocalDomains
 from enkflow.analysis.factory import make_filter
-from enkflow.config import AnalysisConfig, Metric
+from enkflow.config import AnalysisConfig
 from enkflow.errors import ConfigError, FileFormatError, RecoveryError
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import write_mean_spread
-from enkflow.obs import GivenHX, LinearObsOperator, ObsSet
+from enkflow.obs import GivenHX, LinearObsOperator
 from enkflow.obs.obsfile import load_for_state
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout

@@ -28,14 +28,13 @@ import mmap
 import os
 import socket
 import time
-import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from enkflow.errors import RecoveryError, StorageError
+from enkflow.errors import RecoveryError
 from enkflow.fsutil import fsync_dir, write_bytes_atomic, write_json_atomic
 from enkflow.io import library
 from enkflow.io.rowio import pread_full, pwrite_full
