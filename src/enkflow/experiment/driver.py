@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError, StorageError
+from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
 from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
-from enkflow.jobs.events import EventLog
 from enkflow.fsutil import write_bytes_atomic
+from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, read_json, write_json_atomic
-from enkflow.jobs.protect import clone_file
+from enkflow.jobs.protect import place
 from enkflow.jobs.launcher import JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
 from enkflow.jobs.slurm import SlurmLauncher
@@ -55,9 +55,7 @@ def _fmt_length(x: float) -> str:
 
 
 def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
-    """The task table of ``cycle``: one forecast (+ operator) per member, then the analysis.
-
-    """
+    """The task table of ``cycle``: one forecast (+ operator) per member, then the analysis."""
     n = cfg.experiment.members
     cdir = cfg.cycle_dir(cycle)
     obs = cfg.obs_path(cycle)
@@ -186,15 +184,9 @@ class Experiment:
     def _copy_initial(self) -> None:
         """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble."""
         for m in range(1, self.cfg.experiment.members + 1):
-            src, dst = self.cfg.source_restart_path(m), self.cfg.restart_path(m)
+            dst = self.cfg.restart_path(m)
             dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{dst.name}.copying")
-            try:
-                clone_file(src, tmp)
-                os.replace(tmp, dst)
-            except OSError as exc:
-                tmp.unlink(missing_ok=True)
-                raise StorageError.from_os_error(exc, path=str(dst)) from None
+            place(self.cfg.source_restart_path(m), dst)
         self._say(f"copied the initial ensemble to {self.expdir / 'restarts'}")
 
     # -- one cycle -----------------------------------------------------------------

@@ -80,40 +80,37 @@ def clone_file(src: Path, dst: Path) -> str:
     return how
 
 
+def place(src: Path, dst: Path, *, link: bool = False) -> str:
+    """Make ``dst`` hold ``src``'s content, atomically (a temporary sibling renamed over it, then
+    the directory fsynced): a hard link with ``link``, else an independent copy (:func:`clone_file`).
+    Returns how (``link``, ``reflink``, ``copy_file_range``, ``copy``); a failure raises
+    :class:`StorageError` naming ``dst`` and leaves it as it was."""
+    tmp = _tmp(dst)
+    tmp.unlink(missing_ok=True)
+    try:
+        if link:
+            os.link(src, tmp)
+            how = "link"
+        else:
+            how = clone_file(src, tmp)
+        os.replace(tmp, dst)
+        fsync_dir(dst.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError.from_os_error(exc, path=str(dst)) from None
+    return how
+
+
 def protect(restart: Path, prot: Path, mode: str) -> str:
     """Keep ``restart`` aside as ``prot`` (atomically: ``prot`` exists only when complete).
     ``mode`` is ``in-place`` (copy) or ``rename`` (hard link). Returns how it was made."""
-    tmp = _tmp(prot)
-    tmp.unlink(missing_ok=True)
-    try:
-        if mode == "rename":
-            os.link(restart, tmp)
-            how = "link"
-        else:
-            how = clone_file(restart, tmp)
-        os.replace(tmp, prot)
-        fsync_dir(prot.parent)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StorageError.from_os_error(exc, path=str(prot)) from None
-    return how
+    return place(restart, prot, link=mode == "rename")
 
 
 def restore(prot: Path, restart: Path, mode: str) -> None:
     """Put the protected content back as ``restart`` (atomically, by rename) and keep ``prot``.
     For ``in-place`` models the restart gets its own copy, so the next run cannot touch ``prot``."""
-    tmp = _tmp(restart)
-    tmp.unlink(missing_ok=True)
-    try:
-        if mode == "rename":
-            os.link(prot, tmp)
-        else:
-            clone_file(prot, tmp)
-        os.replace(tmp, restart)
-        fsync_dir(restart.parent)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StorageError.from_os_error(exc, path=str(restart)) from None
+    place(prot, restart, link=mode == "rename")
 
 
 def link_intact(prot: Path, before: dict[str, int] | None) -> bool:

@@ -293,7 +293,8 @@ class Worker:
             t1 = time.time()
             rc, errlog = self._run_step(task, step, attempt, tfile)
             run_s += time.time() - t1
-            report = {"returncode": rc, "stderr_tail": _tail(errlog), "argv": step.argv, "log": str(errlog), "step": step.name}
+            # The stderr tail is read only for a failure's report, not after every successful step.
+            report = {"returncode": rc, "argv": step.argv, "log": str(errlog), "step": step.name}
             if rc != 0:
                 deterministic = step.fatal_rc is not None and rc == step.fatal_rc
                 if deterministic:
@@ -354,6 +355,7 @@ class Worker:
         """Record a failed attempt: retried first in line, unless ``fatal`` (a deterministic error)
         or the attempts are used up; then the experiment stops, with the restart restored."""
         cyc = self.table.cycle
+        report["stderr_tail"] = _tail(Path(report["log"]))
         limit = 1 if fatal else (task.max_attempts or self.table.max_attempts)
         final = self.todo.fail(task.id, max_attempts=limit, report=report)
         self.events.emit("task_fail", cycle=cyc, task=task.id, member=task.member, worker=who.worker, attempt=attempt,
