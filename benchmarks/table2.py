@@ -39,15 +39,9 @@ TOY_ANALYSIS = ROOT / "tests" / "jobs_helpers" / "toy_analysis.py"
 
 def write_experiment(root: Path, synth: Path, *, strategy: str, members: int, cycles: int, workers: int,
                      member_s: float, analysis: str, copy_inputs: bool = True) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "members").mkdir(exist_ok=True)
-    (root / "obs").mkdir(exist_ok=True)
-    if copy_inputs:
-        for m in range(1, members + 1):
-            shutil.copyfile(synth / f"member_{m:04d}.nc", root / "members" / f"member_{m:04d}.nc")
-    for k in range(1, cycles + 1):
-        if not (root / "obs" / f"obs_{k:03d}.nc").exists():
-            shutil.copyfile(synth / "obs.nc", root / "obs" / f"obs_{k:03d}.nc")
+    from enkflow_testing.experiments import stage_inputs
+
+    stage_inputs(root, synth, members=members, cycles=cycles, copy_members=copy_inputs)
     py = sys.executable
     if analysis == "builtin":
         ana = '''[state]

@@ -32,6 +32,20 @@ def synth_problem(directory: str | Path, members: int = 4, *, seed: int = 0) -> 
     return d
 
 
+def stage_inputs(root: str | Path, synth: str | Path, *, members: int, cycles: int, copy_members: bool = True) -> None:
+    """Lay out an experiment's inputs under ``root`` from a synthetic problem: the member restarts as
+    ``members/member_NNNN.nc`` (unless ``copy_members`` is False: a continued experiment keeps its
+    advanced restarts) and one observation file per cycle, ``obs/obs_KKK.nc``."""
+    root, synth = Path(root), Path(synth)
+    (root / "members").mkdir(parents=True, exist_ok=True)
+    (root / "obs").mkdir(exist_ok=True)
+    if copy_members:
+        for m in range(1, members + 1):
+            shutil.copyfile(synth / f"member_{m:04d}.nc", root / "members" / f"member_{m:04d}.nc")
+    for k in range(1, cycles + 1):
+        shutil.copyfile(synth / "obs.nc", root / "obs" / f"obs_{k:03d}.nc")
+
+
 def _toml_str(s: str) -> str:
     """A TOML basic string (JSON's escaping is valid TOML for these characters)."""
     return json.dumps(s)
@@ -59,13 +73,7 @@ def write_builtin_experiment(
     prefix (e.g. a fault injector). Jobs poll fast (0.1 s) so that trials are short.
     """
     root = Path(root)
-    synth = Path(synth)
-    (root / "members").mkdir(parents=True, exist_ok=True)
-    (root / "obs").mkdir(exist_ok=True)
-    for m in range(1, members + 1):
-        shutil.copyfile(synth / f"member_{m:04d}.nc", root / "members" / f"member_{m:04d}.nc")
-    for k in range(1, cycles + 1):
-        shutil.copyfile(synth / "obs.nc", root / "obs" / f"obs_{k:03d}.nc")
+    stage_inputs(root, synth, members=members, cycles=cycles)
     py = python or sys.executable
     model = f"{py} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{cycle}}"
     if model_sleep:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import netCDF4
 import numpy as np
+from enkflow_testing.experiments import stage_inputs
 
 HERE = Path(__file__).parent
 TOY_ANALYSIS = HERE / "toy_analysis.py"
@@ -32,15 +32,7 @@ def make_experiment(root: Path, synth: Path, *, members: int = 4, cycles: int = 
                     max_attempts: int = 3, obs_cycles: int | None = None, time_limit: float = 600.0,
                     launcher_cpus: int = 0, model_extra: str = "") -> Path:
     """Copy the member restarts to ``root/members`` and write ``root/exp.toml``; returns its path."""
-    root.mkdir(parents=True, exist_ok=True)
-    mdir = root / "members"
-    mdir.mkdir(exist_ok=True)
-    for m in range(1, members + 1):
-        shutil.copyfile(synth / f"member_{m:04d}.nc", mdir / f"member_{m:04d}.nc")
-    odir = root / "obs"
-    odir.mkdir(exist_ok=True)
-    for k in range(1, (cycles if obs_cycles is None else obs_cycles) + 1):
-        shutil.copyfile(synth / "obs.nc", odir / f"obs_{k:03d}.nc")
+    stage_inputs(root, synth, members=members, cycles=cycles if obs_cycles is None else obs_cycles)
     py = sys.executable
     model = model_command or f"{py} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{cycle}} --sleep {model_sleep}"
     analysis = f"{py} {TOY_ANALYSIS} {{config}} {{cycle}} --sleep {analysis_sleep}"
