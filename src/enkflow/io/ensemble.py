@@ -163,8 +163,8 @@ class EnsembleFiles:
     @property
     def lossless(self) -> bool:
         """Whether every state variable is stored as float64, so the files hold ``X`` exactly."""
-        return all(self.structures[0].variables[v.name].dtype.kind == "f" and self.structures[0].variables[v.name].dtype.itemsize == 8
-                   for v in self.layout.variables)
+        dtypes = (self.structures[0].variables[v.name].dtype for v in self.layout.variables)
+        return all(dt.kind == "f" and dt.itemsize == 8 for dt in dtypes)
 
     @property
     def n_local_rows(self) -> int:
