@@ -1,0 +1,98 @@
+"""A runner's request/reply connection to one server socket, which notices a lost server.
+
+A DEALER socket plus a socket monitor: a server process that dies closes its
+TCP connections, the monitor reports the disconnect at once and the pending
+request fails with :class:`ServerLost` instead of waiting forever. ZeroMQ
+reconnects to the same address by itself; a restarted server is greeted anew
+by the runner (HELLO).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from enkflow.errors import EnkflowError
+from enkflow.online.wire import Header, Kind, ProtocolError, decode_json
+
+
+class ServerLost(EnkflowError):
+    """The server went away (or did not answer in time) while a request was pending."""
+
+
+class ServerError(EnkflowError):
+    """The server rejected a request; the message says why."""
+
+
+def configure(sock: zmq.Socket, curve_server_key: str | None) -> None:
+    """Common options: no lingering on close, CURVE encryption when the server's public key is given."""
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve_server_key:
+        pub, sec = zmq.curve_keypair()
+        sock.curve_secretkey = sec
+        sock.curve_publickey = pub
+        sock.curve_serverkey = curve_server_key.encode() if isinstance(curve_server_key, str) else curve_server_key
+
+
+class Connection:
+    """Request/reply over one DEALER socket connected to ``address``."""
+
+    def __init__(self, ctx: zmq.Context, address: str, *, curve_server_key: str | None = None):
+        self.address = address
+        self.sock = ctx.socket(zmq.DEALER)
+        configure(self.sock, curve_server_key)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.connected = False
+        self.lost = False
+        self.sock.connect(address)
+
+    def _drain_monitor(self) -> None:
+        while self.monitor.poll(0):
+            ev = recv_monitor_message(self.monitor)
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                if self.connected:
+                    self.lost = True
+                self.connected = False
+
+    def send(self, frames: Sequence[object]) -> None:
+        self.sock.send_multipart(list(frames), copy=False)
+
+    def recv(self, timeout_s: float, accept: Callable[[Header], bool]) -> tuple[Header, list[zmq.Frame]]:
+        """The next reply that ``accept`` takes (older, stale replies are skipped); ERROR raises ServerError."""
+        deadline = time.monotonic() + timeout_s
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        while True:
+            self._drain_monitor()
+            if self.lost:
+                raise ServerLost(f"the server at {self.address} went away")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ServerLost(f"no reply from the server at {self.address} within {timeout_s:g} s")
+            ready = dict(poller.poll(min(left, 1.0) * 1000))
+            if self.sock not in ready:
+                continue
+            frames = self.sock.recv_multipart(copy=False)
+            try:
+                hdr = Header.unpack(frames[0].buffer)
+            except ProtocolError:
+                continue
+            if hdr.kind is Kind.ERROR:
+                msg = decode_json(frames[1].buffer, "error").get("error", "?") if len(frames) > 1 else "?"
+                raise ServerError(str(msg))
+            if accept(hdr):
+                return hdr, frames[1:]
+
+    def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.monitor.close(0)
+        self.sock.close(0)

@@ -1,0 +1,358 @@
+"""The Python runner API: a model exchanges its member states with the server in memory.
+
+::
+
+    runner = Runner("tcp://127.0.0.1:5555", token)
+    runner.init([Field("x", "float64", (40,))])
+    state = {"x": np.zeros(40)}
+    state, nsteps = runner.expose(state)        # the first state to propagate
+    while nsteps:
+        advance(state["x"], nsteps, runner.cycle, runner.member)
+        state, nsteps = runner.expose(state)    # send the forecast back, get the next member
+    runner.close()
+
+``expose`` sends the forecast of the task it holds (none on the first call),
+asks for the next task and fills ``state`` in place with that member's state;
+``nsteps == 0`` means the study is over. The server may hand any member to any
+runner, so the model must keep no member's state of its own between calls
+(:func:`enkflow.online.stateless.check` tests that).
+
+An MPI model passes ``comm`` (an :class:`enkflow.parallel.Comm`) and, per
+field, this rank's slice of the flattened field (``slices={name: (offset,
+count)}``, 64-bit element counts); each rank then sends its slice straight to
+the server ranks owning those elements (N-to-M), and only rank 0 talks to the
+scheduler. A server that goes away and comes back (restarted from its
+checkpoint) is greeted again transparently; the task in hand is then dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import zmq
+
+from enkflow.errors import EnkflowError, InputError
+from enkflow.online.connection import Connection, ServerError, ServerLost, configure
+from enkflow.online.fields import Field, Ownership
+from enkflow.online.wire import Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
+from enkflow.parallel import Comm, SerialComm
+
+State = Mapping[str, np.ndarray] | np.ndarray
+
+
+class Runner:
+    """One model instance (all ranks of an MPI model) serving the members the server hands it.
+
+    ``timeout_s`` bounds every wait for the server except the wait for a task;
+    ``reconnect_s`` is how long a runner waits for a lost server to come back.
+    """
+
+    def __init__(self, address: str, token: str, *, comm: Comm | None = None, name: str | None = None,
+                 curve_server_key: str | None = None, timeout_s: float = 600.0, reconnect_s: float = 120.0):
+        self.address = address
+        self.comm = comm or SerialComm()
+        self.name = name or f"{os.uname().nodename}:{os.getpid()}"
+        self._cred = credential(token)
+        self._curve = curve_server_key
+        self.timeout_s = timeout_s
+        self.reconnect_s = reconnect_s
+        self.id = self.comm.bcast(uuid.uuid4().int & ((1 << 63) - 1) or 1, root=0)
+        self._ctx = zmq.Context.instance()
+        self._control: Connection | None = None
+        self._data: list[Connection] = []
+        self._fields: list[Field] = []
+        self._slices: list[tuple[int, int]] = []
+        self._own: Ownership | None = None
+        self._epoch = 0
+        self._hb: _Heartbeat | None = None
+        self.task = 0
+        self.member = 0
+        self.cycle = 0
+        self.nsteps = 0
+
+    # -- set-up ------------------------------------------------------------------
+
+    def init(self, fields: Sequence[Field | dict], slices: Mapping[str, tuple[int, int]] | None = None) -> None:
+        """Declare the fields of a member's state (and this rank's slice of each) and join the server.
+
+        A server that expects other fields, sizes or dtypes refuses with a :class:`ServerError` naming them.
+        """
+        self._fields = [f if isinstance(f, Field) else Field.from_json(dict(f)) for f in fields]
+        if not self._fields:
+            raise InputError("a runner needs at least one field", item="fields")
+        names = [f.name for f in self._fields]
+        if len(set(names)) != len(names):
+            raise InputError(f"duplicate field names in {names}", item="fields")
+        slices = dict(slices or {})
+        unknown = set(slices) - set(names)
+        if unknown:
+            raise InputError(f"slices for unknown fields {sorted(unknown)}", item="slices")
+        self._slices = []
+        for f in self._fields:
+            off, cnt = (int(v) for v in slices.get(f.name, (0, f.size)))
+            if off < 0 or cnt < 0 or off + cnt > f.size:
+                raise InputError(f"field {f.name!r}: slice ({off}, {cnt}) outside its {f.size} elements", item="slices")
+            self._slices.append((off, cnt))
+        self._join()
+
+    def _join(self) -> None:
+        """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME."""
+        result: tuple[str, object]
+        if self.comm.rank == 0:
+            try:
+                result = ("ok", self._hello())
+            except EnkflowError as exc:
+                result = ("err", str(exc))
+        else:
+            result = ("ok", None)
+        result = self.comm.bcast(result, root=0)
+        if result[0] == "err":
+            raise ServerError(str(result[1]))
+        welcome = result[1]
+        for c in self._data:
+            c.close()
+        self._epoch = int(welcome["epoch"])
+        self._own = Ownership(tuple(self._fields), int(welcome["ranks"]))
+        self._data = [Connection(self._ctx, a, curve_server_key=self._curve) for a in welcome["data"]]
+        if self.comm.rank == 0 and self._hb is None:
+            self._hb = _Heartbeat(self._ctx, self.address, self._cred, self.id, float(welcome["heartbeat_s"]), self._curve)
+
+    def _hello(self) -> dict:
+        deadline = time.monotonic() + self.reconnect_s
+        while True:
+            if self._control is None:
+                self._control = Connection(self._ctx, self.address, curve_server_key=self._curve)
+            hdr = Header(Kind.HELLO, self._cred, self.id)
+            body = {"name": self.name, "fields": [f.as_json() for f in self._fields], "ranks": self.comm.size}
+            self._control.send([hdr.pack(), encode_json(body)])
+            try:
+                _, frames = self._control.recv(max(1.0, deadline - time.monotonic()), lambda h: h.kind is Kind.WELCOME)
+                return decode_json(frames[0].buffer, "welcome")
+            except ServerLost:
+                self._control.close()
+                self._control = None
+                if time.monotonic() > deadline:
+                    raise ServerLost(f"no enkflow server answered at {self.address} within {self.reconnect_s:g} s") from None
+                time.sleep(0.2)
+
+    # -- the exchange ---------------------------------------------------------------
+
+    def expose(self, state: State) -> tuple[State, int]:
+        """Send the forecast in ``state`` (of the task held), fill ``state`` with the next member's
+        state in place and return it with the number of steps to run (0: stop).
+
+        ``state``: a dict of this rank's slice of every field (1-D views are fine; any
+        C-contiguous array of the field's dtype and slice size), or one array when the
+        runner has a single field.
+        """
+        arrays = self._arrays(state)
+        if self.task:
+            self._put(arrays)
+        while True:
+            try:
+                hdr = self._next_task()
+                if hdr.kind is Kind.STOP:
+                    self._set_task(0, 0, hdr.cycle, 0)
+                    return state, 0
+                self._set_task(hdr.task, hdr.member, hdr.cycle, hdr.nsteps)
+                self._get(arrays)
+                return state, self.nsteps
+            except ServerLost:
+                self._set_task(0, 0, 0, 0)
+                self._join()
+
+    def fail(self, error: str) -> None:
+        """Report that the model failed on the member it holds (the server gives it to another runner)."""
+        if self.comm.rank == 0 and self.task and self._control is not None:
+            hdr = Header(Kind.FAIL, self._cred, self.id, self.task, self.member, self.cycle, epoch=self._epoch)
+            self._control.send([hdr.pack(), encode_json({"error": str(error)[-4000:]})])
+        self._set_task(0, 0, 0, 0)
+
+    def close(self) -> None:
+        """Leave the study (BYE; a task still held goes to another runner)."""
+        if self._hb is not None:
+            self._hb.stop()
+            self._hb = None
+        if self.comm.rank == 0 and self._control is not None:
+            self._control.send([Header(Kind.BYE, self._cred, self.id, self.task, epoch=self._epoch).pack()])
+            time.sleep(0.05)  # let the I/O thread flush the BYE before the socket goes
+        for c in self._data:
+            c.close()
+        self._data = []
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and self.task:
+            self.fail(f"{exc_type.__name__}: {exc}")
+        self.close()
+
+    # -- internals ------------------------------------------------------------------
+
+    def _set_task(self, task: int, member: int, cycle: int, nsteps: int) -> None:
+        self.task, self.member, self.cycle, self.nsteps = task, member, cycle, nsteps
+        if self._hb is not None:
+            self._hb.task = task
+
+    def _arrays(self, state: State) -> list[np.ndarray]:
+        if isinstance(state, np.ndarray):
+            if len(self._fields) != 1:
+                raise InputError(f"expose got one array, but the runner declared {len(self._fields)} fields; pass a dict",
+                                 item="state")
+            state = {self._fields[0].name: state}
+        out = []
+        for f, (_, cnt) in zip(self._fields, self._slices):
+            if f.name not in state:
+                raise InputError(f"expose: field {f.name!r} missing from the state", item=f.name)
+            a = state[f.name]
+            if not isinstance(a, np.ndarray) or a.dtype != np.dtype(f.dtype) or a.size != cnt or not a.flags.c_contiguous:
+                raise InputError(f"expose: field {f.name!r} must be a C-contiguous {f.dtype} array of {cnt} elements, "
+                                 f"got {getattr(a, 'dtype', type(a))} of {getattr(a, 'size', '?')}", item=f.name)
+            out.append(a.reshape(-1))
+        return out
+
+    def _routes(self) -> dict[int, list[tuple[int, int, int]]]:
+        """Per server rank, the pieces (field, offset, count) of this rank's slices it owns."""
+        assert self._own is not None
+        routes: dict[int, list[tuple[int, int, int]]] = {}
+        for k, (off, cnt) in enumerate(self._slices):
+            for r, a, b in self._own.pieces(k, off, off + cnt):
+                routes.setdefault(r, []).append((k, a, b - a))
+        return routes
+
+    def _collective(self, fn) -> None:
+        """Run ``fn`` on every rank; a lost server or an error on any rank reaches them all."""
+        status: tuple[str, str] = ("ok", "")
+        try:
+            fn()
+        except ServerLost as exc:
+            status = ("lost", str(exc))
+        except EnkflowError as exc:
+            status = ("err", str(exc))
+        every = self.comm.allgather_obj(status)
+        for kind in ("err", "lost"):
+            for s, msg in every:
+                if s == kind:
+                    raise (ServerError if kind == "err" else ServerLost)(msg)
+
+    def _put(self, arrays: list[np.ndarray]) -> None:
+        task, member, cycle = self.task, self.member, self.cycle
+
+        def put() -> None:
+            sent = []
+            for r, pieces in self._routes().items():
+                idx = np.array(pieces, dtype=np.int64).reshape(-1, 3)
+                frames: list[object] = [Header(Kind.PUT, self._cred, self.id, task, member, cycle, count=len(pieces),
+                                               epoch=self._epoch).pack(), encode_index(idx)]
+                for k, off, cnt in pieces:
+                    frames.append(arrays[k][off - self._slices[k][0]:off - self._slices[k][0] + cnt])
+                self._data[r].send(frames)
+                sent.append(r)
+            for r in sent:
+                self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.ACK and h.task == task)
+
+        try:
+            self._collective(put)
+        except ServerLost:
+            self._set_task(0, 0, 0, 0)
+            self._join()
+        except ServerError as exc:
+            self._set_task(0, 0, 0, 0)
+            raise ServerError(f"the server rejected the forecast of member {member}, cycle {cycle}: {exc}") from None
+        self._set_task(0, 0, 0, 0)
+
+    def _next_task(self) -> Header:
+        result: tuple[str, object]
+        if self.comm.rank == 0:
+            try:
+                result = ("ok", self._ready())
+            except ServerLost as exc:
+                result = ("lost", str(exc))
+            except EnkflowError as exc:
+                result = ("err", str(exc))
+        else:
+            result = ("ok", None)
+        result = self.comm.bcast(result, root=0)
+        if result[0] == "lost":
+            raise ServerLost(str(result[1]))
+        if result[0] == "err":
+            raise ServerError(str(result[1]))
+        return result[1]  # type: ignore[return-value]
+
+    def _ready(self) -> Header:
+        assert self._control is not None
+        while True:
+            self._control.send([Header(Kind.READY, self._cred, self.id, epoch=self._epoch).pack()])
+            try:
+                # Waiting for a task may take as long as the other members' forecasts and the analysis.
+                hdr, _ = self._control.recv(10 * 24 * 3600.0, lambda h: h.kind in (Kind.TASK, Kind.STOP))
+                return hdr
+            except ServerError as exc:
+                if "unknown runner" not in str(exc):
+                    raise
+                # The server declared this runner gone (it was late or stopped): greet it again.
+                raise ServerLost(str(exc)) from None
+
+    def _get(self, arrays: list[np.ndarray]) -> None:
+        task, member, cycle = self.task, self.member, self.cycle
+
+        def get() -> None:
+            routes = self._routes()
+            for r, pieces in routes.items():
+                idx = np.array(pieces, dtype=np.int64).reshape(-1, 3)
+                self._data[r].send([Header(Kind.GET, self._cred, self.id, task, member, cycle, count=len(pieces),
+                                           epoch=self._epoch).pack(), encode_index(idx)])
+            for r, pieces in routes.items():
+                hdr, frames = self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.DATA and h.task == task)
+                idx = decode_index(frames[0].buffer, hdr.count)
+                if hdr.count != len(pieces) or len(frames) != 1 + hdr.count or not np.array_equal(idx, np.array(pieces).reshape(-1, 3)):
+                    raise ServerError(f"server rank {r} answered with other pieces than asked for")
+                for (k, off, cnt), fr in zip(pieces, frames[1:]):
+                    dst = arrays[k][off - self._slices[k][0]:off - self._slices[k][0] + cnt]
+                    src = np.frombuffer(fr.buffer, dtype=dst.dtype)
+                    if src.size != cnt:
+                        raise ServerError(f"server rank {r} sent {src.size} elements of field "
+                                          f"{self._fields[k].name!r}, expected {cnt}")
+                    dst[...] = src
+
+        self._collective(get)
+
+
+class _Heartbeat:
+    """Rank 0's heartbeat thread: a message every ``interval_s`` on its own socket, so a runner busy
+    in its model still shows it is alive (and a stopped or killed one stops showing it)."""
+
+    def __init__(self, ctx: zmq.Context, address: str, cred: bytes, runner: int, interval_s: float, curve: str | None):
+        self.task = 0
+        self._stop = threading.Event()
+        self._args = (ctx, address, cred, runner, interval_s, curve)
+        self._thread = threading.Thread(target=self._run, name="enkflow-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        ctx, address, cred, runner, interval_s, curve = self._args
+        sock = ctx.socket(zmq.DEALER)
+        configure(sock, curve)
+        sock.setsockopt(zmq.SNDHWM, 4)
+        sock.connect(address)
+        try:
+            while not self._stop.wait(interval_s):
+                try:
+                    sock.send(Header(Kind.HEARTBEAT, cred, runner, self.task).pack(), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        finally:
+            sock.close(0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,65 @@
+"""The server's in-memory ensemble: this rank's share of every field of every member.
+
+Field ``f``'s share is an array ``(hi - lo, N)`` in Fortran order (member ``m``'s
+elements contiguous, so a member goes to and comes from a runner without a
+copy), in the field's own dtype. The assimilated shares, stacked in field
+order, are this rank's rows ``row_start:row_stop`` of the state vector: an
+:class:`~enkflow.experiment.cycling.EnsembleStore`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from enkflow.online.fields import Ownership
+from enkflow.parallel import Comm
+
+
+class MemoryStore:
+    def __init__(self, own: Ownership, comm: Comm, n_members: int):
+        self.own = own
+        self.comm = comm
+        self.n_members = n_members
+        self.n_rows = own.n_rows
+        self.row_start, self.row_stop = own.rows(comm.rank)
+        self.ranges = [own.range(comm.rank, k) for k in range(len(own.fields))]
+        self.parts = [np.zeros((hi - lo, n_members), dtype=f.dtype, order="F")
+                      for f, (lo, hi) in zip(own.fields, self.ranges)]
+        self._assim = [k for k, f in enumerate(own.fields) if f.assimilated]
+
+    def column(self, field: int, member: int) -> np.ndarray:
+        """Member ``member``'s (1-based) share of field ``field``: a contiguous view, (hi - lo,)."""
+        return self.parts[field][:, member - 1]
+
+    def _single(self) -> np.ndarray | None:
+        """The one float64 share that holds every row of this rank, if there is one (no copy needed)."""
+        parts = [self.parts[k] for k in self._assim if self.parts[k].shape[0]]
+        if len(parts) == 1 and parts[0].dtype == np.float64 and parts[0].shape[0] == self.row_stop - self.row_start:
+            return parts[0]
+        return None
+
+    def gather(self, cycle: int) -> np.ndarray:
+        """This rank's rows of the forecast ensemble, (row_stop - row_start, N) float64 F-order; the
+        share itself when a single float64 field holds them (the analysis then runs in place)."""
+        one = self._single()
+        if one is not None:
+            return one
+        X = np.empty((self.row_stop - self.row_start, self.n_members), order="F")
+        r = 0
+        for k in self._assim:
+            p = self.parts[k]
+            X[r:r + p.shape[0]] = p
+            r += p.shape[0]
+        return X
+
+    def scatter(self, cycle: int, Xa: np.ndarray) -> None:
+        one = self._single()
+        if one is not None:
+            if Xa is not one:
+                one[...] = Xa
+            return
+        r = 0
+        for k in self._assim:
+            p = self.parts[k]
+            p[...] = Xa[r:r + p.shape[0]]
+            r += p.shape[0]

@@ -1,0 +1,137 @@
+"""The online wire protocol: one fixed binary header, then raw frames.
+
+Every message is a multipart ZeroMQ message whose first frame is a
+:class:`Header` of exactly :data:`HEADER_SIZE` bytes (little-endian)::
+
+    magic      4s   b"ENKF"
+    version    u16  PROTOCOL_VERSION; a peer speaking another version gets an error naming both
+    kind       u16  a :class:`Kind`
+    credential 32s  SHA-256 of the shared token (every message carries it: any server rank can check it)
+    runner     u64  the runner's id, chosen at random by the runner
+    task       u64  the task id the server gave out (0: none)
+    member     i64  1-based member, 0 for none
+    cycle      i64
+    nsteps     i64  steps to run (TASK), 0 = stop
+    count      u64  the number of pieces that follow (PUT/GET/DATA)
+    epoch      u64  the server's incarnation (a restarted server has a new one)
+
+Then, by kind: a UTF-8 JSON frame (HELLO, WELCOME, ERROR: metadata only,
+never pickle), or a piece index (``count`` x 3 int64: field, offset, element
+count) followed by ``count`` raw array frames, sent and received without copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+import numpy as np
+
+from enkflow.errors import EnkflowError
+
+MAGIC = b"ENKF"
+PROTOCOL_VERSION = 1
+_FMT = "<4sHH32sQQqqqQQ"
+HEADER_SIZE = struct.calcsize(_FMT)
+MAX_JSON_BYTES = 1 << 20
+
+
+class ProtocolError(EnkflowError):
+    """A message that does not follow the protocol (or fails authentication)."""
+
+
+class Kind(IntEnum):
+    HELLO = 1  # runner -> control: JSON {fields, name, ranks}; reply WELCOME or ERROR
+    WELCOME = 2  # control -> runner: JSON {data addresses, ownership, heartbeat}
+    READY = 3  # runner -> control: idle, wants a task; reply TASK (deferred until one is free) or STOP
+    TASK = 4  # control -> runner: member, cycle, nsteps, task
+    STOP = 5  # control -> runner: the study is over (nsteps = 0)
+    PUT = 6  # runner -> data rank: index + frames of a forecast; reply ACK or ERROR
+    ACK = 7
+    GET = 8  # runner -> data rank: index; reply DATA (+ frames) or ERROR
+    DATA = 9
+    HEARTBEAT = 10  # runner -> control, from the runner's heartbeat thread; no reply
+    FAIL = 11  # runner -> control: the model failed on this task, JSON {error}
+    BYE = 12  # runner -> control: leaving (its task, if any, goes to another runner)
+    ERROR = 13  # any reply: JSON {error}
+
+
+def credential(token: str | bytes) -> bytes:
+    """The 32-byte credential every message carries: SHA-256 of the token."""
+    raw = token.encode() if isinstance(token, str) else bytes(token)
+    return hashlib.sha256(b"enkflow-online-token\0" + raw).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    kind: Kind
+    credential: bytes = b"\0" * 32
+    runner: int = 0
+    task: int = 0
+    member: int = 0
+    cycle: int = 0
+    nsteps: int = 0
+    count: int = 0
+    epoch: int = 0
+    version: int = PROTOCOL_VERSION
+
+    def pack(self) -> bytes:
+        return struct.pack(_FMT, MAGIC, self.version, int(self.kind), self.credential, self.runner, self.task,
+                           self.member, self.cycle, self.nsteps, self.count, self.epoch)
+
+    def reply(self, kind: Kind, **kw: int) -> "Header":
+        """A reply to this message: same runner/task/member/cycle unless overridden."""
+        return replace(self, kind=kind, **kw)
+
+    @classmethod
+    def unpack(cls, frame: bytes | memoryview) -> "Header":
+        """Parse and check a header frame; a wrong size, magic, version or kind raises ProtocolError."""
+        b = memoryview(frame)
+        if b.nbytes != HEADER_SIZE:
+            raise ProtocolError(f"the header frame has {b.nbytes} bytes, expected {HEADER_SIZE} (not an enkflow message, "
+                                "or a truncated one)")
+        magic, version, kind, cred, runner, task, member, cycle, nsteps, count, epoch = struct.unpack(_FMT, b)
+        if magic != MAGIC:
+            raise ProtocolError(f"bad magic {magic!r}: not an enkflow online message")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version mismatch: the message speaks version {version}, this side "
+                                f"version {PROTOCOL_VERSION}; install the same enkflow on server and runners")
+        try:
+            k = Kind(kind)
+        except ValueError:
+            raise ProtocolError(f"unknown message kind {kind}") from None
+        return cls(k, cred, runner, task, member, cycle, nsteps, count, epoch, version)
+
+
+def encode_json(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def decode_json(frame: bytes | memoryview, what: str) -> dict:
+    b = bytes(frame)
+    if len(b) > MAX_JSON_BYTES:
+        raise ProtocolError(f"the {what} metadata frame has {len(b)} bytes, more than {MAX_JSON_BYTES}")
+    try:
+        obj = json.loads(b.decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"the {what} metadata frame is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"the {what} metadata frame is not a JSON object")
+    return obj
+
+
+def encode_index(pieces: np.ndarray) -> bytes:
+    """Piece index ``(k, 3)`` int64 rows (field, offset, count) as bytes."""
+    return np.ascontiguousarray(pieces, dtype="<i8").tobytes()
+
+
+def decode_index(frame: bytes | memoryview, count: int) -> np.ndarray:
+    """The piece index of a PUT/GET/DATA message announcing ``count`` pieces."""
+    b = memoryview(frame)
+    if b.nbytes != 24 * count:
+        raise ProtocolError(f"the piece index has {b.nbytes} bytes, expected {24 * count} for {count} pieces "
+                            "(truncated or oversize message)")
+    return np.frombuffer(b, dtype="<i8").reshape(count, 3).astype(np.int64)
