@@ -5,10 +5,10 @@ forecast ensemble as this rank's row block (``EnsembleStore``), apply H and
 assimilate the cycle's observations (``ObservationSpace`` and a filter), scatter
 the analysis back and hand it to the output (``OutputSink``)::
 
-    for k in cycles:
+    for k in cycles:                # run_cycles(cycles, propagator, analysis, on_cycle_end=...)
         propagator.forecast(k)
-        diag = analysis(k)          # analyse(store, obs, filter, ...) where it runs in-process
-        sink.cycle_end(k, diag)
+        diag = analysis(k)          # analyse(store, obs, filter, k, ...) where it runs in-process
+        on_cycle_end(k, diag)       # scores, bookkeeping
 
 Offline files with the job scheme (:mod:`enkflow.experiment.driver`), online
 server and runners (:mod:`enkflow.online`) and in-process Lorenz-96
@@ -16,6 +16,9 @@ server and runners (:mod:`enkflow.online`) and in-process Lorenz-96
 itself is the one function :func:`analyse` (after JEDI/OOPS
 ``LocalEnsembleDA::execute``: the algorithm reads the same whatever stores the
 ensemble or runs the model).
+
+The in-memory :class:`ArrayStore` serves Lorenz-96, the online server and tests;
+:class:`enkflow.experiment.file_store.FileStore` the member restart files.
 
 Shapes: ``X`` is the ensemble of this rank's rows, (n_local_rows, N),
 Fortran order (one member contiguous), float64; ``HX`` is (n_obs, N) and the
@@ -27,15 +30,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from enkflow.analysis import LESTKF, LETKF, Filter, Geometry, LocalDomains
+from enkflow.errors import InputError
 from enkflow.obs import ObsSet
-from enkflow.parallel import Comm
+from enkflow.parallel import Comm, SerialComm
 
 
+@runtime_checkable
 class EnsembleStore(Protocol):
     """Where the ensemble lives between cycles, seen by one rank of ``comm``.
 
@@ -58,12 +63,14 @@ class EnsembleStore(Protocol):
         ...
 
 
+@runtime_checkable
 class Propagator(Protocol):
     """Advances every member of the ensemble by one cycle's forecast length."""
 
     def forecast(self, cycle: int) -> None: ...
 
 
+@runtime_checkable
 class ObservationSpace(Protocol):
     """The observations of a cycle and the operator H, applied rank-locally."""
 
@@ -83,10 +90,41 @@ class ObservationSpace(Protocol):
         ...
 
 
+@runtime_checkable
 class OutputSink(Protocol):
     """Receives each cycle's analysis (rank-local rows) and its diagnostics."""
 
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None: ...
+
+
+class ArrayStore:
+    """An :class:`EnsembleStore` in memory: this rank's rows ``X`` (n_local_rows, N), starting at
+    state row ``row_start`` of ``n_rows`` (default: the rows of every rank, summed over ``comm``,
+    which makes the constructor collective; ``comm`` defaults to a :class:`SerialComm`).
+
+    :meth:`gather` hands out the held array itself, no copy (an in-place analysis overwrites
+    it); :meth:`scatter` keeps the array it is given. A propagator may replace ``X``.
+    """
+
+    def __init__(self, X: np.ndarray, *, comm: Comm | None = None, row_start: int = 0, n_rows: int | None = None):
+        self.X = np.asfortranarray(X, dtype=np.float64)
+        if self.X.ndim != 2:
+            raise InputError(f"the ensemble must be (n_rows, N), got shape {self.X.shape}", item="X")
+        self.comm = comm or SerialComm()
+        self.n_members = self.X.shape[1]
+        self.row_start = row_start
+        self.row_stop = row_start + self.X.shape[0]
+        if n_rows is None:
+            n_rows = int(self.comm.allreduce_sum(np.array([self.X.shape[0]]))[0])
+        self.n_rows = n_rows
+
+    def gather(self, cycle: int) -> np.ndarray:
+        return self.X
+
+    def scatter(self, cycle: int, Xa: np.ndarray) -> None:
+        if Xa.shape != (self.row_stop - self.row_start, self.n_members):
+            raise InputError(f"the analysis has shape {Xa.shape}, the store holds {self.X.shape}", item="Xa")
+        self.X = Xa
 
 
 class NoOutput:
@@ -125,11 +163,12 @@ def analyse(
 
     ``local`` gives the local filters their domains (this rank's rows); ``truth``
     (n_rows,) adds ``rmse_prior``/``rmse_analysis``; ``before_update(Xa, diag)``
-    runs between the assimilation and the scatter (offline mode commits its
-    completion record there). Returns the analysis of this rank's rows and the
-    diagnostics: ``n_obs``, ``omb_rms``, ``oma_rms`` (observation minus background
-    / analysis mean), the local filters' ``mean_local_obs`` / ``search_s`` /
-    ``kernel_s``, and ``analysis_s`` (seconds).
+    runs between the assimilation and the scatter (offline mode hands the
+    diagnostics to the completion record that commits with the update there).
+    Returns the analysis of this rank's rows and the diagnostics: ``n_obs``,
+    ``omb_rms``, ``oma_rms`` (observation minus background / analysis mean), the
+    local filters' ``mean_local_obs`` / ``search_s`` / ``kernel_s``, and
+    ``analysis_s`` (seconds).
     """
     comm = store.comm
     X = store.gather(cycle)
