@@ -23,6 +23,7 @@ COMMANDS = [
     "bench",
     "synth",
     "run",
+    "serve",
     "worker",
     "report",
     "model",

@@ -22,11 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help="problem seed")
     p.add_argument("--analysis-command", default=None,
                    help="run this analysis program instead of the built-in LETKF (an [analysis_task] command template)")
+    p.add_argument("--mode", choices=["offline", "online"], default="offline",
+                   help="offline: restart files and the job scheme; online: an assimilation server and runners "
+                        "exchange the states in memory (same analysis, same results)")
+    p.add_argument("--runners", type=int, default=d.runners, help=f"online: runner processes (default {d.runners})")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     s = DemoSettings(members=args.members, cycles=args.cycles, workers=args.workers, seed=args.seed,
-                     analysis_command=args.analysis_command)
+                     analysis_command=args.analysis_command, mode=args.mode, runners=args.runners)
     run_demo(args.dir, s, say=lambda m: print(m, flush=True))
     return 0

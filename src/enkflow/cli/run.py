@@ -1,4 +1,5 @@
-"""``enkflow run EXPERIMENT.toml``: offline cycling with the dynamic running job scheme.
+"""``enkflow run EXPERIMENT.toml``: offline cycling with the dynamic running job scheme, or online
+cycling (``[experiment] mode = "online"``) with an assimilation server and runners.
 
 Rerunning the same command after a crash or kill resumes from the recorded
 state: finished cycles and members are not run again.
@@ -14,7 +15,7 @@ from enkflow.report import load_report, render_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run (or resume) an offline cycling experiment", description=__doc__)
+    p = sub.add_parser("run", help="run (or resume) a cycling experiment (offline, or online with [experiment] mode = \"online\")", description=__doc__)
     p.add_argument("config", help="experiment TOML file")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--retry-failed", action="store_true",
@@ -29,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     cfg = load_experiment(args.config)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if cfg.experiment.mode == "online":
+        from enkflow.online.launch import OnlineExperiment
+
+        OnlineExperiment(cfg, progress=progress).run()
+        print(render_report(load_report(cfg.expdir)))
+        return 0
     Experiment(cfg, progress=progress).run(retry_failed=args.retry_failed, accept_restarts=args.accept_restarts)
     print(render_report(load_report(cfg.expdir)))
     return 0

@@ -63,6 +63,10 @@ class ExperimentSection(Strict):
     members: int = Field(ge=2, description="ensemble size N_e")
     restart: str = Field(description="restart file of a member, template with {member}")
     forecast_length: float = Field(gt=0, description="forecast length per cycle, in the model's time unit, passed as {length}")
+    mode: Literal["offline", "online"] = Field(
+        default="offline",
+        description="'offline': members advance their restart files through the job scheme; 'online': an "
+                    "assimilation server keeps the ensemble in memory and runners exchange states with it ([online])")
     initial: Literal["in-place", "copy"] = Field(
         default="in-place",
         description="'in-place': cycle the restarts where they are; 'copy': copy them into EXPDIR/restarts first and "
@@ -134,6 +138,46 @@ class ObservationsSection(Strict):
         return self
 
 
+RUNNER_FIELDS = {"address", "token_file", "runner", "expdir", "length", "steps", "restart", "curve_key"}
+
+
+class OnlineSection(Strict):
+    """``[online]``: the assimilation server and its runners (``experiment.mode = "online"``). Times in seconds."""
+
+    runner: str = Field(description="command of one runner; placeholders {address} {token_file} {runner} {expdir} "
+                                    "{length} {steps} {restart} (member 1's restart, a grid template) {curve_key}")
+    runners: int = Field(default=2, ge=1, description="runner processes kept alive (fewer than members is fine)")
+    ranks: int = Field(default=1, ge=1, description="MPI ranks of the server (started with mpiexec when > 1)")
+    bind: str = Field(default="127.0.0.1", description="interface the server listens on (loopback by default)")
+    port: int = Field(default=0, ge=0, le=65535, description="control port; 0 picks a free one")
+    steps: int | None = Field(default=None, ge=1, description="model steps per cycle sent to runners; default round(forecast_length)")
+    carried: list[str] = Field(default_factory=list, description="restart variables runners need back but the analysis "
+                                                                 "does not update (hidden parts of the state)")
+    heartbeat: float = Field(default=1.0, gt=0)
+    heartbeat_timeout: float = Field(default=10.0, gt=0, description="a runner silent this long is lost; its member is rescheduled")
+    due_floor: float = Field(default=60.0, gt=0, description="shortest due date of a forecast")
+    due_factor: float = Field(default=3.0, gt=1, description="due date: this times the longest forecast so far (at least due_floor)")
+    max_failures: int = Field(default=3, ge=1, description="failures of one member (on any runners) that stop the study")
+    max_server_restarts: int = Field(default=5, ge=0, description="restarts of a crashed server from its checkpoint")
+    curve: bool = Field(default=False, description="encrypt with ZeroMQ CURVE (for runners on other hosts)")
+    stateless_check: bool = Field(default=True, description="before the first cycle, run member 1 twice from the same "
+                                                            "state and require the same forecast bits")
+    python: str | None = Field(default=None, description="python running the server (default: this one)")
+    mpiexec: str = Field(default="mpiexec", description="MPI launcher of a server with ranks > 1")
+
+    @field_validator("runner")
+    @classmethod
+    def _runner(cls, v: str) -> str:
+        _check_template(v, RUNNER_FIELDS, "runner command")
+        return v
+
+    @model_validator(mode="after")
+    def _times(self) -> "OnlineSection":
+        if self.heartbeat_timeout <= 2 * self.heartbeat:
+            raise ValueError("heartbeat_timeout must exceed twice the heartbeat period")
+        return self
+
+
 class AnalysisTaskSection(Strict):
     """``[analysis_task]``: how the analysis task (ID N_e + 1) runs.
 
@@ -198,7 +242,8 @@ class ExperimentConfig(Strict):
     relative paths are resolved against."""
 
     experiment: ExperimentSection
-    model: ModelSection
+    model: ModelSection | None = None
+    online: OnlineSection | None = None
     observations: ObservationsSection
     state: StateConfig | None = None
     io: IOConfig = IOConfig()
@@ -212,7 +257,21 @@ class ExperimentConfig(Strict):
     def _consistent(self) -> "ExperimentConfig":
         if self.analysis_task.command is None and self.analysis is None:
             raise ValueError("an [analysis] table is needed for the built-in analysis (or set analysis_task.command)")
+        if self.experiment.mode == "offline" and self.model is None:
+            raise ValueError("a [model] table is needed (the forecast command of a member)")
+        if self.experiment.mode == "online":
+            if self.online is None:
+                raise ValueError("experiment.mode = 'online' needs an [online] table (at least 'runner', the runner command)")
+            if self.analysis is None or self.state is None:
+                raise ValueError("online mode runs the built-in analysis: it needs [state] and [analysis] "
+                                 "(analysis_task.command is for offline mode)")
         return self
+
+    @property
+    def steps_per_cycle(self) -> int:
+        """Model steps of one forecast in online mode."""
+        o = self.online
+        return o.steps if o is not None and o.steps is not None else max(1, round(self.experiment.forecast_length))
 
     # -- derived values ---------------------------------------------------------
 
@@ -273,7 +332,9 @@ class ExperimentConfig(Strict):
         """
         d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir", "io"})
         exp = {k: v for k, v in d["experiment"].items() if k not in ("cycles", "directory")}
-        model = {k: v for k, v in d["model"].items() if k not in ("max_attempts", "unchanged")}
+        model = {k: v for k, v in (d["model"] or {}).items() if k not in ("max_attempts", "unchanged")}
+        if d.get("online"):
+            model["online"] = {k: d["online"][k] for k in ("runner", "steps", "carried")}
         task = {k: v for k, v in d["analysis_task"].items() if k not in ("max_attempts", "launcher")}
         parts = {
             "ensemble": {"experiment": exp, "state": d["state"]},

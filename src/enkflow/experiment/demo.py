@@ -36,6 +36,8 @@ class DemoSettings:
     workers: int | None = None
     seed: int = 0
     analysis_command: str | None = None
+    mode: str = "offline"  # or "online": server and runners exchange states in memory
+    runners: int = 2  # online: runner processes
 
 
 def _state(path: Path) -> np.ndarray:
@@ -98,6 +100,19 @@ localization = {{ radius = {s.radius}, metric = "sphere" }}
 inflation = {{ prior = {s.inflation} }}
 '''
     workers = f"workers = {s.workers}\n" if s.workers else ""
+    if s.mode not in ("offline", "online"):
+        raise InputError(f"--mode must be 'offline' or 'online', not {s.mode!r}", item="mode")
+    if s.mode == "online" and s.analysis_command:
+        raise InputError("online mode runs the built-in analysis: --analysis-command is for offline mode", item="mode")
+    online = ""
+    if s.mode == "online":
+        online = f'''
+[online]
+runner = "{py} -m enkflow.online.models demo --address {{address}} --token-file {{token_file}} --grid {{restart}} --length {{length}}"
+runners = {s.runners}
+heartbeat = 0.5
+heartbeat_timeout = 10.0
+'''
     toml = directory / "experiment.toml"
     toml.write_text(f'''# Written by `enkflow demo`; rerun with `enkflow run {toml}` (it resumes), see docs/jobs.md.
 # The run directory (events, cycles) is run/ next to this file: `enkflow report {directory / 'run'}`.
@@ -107,6 +122,7 @@ cycles = {s.cycles}
 members = {s.members}
 restart = "members/member_{{member:04d}}.nc"
 forecast_length = {s.length}
+mode = "{s.mode}"
 
 [model]
 command = "{py} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{cycle}}"
@@ -121,16 +137,24 @@ strategy = "dynamic"
 
 [launcher]
 kind = "local"
-''')
+{online}''')
     return toml
 
 
-def rmse_against_truth(directory: Path, members: int, cycle: int) -> tuple[float, float]:
-    """(RMSE of the ensemble mean against the truth of ``cycle``, ensemble spread), field units."""
-    X = np.stack([_state(directory / "members" / f"member_{m:04d}.nc") for m in range(1, members + 1)], axis=1)
+def rmse_against_truth(directory: Path, members: int, cycle: int, run: Path | None = None) -> tuple[float, float]:
+    """(RMSE of the ensemble mean against the truth of ``cycle``, ensemble spread sqrt(mean variance)), field units.
+
+    Cycle 0 from the member files; later cycles from the analysis mean and spread that both
+    modes write (``RUN/cycles/NNNN/analysis_{mean,spread}.nc``), so both are scored identically.
+    """
     t = _state(directory / "truth" / f"truth_{cycle:04d}.nc")
-    mean = X.mean(axis=1)
-    return float(np.sqrt(np.mean((mean - t) ** 2))), float(np.sqrt(np.mean(X.var(axis=1, ddof=1))))
+    if cycle == 0 or run is None:
+        X = np.stack([_state(directory / "members" / f"member_{m:04d}.nc") for m in range(1, members + 1)], axis=1)
+        mean, var = X.mean(axis=1), X.var(axis=1, ddof=1)
+    else:
+        cdir = run / "cycles" / f"{cycle:04d}"
+        mean, var = _state(cdir / "analysis_mean.nc"), _state(cdir / "analysis_spread.nc") ** 2
+    return float(np.sqrt(np.mean((mean - t) ** 2))), float(np.sqrt(np.mean(var)))
 
 
 def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, say: Callable[[str], None] = print) -> dict:
@@ -149,10 +173,14 @@ def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, 
     rmse = {0: rmse_against_truth(d, settings.members, 0)}
     say(f"cycle 0 (initial ensemble): mean RMSE {rmse[0][0]:.4f}, spread {rmse[0][1]:.4f}")
 
-    def after(cycle: int) -> None:
-        rmse[cycle] = rmse_against_truth(d, settings.members, cycle)
+    if settings.mode == "online":
+        from enkflow.online.launch import OnlineExperiment
 
-    Experiment(cfg, progress=lambda m: say("  " + m), on_cycle_end=after).run()
+        OnlineExperiment(cfg, progress=lambda m: say("  " + m)).run()
+    else:
+        Experiment(cfg, progress=lambda m: say("  " + m)).run()
+    for k in cfg.cycle_numbers:
+        rmse[k] = rmse_against_truth(d, settings.members, k, cfg.expdir)
     rep = load_report(cfg.expdir)
     say("")
     say(render_report(rep))

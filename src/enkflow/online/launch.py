@@ -1,0 +1,228 @@
+"""``enkflow run`` for ``experiment.mode = "online"``: start the server and the runners, keep them alive.
+
+The server (``python -m enkflow.online.experiment EXPDIR``, under ``mpiexec -n
+ranks`` when ``[online] ranks > 1``) and ``[online] runners`` runner processes
+are jobs of an :mod:`enkflow.jobs` launcher, on this machine or through SLURM.
+The supervisor replaces a runner that exits before the study is over and
+restarts a crashed server, which resumes from its checkpoints (up to
+``max_server_restarts`` times). The server's verdict is
+``EXPDIR/online/status.json``: done, or failed with the error (a member that
+failed ``max_failures`` times, bad input), which is not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from enkflow.errors import ConfigError, EnkflowError, MemberError
+from enkflow.experiment import checks
+from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.lock import DriverLock
+from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
+from enkflow.jobs.events import EventLog
+from enkflow.jobs.launcher import JobSpec, JobState, Launcher
+from enkflow.jobs.local import LocalLauncher
+from enkflow.online.experiment import online_dir
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("*", "0.0.0.0") else "", 0))
+        return int(s.getsockname()[1])
+
+
+def _secret_file(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``, created (mode 0600) on first use."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(path.name + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(make() + "\n")
+        os.replace(path.with_name(path.name + ".tmp"), path)
+    return path.read_text().strip()
+
+
+class OnlineExperiment:
+    """Runs (or resumes) an online experiment; ``progress`` receives one-line status messages."""
+
+    def __init__(self, cfg: ExperimentConfig, launcher: Launcher | None = None,
+                 progress: Callable[[str], None] | None = None, poll_s: float = 0.2):
+        if cfg.experiment.mode != "online" or cfg.online is None:
+            raise ConfigError("not an online experiment (experiment.mode)", key="experiment.mode")
+        self.cfg = cfg
+        self.o = cfg.online
+        self.dir = online_dir(cfg)
+        self.progress = progress
+        self.poll_s = poll_s
+        self.launcher = launcher
+        self.events = EventLog(cfg.expdir / "events.jsonl")
+        self.server_restarts = 0
+        self.runner_starts = 0
+
+    def _say(self, msg: str) -> None:
+        if self.progress is not None:
+            self.progress(msg)
+
+    def check(self) -> None:
+        """Every check that needs no server: the runner program, all observation files, the restarts."""
+        from enkflow.experiment.checks import _check_program
+
+        _check_program(self.o.runner, "online.runner")
+        checks.check_observations(self.cfg, self.cfg.cycle_numbers)
+        checks.check_restarts(self.cfg)
+        from enkflow.online.experiment import experiment_fields
+        from enkflow.state import StateLayout
+
+        experiment_fields(self.cfg, StateLayout.from_config(self.cfg.restart_path(1), self.cfg.state))
+
+    def run(self) -> dict:
+        """Run the study to the end; returns the server's status. Holds the experiment's lock."""
+        cfg = self.cfg
+        cfg.expdir.mkdir(parents=True, exist_ok=True)
+        with DriverLock(cfg.expdir):
+            self.check()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
+            self.token_file = self.dir / "token"
+            _secret_file(self.token_file, lambda: secrets.token_hex(32))
+            if self.o.curve:
+                import zmq
+
+                pub, sec = zmq.curve_keypair()
+                if not (self.dir / "curve.key").exists():
+                    write_bytes_atomic(self.dir / "curve.pub", pub + b"\n")
+                _secret_file(self.dir / "curve.key", lambda: sec.decode())
+            launch = read_json(self.dir / "launch.json") or {}
+            port = int(launch.get("port") or self.o.port or _free_port(self.o.bind))
+            write_json_atomic(self.dir / "launch.json", {"port": port})
+            status = read_json(self.dir / "status.json")
+            if status and status.get("state") == "done":
+                self._say("the study is already complete")
+                return status
+            (self.dir / "status.json").unlink(missing_ok=True)
+            if self.launcher is None:
+                self.launcher = self._make_launcher()
+            self.events.emit("experiment_start", mode="online", cycles=cfg.cycle_numbers, members=cfg.experiment.members,
+                             runners=self.o.runners, ranks=self.o.ranks, launcher=cfg.launcher.kind)
+            try:
+                return self._supervise()
+            finally:
+                self.launcher.close()
+
+    def _make_launcher(self) -> Launcher:
+        if self.cfg.launcher.kind == "slurm":
+            from enkflow.experiment.driver import make_launcher
+
+            return make_launcher(self.cfg)
+        # Runners and server ranks share the machine; they wait on each other, so oversubscribing is fine.
+        return LocalLauncher(cpus=self.o.ranks + self.o.runners + 1)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _server_argv(self) -> list[str]:
+        py = self.o.python or self.cfg.launcher.python or sys.executable
+        argv = [py, "-m", "enkflow.online.experiment", str(self.cfg.expdir)]
+        if self.o.ranks > 1:
+            argv = shlex.split(self.o.mpiexec) + ["-n", str(self.o.ranks)] + argv
+        return argv
+
+    def _start_server(self) -> str:
+        (self.dir / "address").unlink(missing_ok=True)
+        logs = self.dir / "logs"
+        logs.mkdir(exist_ok=True)
+        spec = JobSpec(name="enkflow-server", argv=self._server_argv(), cpus=self.o.ranks, time_limit_s=self.cfg.jobs.time_limit,
+                       log=logs / f"server-{self.server_restarts}.log", env=self._env(), ntasks=self.o.ranks)
+        jid = self.launcher.submit(spec)
+        self.events.emit("server_start", job=jid, restart=self.server_restarts, ranks=self.o.ranks)
+        return jid
+
+    def _env(self) -> dict[str, str]:
+        env = dict(self.cfg.model.env) if self.cfg.model is not None else {}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _runner_argv(self, k: int, address: str) -> list[str]:
+        curve = (self.dir / "curve.pub").read_text().strip() if self.o.curve else ""
+        values = {"address": address, "token_file": self.token_file, "runner": k, "expdir": self.cfg.expdir,
+                  "length": f"{self.cfg.experiment.forecast_length:g}", "steps": self.cfg.steps_per_cycle,
+                  "restart": self.cfg.restart_path(1), "curve_key": curve}
+        return [tok.format(**values) for tok in shlex.split(self.o.runner)]
+
+    def _start_runner(self, address: str) -> str:
+        k = self.runner_starts
+        self.runner_starts += 1
+        spec = JobSpec(name=f"enkflow-runner-{k}", argv=self._runner_argv(k, address), cpus=1,
+                       time_limit_s=self.cfg.jobs.time_limit, log=self.dir / "logs" / f"runner-{k}.log", env=self._env())
+        jid = self.launcher.submit(spec)
+        self.events.emit("runner_start", job=jid, runner=k)
+        return jid
+
+    def _wait_address(self, server: str) -> str:
+        path = self.dir / "address"
+        while not path.exists():
+            if self.launcher.states([server])[server] is JobState.FINISHED:
+                return ""
+            time.sleep(0.05)
+        return path.read_text().strip()
+
+    def _supervise(self) -> dict:
+        server = self._start_server()
+        address = self._wait_address(server)
+        runners: list[str] = []
+        max_starts = max(10, 4 * self.o.runners)
+        try:
+            while True:
+                if address and not runners:
+                    runners = [self._start_runner(address) for _ in range(self.o.runners)]
+                    self._say(f"server at {address}; {self.o.runners} runners started")
+                st = self.launcher.states([server, *runners])
+                if st[server] is JobState.FINISHED:
+                    status = read_json(self.dir / "status.json")
+                    if status is not None and status.get("state") == "done":
+                        self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
+                        return status
+                    if status is not None and status.get("state") == "failed":
+                        self.events.emit("experiment_fail", reason=status.get("error"))
+                        if status.get("member") is not None:
+                            raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
+                        raise EnkflowError(f"the server stopped: {status.get('error')}")
+                    if self.server_restarts >= self.o.max_server_restarts:
+                        raise EnkflowError(f"the server crashed {self.server_restarts + 1} times (online.max_server_restarts = "
+                                           f"{self.o.max_server_restarts}); see {self.dir / 'logs'}{_tail(self.dir / 'logs', 'server')}")
+                    self.server_restarts += 1
+                    self.events.emit("server_crash", restart=self.server_restarts)
+                    self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
+                    server = self._start_server()
+                    new = self._wait_address(server)
+                    if new and new != address and runners:
+                        # Another address (a fixed port should prevent it): runners must be told, so start new ones.
+                        self.launcher.cancel(runners)
+                        runners = []
+                    address = new
+                    continue
+                for i, jid in enumerate(runners):
+                    if st[jid] is JobState.FINISHED:
+                        if self.runner_starts >= max_starts:
+                            raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
+                                               f"{self.dir / 'logs'}{_tail(self.dir / 'logs', 'runner')}")
+                        self.events.emit("runner_exit", job=jid)
+                        runners[i] = self._start_runner(address)
+                time.sleep(self.poll_s)
+        finally:
+            active = [j for j in [server, *runners]]
+            self.launcher.cancel(active)
+
+
+def _tail(logs: Path, prefix: str, lines: int = 15) -> str:
+    files = sorted(logs.glob(f"{prefix}-*.log"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return ""
+    text = files[-1].read_bytes()[-8192:].decode(errors="replace").splitlines()[-lines:]
+    return f"; {files[-1]} ends with:\n" + "\n".join("    " + t for t in text)
