@@ -343,7 +343,7 @@ class Server:
             if self.data in ready:
                 self._on_data(self.data.recv_multipart(copy=False))
             if self.bus is not None and self.bus in ready:
-                frames = self.bus.recv_multipart()
+                frames = self.bus.recv_multipart()[1:]  # after the sender's identity
                 op, task, member, cycle, rank = _BUS.unpack(frames[0])
                 self._on_report(op, task, member, cycle, rank, frames[1].decode() if len(frames) > 1 else "")
             now = time.monotonic()
