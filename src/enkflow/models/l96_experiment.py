@@ -6,6 +6,11 @@ the observations come from one seeded generator, the filter's randomness
 with the same seed see the same truth and observations.
 Scores are time means after the burn-in: ``rmse_a`` the RMSE of the analysis
 mean against the truth, ``spread_a`` sqrt(mean ensemble variance).
+
+The cycles are :func:`~enkflow.experiment.cycling.run_cycles` and
+:func:`~enkflow.experiment.cycling.analyse` on an in-memory ensemble
+(:class:`~enkflow.experiment.cycling.ArrayStore`), the nature run as the
+observation space and a propagator stepping both.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from enkflow.analysis import Filter, Geometry, LocalDomains
 from enkflow.analysis.factory import make_filter as build
 from enkflow.config import AnalysisConfig, Method, Metric
 from enkflow.errors import InputError
+from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse, run_cycles
 from enkflow.models import lorenz96 as l96
 from enkflow.obs import ObsSet
+from enkflow.parallel import Comm
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,45 +74,80 @@ def make_filter(s: L96Setup) -> Filter:
     return build(AnalysisConfig.model_validate(cfg))
 
 
+class NatureRun:
+    """The truth of the twin experiment and its observations: an
+    :class:`~enkflow.experiment.cycling.ObservationSpace` observing every variable (H = I)
+    with errors of standard deviation ``obs_std`` drawn from ``rng``."""
+
+    def __init__(self, truth: np.ndarray, rng: np.random.Generator, obs_std: float):
+        self.truth, self.rng, self.obs_std = truth, rng, obs_std
+        self.coords = np.arange(truth.size, dtype=float)
+        self.error_var = np.full(truth.size, obs_std**2)
+        self.y: np.ndarray | None = None
+
+    def advance(self) -> None:
+        """One step of the truth, then its observations."""
+        self.truth = l96.step(self.truth)
+        self.y = self.truth + self.obs_std * self.rng.standard_normal(self.truth.size)
+
+    def observations(self, cycle: int) -> ObsSet:
+        return ObsSet(self.y, self.error_var, self.coords)
+
+    def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return X.copy(order="K")  # a copy: a local analysis overwrites X
+
+    def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return x
+
+
+@dataclass
+class Forecast:
+    """The :class:`~enkflow.experiment.cycling.Propagator`: one step of the nature run and of every member."""
+
+    nature: NatureRun
+    store: ArrayStore
+
+    def forecast(self, cycle: int) -> None:
+        self.nature.advance()
+        self.store.X = l96.step(self.store.X)
+
+
 def run(s: L96Setup, progress=None) -> L96Result:
     """Cycle burn-in + cycles analyses; returns the time-mean scores after the burn-in."""
-    nature = np.random.default_rng([s.seed, 0])
+    nature_rng = np.random.default_rng([s.seed, 0])
     fil_rng = np.random.default_rng([s.seed, 1])
     n = l96.N_VARS
-    truth = l96.spin_up(nature)
-    E = np.asfortranarray(truth[:, None] + fil_rng.standard_normal((n, s.members)))
-    coords = np.arange(n, dtype=float)
-    obs_err = np.full(n, s.obs_std**2)
+    nature = NatureRun(l96.spin_up(nature_rng), nature_rng, s.obs_std)
+    store = ArrayStore(nature.truth[:, None] + fil_rng.standard_normal((n, s.members)))
     f = make_filter(s)
-    kw: dict = {}
+    local = None
     if s.method.is_local:
         k = s.domain_size
-        groups = np.arange(n) // k
         centres = (np.arange(n // k) * k + 0.5 * (k - 1)).astype(float)
-        kw = {"domains": LocalDomains.from_groups(groups, centres), "geometry": Geometry(Metric.PERIODIC, coords, float(n))}
+        local = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres),
+                              Geometry(Metric.PERIODIC, nature.coords, float(n)))
     total = s.burn_in + s.cycles
     sums = np.zeros(3)
-    t0 = None
-    for c in range(total):
-        if c == s.burn_in:
-            t0 = time.perf_counter()
-        truth = l96.step(truth)
-        E = l96.step(E)
-        y = truth + s.obs_std * nature.standard_normal(n)
-        obs = ObsSet(y, obs_err, coords)
-        xf = E.mean(axis=1)
-        E = f.analyze(E, E, obs, cycle=c, **kw)
-        if not np.isfinite(E).all():
+
+    def analysis(c: int) -> dict[str, float]:
+        Xa, diag = analyse(store, nature, f, c, local=local, truth=nature.truth)
+        if not np.isfinite(Xa).all():
             raise InputError(f"the ensemble diverged (NaN/Inf) at cycle {c}; try more inflation", item="ensemble")
         if c >= s.burn_in:
-            xa = E.mean(axis=1)
-            sums += (
-                np.sqrt(np.mean((xa - truth) ** 2)),
-                np.sqrt(np.mean(E.var(axis=1, ddof=1))),
-                np.sqrt(np.mean((xf - truth) ** 2)),
-            )
+            diag["spread"] = np.sqrt(np.mean(Xa.var(axis=1, ddof=1)))
+        return diag
+
+    def cycle_end(c: int, diag: dict[str, float]) -> None:
+        nonlocal sums
+        if c >= s.burn_in:
+            sums += (diag["rmse_analysis"], diag["spread"], diag["rmse_prior"])
         if progress and (c + 1) % 1000 == 0:
             progress(c + 1, total)
-    dt = time.perf_counter() - t0 if t0 is not None else 0.0
+
+    forecast = Forecast(nature, store)
+    run_cycles(range(s.burn_in), forecast, analysis, on_cycle_end=cycle_end)
+    t0 = time.perf_counter()
+    run_cycles(range(s.burn_in, total), forecast, analysis, on_cycle_end=cycle_end)
+    dt = time.perf_counter() - t0
     m = sums / s.cycles
     return L96Result(float(m[0]), float(m[1]), float(m[2]), dt / s.cycles, s.cycles)
