@@ -156,7 +156,7 @@ def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: st
     return ServerConfig(token=token, bind=o.bind, port=port, heartbeat_s=o.heartbeat, heartbeat_timeout_s=o.heartbeat_timeout,
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
                         checkpoint_dir=online_dir(cfg) / "checkpoints", curve_secret_key=curve_secret,
-                        address_file=online_dir(cfg) / "address")
+                        address_file=online_dir(cfg) / "address", stateless_check=o.stateless_check)
 
 
 def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: MemoryStore) -> None:
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank == 0:
             body = {"state": "failed", "error": str(exc)}
             if isinstance(exc, MemberError):
-                body.update(member=exc.member, cycle=exc.cycle)
+                # The message without the "member M, cycle C: " prefix, which the supervisor's MemberError adds again.
+                body.update(member=exc.member, cycle=exc.cycle, error=str(exc).split(": ", 1)[-1])
             write_json_atomic(status, body)
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
         return DETERMINISTIC_ERROR_RC

@@ -36,6 +36,7 @@ class Task:
     t_start: float
     due: float
     parts: set[int] = field(default_factory=set)
+    repeat: bool = False  # a second run of a member already done (statelessness check)
 
 
 class Scheduler:
@@ -54,12 +55,19 @@ class Scheduler:
         self.longest = 0.0
         self.assigned = 0  # tasks handed out this cycle
         self.redone: dict[str, int] = {}  # reschedules this cycle, by cause
+        self.probes = 0  # repeated runs of a member still to compare (the statelessness check)
 
-    def start_cycle(self, cycle: int, done: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-        """A new cycle: every member not in ``done`` (forecasts recovered from a checkpoint) is pending."""
+    def start_cycle(self, cycle: int, done: set[int] = frozenset(), probe: int | None = None) -> None:  # type: ignore[assignment]
+        """A new cycle: every member not in ``done`` (forecasts recovered from a checkpoint) is pending.
+        ``probe``: run this member twice (first and second in line); :meth:`finish` of the second run
+        returns it with ``repeat`` set, for the caller to compare, then :meth:`probe_resolved`."""
         self.cycle = cycle
         self.done = set(done)
         self.pending = deque(m for m in range(1, self.n + 1) if m not in self.done)
+        self.probes = 0
+        if probe is not None and probe in self.pending:
+            self.pending.appendleft(probe)
+            self.probes = 1
         self.tasks = {}
         self.failures = {}
         self.assigned = 0
@@ -67,7 +75,10 @@ class Scheduler:
 
     @property
     def complete(self) -> bool:
-        return len(self.done) == self.n
+        return len(self.done) == self.n and self.probes == 0
+
+    def probe_resolved(self) -> None:
+        self.probes -= 1
 
     def due_s(self) -> float:
         return max(self.cfg.due_floor, self.cfg.due_factor * self.longest)
@@ -90,6 +101,7 @@ class Scheduler:
     def finish(self, task_id: int, now: float) -> Task:
         """Record the task's forecast as the member's (call after every part arrived)."""
         t = self.tasks.pop(task_id)
+        t.repeat = t.member in self.done
         self.done.add(t.member)
         self.longest = max(self.longest, now - t.t_start)
         return t

@@ -53,7 +53,9 @@ class ServerConfig:
     ``bind`` is the interface (loopback unless set), ``port`` the control port
     (0: any free port; the address is written to ``address_file``).
     ``curve_secret_key`` (Z85) turns on ZeroMQ CURVE encryption; runners then
-    need the matching public key.
+    need the matching public key. ``stateless_check``: in the first cycle of a new
+    study member 1 runs twice and the two forecasts must agree bit for bit (a
+    model keeping state between exposes would give members the wrong history).
     """
 
     token: str
@@ -65,6 +67,7 @@ class ServerConfig:
     checkpoint_dir: Path | None = None
     curve_secret_key: str | None = None
     address_file: Path | None = None
+    stateless_check: bool = False
 
 
 @dataclass
@@ -90,7 +93,7 @@ class Problem:
 
 
 # Bus operations between server ranks.
-_PART_DONE, _PART_REJECT, _ACCEPT, _DROP, _END_FORECAST, _STOP = range(1, 7)
+_PART_DONE, _PART_REJECT, _ACCEPT, _DROP, _END_FORECAST, _STOP, _COMPARE, _SAME, _DIFFER = range(1, 10)
 _BUS = struct.Struct("<Hqqqq")  # op, task, member, cycle, rank
 
 
@@ -149,6 +152,7 @@ class Server:
         self.epoch = int.from_bytes(np.random.default_rng().bytes(7), "little") or 1
         self.ckpt = ckpt.Checkpointer(config.checkpoint_dir, self.rank, self.own.fields) if config.checkpoint_dir else None
         self.cycle = -1
+        self._kept: dict[int, list[np.ndarray]] = {}
         self.staged: dict[int, _Staged] = {}
         self.sched = Scheduler(problem.n_members, config.scheduler)
         self.runners: dict[int, _Runner] = {}
@@ -225,6 +229,10 @@ class Server:
             todo, done_members = self._recover(cycles)
             self._emit("online_start", cycles=todo, members=self.p.n_members, ranks=self.size, address=self.address,
                        resumed=todo != list(cycles), recovered_forecasts=sorted(done_members))
+            self._probe = 1 if self.cfg.stateless_check and todo and todo[0] == cycles[0] and not done_members else None
+            # The repeat run of the probe member must start from the state the first run started from.
+            self._kept = ({self._probe: [self.store.column(k, self._probe).copy() for k in range(len(self.own.fields))]}
+                          if self._probe is not None else {})
             run_cycles(todo, _Propagator(self, todo[0] if todo else None, done_members), self._analysis)
             self._finish()
         except BaseException:
@@ -294,7 +302,9 @@ class Server:
         t0 = time.perf_counter()
         if self.rank == 0:
             self._emit("cycle_start", cycle=k)
-            self.sched.start_cycle(k, done)
+            self.sched.start_cycle(k, done, probe=self._probe)
+            self._probe = None
+            self._compared: set[int] = set()
             self._idle = 0.0
             self._serve_rank0()
             self.stats.update(forecast_s=time.perf_counter() - t0, runner_idle_s=self._idle,
@@ -471,6 +481,9 @@ class Server:
     # -- rank 0: reports from the ranks ----------------------------------------------------
 
     def _on_report(self, op: int, task: int, member: int, cycle: int, rank: int, reason: str) -> None:
+        if op in (_SAME, _DIFFER):
+            self._on_compare(op, member, rank, reason)
+            return
         t = self.sched.current(task, cycle)
         if t is None:
             self._bus_send(rank, _DROP, task, member, cycle)
@@ -480,7 +493,11 @@ class Server:
             return
         t.parts.add(rank)
         if len(t.parts) == len(self.active):
-            self.sched.finish(task, time.monotonic())
+            t = self.sched.finish(task, time.monotonic())
+            if t.repeat:
+                for r in self.active:
+                    self._bus_send(r, _COMPARE, task, member, cycle)
+                return
             for r in self.active:
                 self._bus_send(r, _ACCEPT, task, member, cycle)
             self._emit("task_done", cycle=cycle, member=member, task=task)
@@ -488,10 +505,23 @@ class Server:
             if n_done % max(1, self.p.n_members // 10) == 0 or n_done == self.p.n_members:
                 self._say(f"cycle {cycle}: {n_done}/{self.p.n_members} forecasts in")
 
+    def _on_compare(self, op: int, member: int, rank: int, reason: str) -> None:
+        """A rank's verdict on the statelessness check: its part of the repeated forecast against the first."""
+        if op == _DIFFER:
+            self._emit("stateless_check", cycle=self.cycle, member=member, ok=False, reason=reason)
+            raise MemberError(f"the model is not stateless: run twice from the same state, member {member} gave different "
+                              f"forecasts ({reason}). Runners get any member in turn, so the model must keep no state of "
+                              "its own between exposes (set [online] stateless_check = false only if the difference is "
+                              "expected, e.g. a stochastic model)", member=member, cycle=self.cycle)
+        self._compared.add(rank)
+        if len(self._compared) == len(self.active):
+            self.sched.probe_resolved()
+            self._emit("stateless_check", cycle=self.cycle, member=member, ok=True)
+
     def _bus_send(self, rank: int, op: int, task: int, member: int, cycle: int, reason: str = "") -> None:
         """To rank ``rank`` (0: rank 0's own handler) the bus operation ``op``."""
         if rank == self.rank:
-            if self.rank == 0 and op in (_PART_DONE, _PART_REJECT):
+            if self.rank == 0 and op in (_PART_DONE, _PART_REJECT, _SAME, _DIFFER):
                 self._on_report(op, task, member, cycle, 0, reason)
             else:
                 self._on_bus(op, task, member, cycle)
@@ -553,6 +583,20 @@ class Server:
                 self.ckpt.forecast(cycle, member, [self.store.column(k, member) for k in range(len(self.own.fields))])
         elif op == _DROP:
             self.staged.pop(task, None)
+        elif op == _COMPARE:
+            self._kept.pop(member, None)
+            st = self.staged.pop(task, None)
+            diff = "its part did not arrive" if st is None else None
+            for k, off, cnt, frame in (st.pieces if st is not None else []):
+                lo = self.store.ranges[k][0]
+                first = self.store.column(k, member)[off - lo:off - lo + cnt]
+                again = np.frombuffer(frame.buffer, dtype=first.dtype)
+                if first.tobytes() != again.tobytes():
+                    bad = np.flatnonzero(first.view(f"u{first.itemsize}") != again.view(f"u{first.itemsize}"))
+                    i = int(bad[0])
+                    diff = f"field {self.own.fields[k].name!r}, element {off + i}: {first[i].item()!r} then {again[i].item()!r}"
+                    break
+            self._bus_send(0, _DIFFER if diff else _SAME, task, member, cycle, diff or "")
 
     def _on_data(self, frames: list[zmq.Frame]) -> None:
         t0 = time.perf_counter()
@@ -641,7 +685,9 @@ class Server:
             raise ProtocolError(f"asked for cycle {hdr.cycle}, the server is in cycle {self.cycle}")
         idx = self._pieces(hdr, frames, with_data=False)
         out: list[object] = [identity, hdr.reply(Kind.DATA, epoch=self.epoch).pack(), encode_index(idx)]
+        kept = self._kept.get(hdr.member)
         for k, off, cnt in idx:
             lo = self.store.ranges[k][0]
-            out.append(self.store.column(k, hdr.member)[off - lo:off - lo + cnt])
+            col = kept[k] if kept is not None else self.store.column(k, hdr.member)
+            out.append(col[off - lo:off - lo + cnt])
         self.data.send_multipart(out, copy=False)
