@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--burn-in", type=int, default=400, help="cycles discarded first (default 400)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="end with one line: a JSON object of the scores")
+    p.add_argument("--online", type=int, default=0, metavar="RUNNERS",
+                   help="advance the members in RUNNERS online runner processes through the assimilation server "
+                        "(same scores; seconds per cycle then include every cycle and the exchanges)")
     p.set_defaults(func=main)
 
 
@@ -37,7 +40,12 @@ def main(args: argparse.Namespace) -> int:
         method=args.method, members=args.members, inflation=args.inflation, radius=args.radius,
         domain_size=args.domain_size, cycles=args.cycles, burn_in=args.burn_in, seed=args.seed,
     )
-    res = run(s, progress=lambda c, t: print(f"  cycle {c}/{t}", file=sys.stderr))
+    if args.online:
+        from enkflow.online.l96 import run_online
+
+        res = run_online(s, runners=args.online)
+    else:
+        res = run(s, progress=lambda c, t: print(f"  cycle {c}/{t}", file=sys.stderr))
     print(
         f"{s.method.value} N={s.members} inflation={s.inflation}: rmse_a {res.rmse_a:.4f}  "
         f"spread_a {res.spread_a:.4f}  rmse_f {res.rmse_f:.4f}  ({res.seconds_per_cycle * 1e3:.3f} ms/cycle, {res.cycles} cycles)"
