@@ -6,6 +6,13 @@ resubmitting jobs for tasks no live job covers), and once the analysis is
 confirmed done cancel the jobs still queued and record the cycle as finished.
 Everything is recorded in ``events.jsonl`` and in files under
 ``EXPDIR/cycles/NNNN``, so a rerun resumes where a crash stopped.
+
+The cycles are :func:`~enkflow.experiment.cycling.run_cycles`: the forecast
+(the :class:`~enkflow.experiment.cycling.Propagator`) starts or resumes a
+cycle and watches until every member task is done, the analysis watches on
+until the analysis task (:mod:`enkflow.experiment.analysis_task`, which runs
+:func:`~enkflow.experiment.cycling.analyse` on the member files) is done. One
+watch spans both: the jobs of a strategy may run members and analysis alike.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Callable
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
 from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.cycling import run_cycles
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
 from enkflow.fsutil import write_bytes_atomic
@@ -31,7 +39,7 @@ from enkflow.jobs.protect import place
 from enkflow.jobs.launcher import JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
 from enkflow.jobs.slurm import SlurmLauncher
-from enkflow.jobs.strategies import PlannedJob, plan
+from enkflow.jobs.strategies import PlannedJob, Resources, plan
 from enkflow.jobs.tasks import Step, Task, TaskTable
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
@@ -104,6 +112,22 @@ class _Job:
 
 
 @dataclass
+class _Cycle:
+    """The watch over one cycle's to-do list, from its forecast to the end of its analysis."""
+
+    number: int
+    cdir: Path
+    table: TaskTable
+    todo: TodoList
+    res: Resources
+    t0: float = field(default_factory=time.time)
+    submitted: int = 0
+    serial: int = 0  # rounds of submissions
+    last_msg: str = ""
+    snap: dict | None = None  # the snapshot the last watch stopped on: the next one starts from it
+
+
+@dataclass
 class Experiment:
     """Runs the cycles of ``cfg``. ``progress`` receives one-line status messages;
     ``on_cycle_end(cycle)`` is called after each cycle's analysis is confirmed."""
@@ -113,6 +137,8 @@ class Experiment:
     progress: Callable[[str], None] | None = None
     on_cycle_end: Callable[[int], None] | None = None
     jobs: list[_Job] = field(default_factory=list, init=False)
+    _cycle: _Cycle | None = field(default=None, init=False, repr=False)
+    _retry_failed: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.expdir = self.cfg.expdir
@@ -168,14 +194,16 @@ class Experiment:
         write_bytes_atomic(self.expdir / "restarts.txt", "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
                          strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind, accept_restarts=accept_restarts)
+
+        def cycle_end(k: int, diag: dict[str, float]) -> None:
+            provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, "analysed")
+            state.mark_done(k, digests)
+            if self.on_cycle_end is not None:
+                self.on_cycle_end(k)
+
+        self._retry_failed = retry_failed
         try:
-            for k in todo_cycles:
-                checks.check_restarts(cfg)
-                self.run_cycle(k, retry_failed=retry_failed)
-                provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, "analysed")
-                state.mark_done(k, digests)
-                if self.on_cycle_end is not None:
-                    self.on_cycle_end(k)
+            run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
         finally:
             self.launcher.close()
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
@@ -212,10 +240,12 @@ class Experiment:
         write_json_atomic(cdir / "digests.json", now)
         return table
 
-    def run_cycle(self, cycle: int, *, retry_failed: bool = False) -> None:
-        """Run one cycle to the end of its analysis (resuming it if it was started)."""
+    def forecast(self, cycle: int) -> None:
+        """Start (or resume) ``cycle`` and watch its jobs until every member's forecast is done
+        (the :class:`~enkflow.experiment.cycling.Propagator` of :meth:`run`)."""
         cfg = self.cfg
         n = cfg.experiment.members
+        checks.check_restarts(cfg)
         cdir = cfg.cycle_dir(cycle)
         cdir.mkdir(parents=True, exist_ok=True)
         (cdir / "logs").mkdir(exist_ok=True)
@@ -229,45 +259,63 @@ class Experiment:
             write_json_atomic(cdir / "digests.json", cfg.digests())
             table.write(cdir)
         todo = TodoList.create(cdir, n)
-        if retry_failed:
+        if self._retry_failed:
             for task in todo.reset_failed():
                 self.events.emit("task_reset", cycle=cycle, task=task, member=task if task <= n else None)
         self.jobs = []
-        res = cfg.resources(os.cpu_count() or 1)
-        submitted = 0
-        serial = 0
-        last_msg = ""
-        t0 = time.time()
+        self._cycle = _Cycle(cycle, cdir, table, todo, cfg.resources(os.cpu_count() or 1))
+        members = set(range(1, n + 1))
+        self._watch(lambda snap: n + 1 in snap["done"] or members <= set(snap["done"]))
+
+    def analysis(self, cycle: int) -> dict[str, float]:
+        """Watch on until the analysis task of ``cycle`` is done, then cancel the cycle's jobs still queued."""
+        n = self.cfg.experiment.members
+        self._watch(lambda snap: n + 1 in snap["done"])
+        c = self._cycle
+        self._cancel_active(cycle)
+        self.events.emit("cycle_end", cycle=cycle)
+        self._say(f"cycle {cycle}: analysis done ({time.time() - c.t0:.1f} s)")
+        return {}
+
+    def _watch(self, until: Callable[[dict], bool]) -> None:
+        """Watch the cycle's to-do list until ``until(snapshot)``: requeue the tasks of dead
+        workers, stop at a task failed for good, submit jobs for the tasks no live job covers.
+        On any error the cycle's active jobs are cancelled."""
+        cfg, c = self.cfg, self._cycle
+        n = cfg.experiment.members
+        snap, c.snap = c.snap, None
         try:
             while True:
-                requeue_stale(todo, table, self.events, by="driver")
-                snap = todo.snapshot()
-                if snap["failed"]:
-                    self._fail(cycle, snap)
-                if n + 1 in snap["done"]:
-                    break
+                if snap is None:
+                    requeue_stale(c.todo, c.table, self.events, by="driver")
+                    snap = c.todo.snapshot()
+                    if snap["failed"]:
+                        self._fail(c.number, snap)
+                if until(snap):
+                    c.snap = snap
+                    return
                 self._refresh()
                 uncovered = self._uncovered(snap)
                 if uncovered:
-                    if submitted > 0 and serial > cfg.jobs.max_resubmits:
-                        raise EnkflowError(f"cycle {cycle}: more than {cfg.jobs.max_resubmits} resubmissions "
+                    if c.submitted > 0 and c.serial > cfg.jobs.max_resubmits:
+                        raise EnkflowError(f"cycle {c.number}: more than {cfg.jobs.max_resubmits} resubmissions "
                                            f"(jobs.max_resubmits): jobs kept ending with tasks "
-                                           f"{', '.join(map(str, uncovered))} left undone{_last_job_log(cdir)}")
-                    planned = plan(cfg.jobs.strategy, cycle=cycle, cycle_dir=cdir, n_members=n, todo=uncovered, res=res,
-                                   serial=serial, python=cfg.launcher.python)
-                    self._submit(cycle, planned)
-                    submitted += len(planned)
-                    serial += 1
+                                           f"{', '.join(map(str, uncovered))} left undone{_last_job_log(c.cdir)}")
+                    planned = plan(cfg.jobs.strategy, cycle=c.number, cycle_dir=c.cdir, n_members=n, todo=uncovered,
+                                   res=c.res, serial=c.serial, python=cfg.launcher.python)
+                    self._submit(c.number, planned)
+                    c.submitted += len(planned)
+                    c.serial += 1
                 done_m = len([t for t in snap["done"] if t <= n])
-                msg = f"cycle {cycle}: {done_m}/{n} members done" + (", analysis running" if str(n + 1) in snap["claims"] else "")
-                if msg != last_msg:
-                    self._say(f"{msg} ({time.time() - t0:.1f} s)")
-                    last_msg = msg
+                msg = f"cycle {c.number}: {done_m}/{n} members done" + (", analysis running" if str(n + 1) in snap["claims"] else "")
+                if msg != c.last_msg:
+                    self._say(f"{msg} ({time.time() - c.t0:.1f} s)")
+                    c.last_msg = msg
                 time.sleep(cfg.jobs.poll)
-        finally:
-            self._cancel_active(cycle)
-        self.events.emit("cycle_end", cycle=cycle)
-        self._say(f"cycle {cycle}: analysis done ({time.time() - t0:.1f} s)")
+                snap = None
+        except BaseException:
+            self._cancel_active(c.number)
+            raise
 
     def _refresh(self) -> None:
         active = [j for j in self.jobs if j.state is not JobState.FINISHED]
