@@ -16,7 +16,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from enkflow.errors import EnkflowError
-from enkflow.online.wire import Header, Kind, ProtocolError, decode_json
+from enkflow.online.wire import Header, Kind, ProtocolError, VersionMismatch, decode_json
 
 
 class ServerLost(EnkflowError):
@@ -63,7 +63,8 @@ class Connection:
         self.sock.send_multipart(list(frames), copy=False)
 
     def recv(self, timeout_s: float, accept: Callable[[Header], bool]) -> tuple[Header, list[zmq.Frame]]:
-        """The next reply that ``accept`` takes (older, stale replies are skipped); ERROR raises ServerError."""
+        """The next reply that ``accept`` takes (older, stale replies are skipped); ERROR, or a reply in
+        another protocol version, raises ServerError."""
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -81,6 +82,8 @@ class Connection:
             frames = self.sock.recv_multipart(copy=False)
             try:
                 hdr = Header.unpack(frames[0].buffer)
+            except VersionMismatch as exc:
+                raise ServerError(f"the server at {self.address} runs another enkflow: {exc}") from None
             except ProtocolError:
                 continue
             if hdr.kind is Kind.ERROR:

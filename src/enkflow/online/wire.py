@@ -43,6 +43,10 @@ class ProtocolError(EnkflowError):
     """A message that does not follow the protocol (or fails authentication)."""
 
 
+class VersionMismatch(ProtocolError):
+    """A well-formed message of another protocol version: the peer runs another enkflow."""
+
+
 class Kind(IntEnum):
     HELLO = 1  # runner -> control: JSON {fields, name, ranks}; reply WELCOME or ERROR
     WELCOME = 2  # control -> runner: JSON {data addresses, ownership, heartbeat}
@@ -97,8 +101,8 @@ class Header:
         if magic != MAGIC:
             raise ProtocolError(f"bad magic {magic!r}: not an enkflow online message")
         if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version mismatch: the message speaks version {version}, this side "
-                                f"version {PROTOCOL_VERSION}; install the same enkflow on server and runners")
+            raise VersionMismatch(f"protocol version mismatch: the message speaks version {version}, this side "
+                                  f"version {PROTOCOL_VERSION}; install the same enkflow on server and runners")
         try:
             k = Kind(kind)
         except ValueError:
