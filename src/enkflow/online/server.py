@@ -403,7 +403,12 @@ class Server:
                 r.waiting_since = now
                 self.waiting.append(r.id)
         elif hdr.kind is Kind.FAIL:
-            msg = decode_json(frames[2].buffer, "fail").get("error", "?") if len(frames) > 2 else "?"
+            try:
+                msg = decode_json(frames[2].buffer, "fail").get("error", "?") if len(frames) > 2 else "?"
+            except ProtocolError as exc:
+                self._emit("online_reject", reason=f"bad FAIL: {exc}", runner=r.name)
+                self._error(self.control, identity, hdr, f"bad FAIL: {exc}")
+                return
             t = self.sched.current(hdr.task, hdr.cycle)
             if t is not None and t.runner == r.id:
                 self._requeue(t.id, "failed", f"runner {r.name}: {msg}")
@@ -415,8 +420,12 @@ class Server:
     def _hello(self, identity: bytes, hdr: Header, frames: list[zmq.Frame], now: float) -> None:
         try:
             body = decode_json(frames[0].buffer, "hello") if frames else {}
+            if not isinstance(body.get("fields", []), list):
+                raise ProtocolError(f"'fields' is {type(body['fields']).__name__}, not a list")
             got = [Field.from_json(d) for d in body.get("fields", [])]
-        except EnkflowError as exc:
+            ranks = int(body.get("ranks", 1))
+        except (EnkflowError, TypeError, ValueError) as exc:
+            self._emit("online_reject", reason=f"bad HELLO: {exc}", runner=hdr.runner)
             self._error(self.control, identity, hdr, f"bad HELLO: {exc}")
             return
         diff = describe_mismatch(list(self.own.fields), got)
@@ -429,7 +438,7 @@ class Server:
         if old is not None:
             self._drop_runner(old, "rejoined", None)
         self.runners[hdr.runner] = _Runner(hdr.runner, identity, name, now)
-        self._emit("runner_join", runner=name, id=hdr.runner, ranks=int(body.get("ranks", 1)))
+        self._emit("runner_join", runner=name, id=hdr.runner, ranks=ranks)
         welcome = {"epoch": self.epoch, "ranks": self.size, "data": self.data_addresses, "heartbeat_s": self.cfg.heartbeat_s}
         self._reply(identity, hdr.reply(Kind.WELCOME, epoch=self.epoch), encode_json(welcome))
 
