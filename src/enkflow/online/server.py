@@ -143,6 +143,7 @@ class Server:
         self.comm = comm or SerialComm()
         self.rank, self.size = self.comm.rank, self.comm.size
         self.events = events if self.rank == 0 else None
+        self._data_log = events  # every rank logs what its data socket refuses
         self.progress = progress if self.rank == 0 else None
         self.own = Ownership(tuple(problem.fields), self.size)
         # Ranks that own elements: a task is complete once each of them has its part.
@@ -613,10 +614,10 @@ class Server:
         try:
             hdr = Header.unpack(frames[1].buffer) if len(frames) > 1 else Header.unpack(b"")
         except ProtocolError as exc:
-            self._error(self.data, identity, None, str(exc))
+            self._refuse(identity, None, str(exc))
             return
         if not hmac.compare_digest(hdr.credential, self.cred):
-            self._error(self.data, identity, hdr, "authentication failed: wrong token")
+            self._refuse(identity, hdr, "authentication failed: wrong token")
             return
         try:
             if hdr.kind is Kind.PUT:
@@ -626,8 +627,15 @@ class Server:
             else:
                 raise ProtocolError(f"unexpected {hdr.kind.name} on a data socket")
         except ProtocolError as exc:
-            self._error(self.data, identity, hdr, str(exc))
+            self._refuse(identity, hdr, str(exc))
         self.stats["transfer_s"] = self.stats.get("transfer_s", 0.0) + time.perf_counter() - t0
+
+    def _refuse(self, identity: bytes, hdr: Header | None, message: str) -> None:
+        """A data message refused: ERROR to the sender, ``online_reject`` in the event log (from any rank)."""
+        if self._data_log is not None:
+            self._data_log.emit("online_reject", reason=message, socket="data", rank=self.rank,
+                                runner=hdr.runner if hdr else None, kind=hdr.kind.name if hdr else None)
+        self._error(self.data, identity, hdr, message)
 
     def _pieces(self, hdr: Header, frames: list[zmq.Frame], with_data: bool) -> np.ndarray:
         """The checked piece index of a PUT/GET: fields known, ranges owned by this rank."""
