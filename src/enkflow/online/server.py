@@ -685,9 +685,10 @@ class Server:
                                                 f"{a[bad[0]]} (NaN or Inf in the forecast)")
                 new.append((int(k), int(off), int(cnt), fr))
         except ProtocolError as exc:
+            self._refuse(identity, hdr, str(exc))  # first: the report may stop the study (max_failures)
             self.staged.pop(hdr.task, None)
             self._bus_send(0, _PART_REJECT, hdr.task, hdr.member, hdr.cycle, str(exc))
-            raise
+            return
         for k, off, cnt, fr in new:
             st.pieces.append((k, off, cnt, fr))
             st.covered[k].append((off, off + cnt))
