@@ -106,11 +106,15 @@ class Runner:
         if self.comm.rank == 0:
             try:
                 result = ("ok", self._hello())
+            except ServerLost as exc:
+                result = ("lost", str(exc))
             except EnkflowError as exc:
                 result = ("err", str(exc))
         else:
             result = ("ok", None)
         result = self.comm.bcast(result, root=0)
+        if result[0] == "lost":
+            raise ServerLost(str(result[1]))
         if result[0] == "err":
             raise ServerError(str(result[1]))
         welcome = result[1]
@@ -289,7 +293,8 @@ class Runner:
         return result[1]  # type: ignore[return-value]
 
     def _ready(self) -> Header:
-        assert self._control is not None
+        if self._control is None:  # an earlier attempt to greet the server gave up: expose tries again
+            raise ServerLost(f"not connected to the server at {self.address}")
         while True:
             self._control.send([Header(Kind.READY, self._cred, self.id, epoch=self._epoch).pack()])
             try:
