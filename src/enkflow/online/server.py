@@ -278,8 +278,6 @@ class Server:
             self.ckpt.flush()  # the forecast checkpoints read the shares the analysis overwrites
         t_flush = time.perf_counter() - t0
         Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k))
-        if self.ckpt is not None:
-            self.ckpt.analysis(k, self.store.parts)
         self.p.sink.write(k, Xa, self.store.row_start, diag)
         transfer = self.comm.allgather_obj(self.stats.get("transfer_s", 0.0))
         diag = {**diag, **{k2: v for k2, v in self.stats.items() if k2 != "transfer_s"}, "transfer_s": float(max(transfer)),
@@ -287,6 +285,10 @@ class Server:
         self.diagnostics[k] = diag
         self._emit("online_cycle_end", cycle=k, **diag)
         self._emit("cycle_end", cycle=k)
+        if self.ckpt is not None:
+            # Last: a restarted server skips every cycle whose analysis is checkpointed, so the cycle's
+            # outputs (mean and spread files, events) must exist before its checkpoint does.
+            self.ckpt.analysis(k, self.store.parts)
         self._say(f"cycle {k}: analysis done ({diag['analysis_s']:.2f} s), omb {diag['omb_rms']:.4g} -> oma {diag['oma_rms']:.4g}")
         if self.rank == 0:
             now = time.monotonic()
