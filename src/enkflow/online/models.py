@@ -4,13 +4,19 @@ Each is the model's own time stepping around the runner loop of
 :class:`~enkflow.online.runner.Runner`, with the same arithmetic as its
 offline counterpart (``enkflow model`` and ``enkflow l96``), so both modes
 give the same bits. A model error is reported to the server (:meth:`Runner.fail`)
-before the process exits with status 1.
+before the process exits with status 1. ``--sleep S`` adds S idle seconds to every
+forecast (an emulated model cost, as ``enkflow model --sleep``). SIGTERM (a
+cancelled job, a batch system's warning before its kill) makes the runner leave
+cleanly: it says BYE, so the server gives the member it holds to another runner
+at once instead of waiting for its heartbeats to stop.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +25,9 @@ from enkflow.online.fields import Field
 from enkflow.online.runner import Runner
 
 
-def demo_runner(runner: Runner, grid: Path, length: float, variable: str = "soil_moisture") -> int:
-    """The demo model: ``grid`` a restart of the problem (for the land points), ``length`` hours per cycle."""
+def demo_runner(runner: Runner, grid: Path, length: float, variable: str = "soil_moisture", sleep: float = 0.0) -> int:
+    """The demo model: ``grid`` a restart of the problem (for the land points), ``length`` hours per cycle,
+    ``sleep`` idle seconds per forecast."""
     import netCDF4
 
     from enkflow.models.demo_model import DT_HOURS, DemoModel, _pattern
@@ -37,16 +44,18 @@ def demo_runner(runner: Runner, grid: Path, length: float, variable: str = "soil
     x = np.zeros(i.size, dtype=dtype)
     x, nsteps = runner.expose(x)
     while nsteps:
-        model = DemoModel(length=nsteps * DT_HOURS, start_hour=(runner.cycle - 1) * length, variable=variable)
+        model = DemoModel(length=nsteps * DT_HOURS, start_hour=(runner.cycle - 1) * length, variable=variable, sleep=sleep)
         u = np.zeros((n_y, n_x))
         u[j, i] = x
         x[...] = model.advance(u, land, pattern)[j, i]
+        if sleep:
+            time.sleep(sleep)
         x, nsteps = runner.expose(x)
     return 0
 
 
-def l96_runner(runner: Runner) -> int:
-    """Lorenz-96 (40 variables, RK4): ``nsteps`` steps of dt = 0.05 per cycle."""
+def l96_runner(runner: Runner, sleep: float = 0.0) -> int:
+    """Lorenz-96 (40 variables, RK4): ``nsteps`` steps of dt = 0.05 per cycle, ``sleep`` idle seconds per forecast."""
     from enkflow.models import lorenz96 as l96
 
     runner.init([Field("x", "float64", (l96.N_VARS,))])
@@ -57,6 +66,8 @@ def l96_runner(runner: Runner) -> int:
         for _ in range(nsteps):
             y = l96.step(y)
         x[...] = y
+        if sleep:
+            time.sleep(sleep)
         x, nsteps = runner.expose(x)
     return 0
 
@@ -69,22 +80,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve-key", default="", help="the server's CURVE public key (Z85), when it encrypts")
     p.add_argument("--grid", default=None, help="demo: a restart file of the problem (land points)")
     p.add_argument("--length", type=float, default=6.0, help="demo: hours per cycle (for the forcing's phase)")
+    p.add_argument("--sleep", type=float, default=0.0, metavar="S", help="extra idle seconds per forecast (emulated cost)")
     args = p.parse_args(argv)
+    if args.sleep < 0:
+        p.error(f"--sleep must be >= 0, got {args.sleep}")
+    if args.model == "demo" and not args.grid:
+        p.error("the demo runner needs --grid")
     token = Path(args.token_file).read_text().strip()
     runner = Runner(args.address, token, curve_server_key=args.curve_key or None)
+    previous = signal.signal(signal.SIGTERM, _leave)
     try:
         if args.model == "demo":
-            if not args.grid:
-                p.error("the demo runner needs --grid")
-            return demo_runner(runner, Path(args.grid), args.length)
-        return l96_runner(runner)
+            return demo_runner(runner, Path(args.grid), args.length, sleep=args.sleep)
+        return l96_runner(runner, sleep=args.sleep)
     except Exception as exc:
         print(f"enkflow runner: error: {exc}", file=sys.stderr, flush=True)
         if runner.task:
             runner.fail(f"{type(exc).__name__}: {exc}")
         return 1
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the BYE short
         runner.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _leave(signum: int, frame: object) -> None:
+    """SIGTERM: unwind out of the model or the exchange (SystemExit is no model error: no FAIL is sent)
+    to ``main``'s ``finally``, which says BYE."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
