@@ -56,6 +56,8 @@ class ServerConfig:
     need the matching public key. ``stateless_check``: in the first cycle of a new
     study member 1 runs twice and the two forecasts must agree bit for bit (a
     model keeping state between exposes would give members the wrong history).
+    ``min_runners``: hand out no member before this many runners have joined (for
+    benchmarks and tests that need every runner to take part).
     """
 
     token: str
@@ -68,6 +70,7 @@ class ServerConfig:
     curve_secret_key: str | None = None
     address_file: Path | None = None
     stateless_check: bool = False
+    min_runners: int = 1
 
 
 @dataclass
@@ -158,6 +161,7 @@ class Server:
         self.sched = Scheduler(problem.n_members, config.scheduler)
         self.runners: dict[int, _Runner] = {}
         self.waiting: deque[int] = deque()
+        self._dispatched = False
         self.stats: dict[str, float] = {}
         self.diagnostics: dict[int, dict[str, float]] = {}
         self._ctx = zmq.Context.instance()
@@ -448,6 +452,9 @@ class Server:
     def _dispatch(self) -> None:
         """Hand pending members to waiting runners (deferred replies to their READY)."""
         now = time.monotonic()
+        if len(self.runners) < self.cfg.min_runners and not self._dispatched:
+            return
+        self._dispatched = True
         while self.waiting and self.sched.pending:
             r = self.runners.get(self.waiting.popleft())
             if r is None or r.waiting_since is None:
