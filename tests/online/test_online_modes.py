@@ -1,0 +1,90 @@
+"""Offline and online agree: the demo both ways gives bitwise-identical analyses and the same table
+of scores; Lorenz-96 through the server gives the scores of `enkflow l96`; a model keeping state
+between exposes is caught by the statelessness check."""
+
+import threading
+
+import netCDF4
+import numpy as np
+import pytest
+
+from enkflow.config import Method
+from enkflow.errors import MemberError
+from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.models import lorenz96 as l96
+from enkflow.models.l96_experiment import L96Setup, NatureRun, make_filter, run
+from enkflow.online import Field, Problem, Runner, Server, ServerConfig
+from enkflow.online.l96 import run_online
+
+
+def _var(path, name="soil_moisture"):
+    with netCDF4.Dataset(path) as ds:
+        return np.asarray(ds[name][:])
+
+
+def test_demo_online_is_bitwise_the_offline_demo(tmp_path):
+    out = {}
+    for mode in ("offline", "online"):
+        lines: list[str] = []
+        out[mode] = run_demo(tmp_path / mode, DemoSettings(members=8, cycles=3, mode=mode, runners=3), say=lines.append)
+        out[mode]["lines"] = lines
+    assert out["offline"]["rmse"] == out["online"]["rmse"]
+    assert out["offline"]["spread"] == out["online"]["spread"]
+    for m in range(1, 9):
+        f = f"members/member_{m:04d}.nc"
+        assert np.array_equal(_var(tmp_path / "offline" / f), _var(tmp_path / "online" / f)), m
+    for k in (1, 2, 3):
+        for stat in ("mean", "spread"):
+            f = f"run/cycles/{k:04d}/analysis_{stat}.nc"
+            assert np.array_equal(_var(tmp_path / "offline" / f), _var(tmp_path / "online" / f)), f
+    rmse_lines = [line for line in out["online"]["lines"] if line.strip().startswith("cycle ") and "RMSE" in line]
+    assert rmse_lines == [line for line in out["offline"]["lines"] if line.strip().startswith("cycle ") and "RMSE" in line]
+    assert len(rmse_lines) == 5  # the initial line, then cycles 0-3
+
+
+@pytest.mark.parametrize("method", [Method.ETKF, Method.LETKF])
+def test_lorenz96_through_the_server_scores_as_in_process(method):
+    s = L96Setup(method=method, members=6, inflation=1.05, cycles=25, burn_in=5)
+    a, b = run(s), run_online(s, runners=2)
+    assert (a.rmse_a, a.spread_a, a.rmse_f) == (b.rmse_a, b.spread_a, b.rmse_f)
+
+
+def test_a_model_with_hidden_state_fails_the_statelessness_check():
+    s = L96Setup(method=Method.ETKF, members=4, cycles=2, burn_in=0)
+    rng = np.random.default_rng(0)
+    nature = NatureRun(l96.spin_up(rng), rng, 1.0)
+    E0 = nature.truth[:, None] + rng.standard_normal((40, 4))
+
+    def initial(store):
+        store.parts[0][...] = E0
+
+    class Nature(NatureRun):
+        def observations(self, cycle):
+            self.y = self.truth
+            return super().observations(cycle)
+
+    problem = Problem((Field("x", "float64", (40,)),), 4, initial, lambda c: 1, Nature(nature.truth, rng, 1.0), make_filter(s))
+    server = Server(problem, ServerConfig(token="t", stateless_check=True, heartbeat_timeout_s=30))
+    errors = []
+
+    def stateful_runner(seed):
+        calls = 0
+        try:
+            with Runner(server.address, "t", reconnect_s=2) as r:
+                r.init([Field("x", "float64", (40,))])
+                x = np.zeros(40)
+                x, n = r.expose(x)
+                while n:
+                    calls += 1
+                    x[...] = l96.step(x) + 1e-9 * (calls + seed)  # state of its own: a seed, a count of members run
+                    x, n = r.expose(x)
+        except Exception as exc:  # the server goes away once it stops the study
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stateful_runner, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    with pytest.raises(MemberError, match="not stateless.*member 1|member 1.*not stateless"):
+        server.run([1, 2])
+    for t in threads:
+        t.join(timeout=30)
