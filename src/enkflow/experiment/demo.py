@@ -108,7 +108,7 @@ inflation = {{ prior = {s.inflation} }}
     if s.mode == "online":
         online = f'''
 [online]
-runner = "{py} -m enkflow.online.models demo --address {{address}} --token-file {{token_file}} --grid {{restart}} --length {{length}}"
+runner = "{py} -m enkflow.online.models demo --address {{address}} --token-file {{token_file}} --grid {{restart}} --length {{length}} --curve-key={{curve_key}}"
 runners = {s.runners}
 heartbeat = 0.5
 heartbeat_timeout = 10.0
