@@ -147,6 +147,8 @@ class OnlineSection(Strict):
     runner: str = Field(description="command of one runner; placeholders {address} {token_file} {runner} {expdir} "
                                     "{length} {steps} {restart} (member 1's restart, a grid template) {curve_key}")
     runners: int = Field(default=2, ge=1, description="runner processes kept alive (fewer than members is fine)")
+    min_runners: int = Field(default=1, ge=1, description="hand out no member before this many runners joined "
+                                                          "(with `enkflow serve` and runners started elsewhere)")
     ranks: int = Field(default=1, ge=1, description="MPI ranks of the server (started with mpiexec when > 1)")
     bind: str = Field(default="127.0.0.1", description="interface the server listens on (loopback by default)")
     port: int = Field(default=0, ge=0, le=65535, description="control port; 0 picks a free one")

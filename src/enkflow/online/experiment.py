@@ -156,7 +156,8 @@ def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: st
     return ServerConfig(token=token, bind=o.bind, port=port, heartbeat_s=o.heartbeat, heartbeat_timeout_s=o.heartbeat_timeout,
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
                         checkpoint_dir=online_dir(cfg) / "checkpoints", curve_secret_key=curve_secret,
-                        address_file=online_dir(cfg) / "address", stateless_check=o.stateless_check)
+                        address_file=online_dir(cfg) / "address", stateless_check=o.stateless_check,
+                        min_runners=o.min_runners)
 
 
 def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: MemoryStore) -> None:
