@@ -169,9 +169,10 @@ class Server:
 
     # -- sockets ------------------------------------------------------------------------
 
-    def _bind(self, kind: int, port: int = 0, host: str | None = None) -> zmq.Socket:
+    def _bind(self, kind: int, port: int = 0, host: str | None = None, max_message: int = -1) -> zmq.Socket:
         s = self._ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, max_message)
         s.setsockopt(zmq.ROUTER_MANDATORY, 0)
         if self.cfg.curve_secret_key and host is None:
             s.curve_server = True
@@ -189,7 +190,8 @@ class Server:
         self.control = self.bus = None
         bus_addr = None
         if self.rank == 0:
-            self.control = self._bind(zmq.ROUTER, self.cfg.port)
+            # Control messages are small; libzmq drops a peer that sends a larger one before it is buffered.
+            self.control = self._bind(zmq.ROUTER, self.cfg.port, max_message=4 << 20)
             self.address = _advertised(self.control.LAST_ENDPOINT.decode())
             if self.size > 1:
                 self.bus = self._bind(zmq.ROUTER, host="127.0.0.1")
