@@ -203,10 +203,13 @@ class Server:
             self.bus.setsockopt(zmq.LINGER, 0)
             self.bus.setsockopt(zmq.IDENTITY, b"rank-%d" % self.rank)
             self.bus.connect(bus_addr)
-            self.bus.send(_BUS.pack(0, 0, 0, 0, self.rank))  # so that rank 0 can route to this rank
+            self.bus.send_multipart([self.cred, _BUS.pack(0, 0, 0, 0, self.rank)])  # so that rank 0 can route to this rank
         elif self.size > 1:
-            for _ in range(self.size - 1):
-                self.bus.recv_multipart()
+            registered: set[int] = set()
+            while len(registered) < self.size - 1:
+                msg = self._bus_message(self.bus.recv_multipart())
+                if msg is not None and msg[0] == 0:
+                    registered.add(msg[4])
         self.comm.barrier()
         if self.rank == 0 and self.cfg.address_file is not None:
             from enkflow.fsutil import write_bytes_atomic
@@ -362,9 +365,9 @@ class Server:
             if self.data in ready:
                 self._on_data(self.data.recv_multipart(copy=False))
             if self.bus is not None and self.bus in ready:
-                frames = self.bus.recv_multipart()[1:]  # after the sender's identity
-                op, task, member, cycle, rank = _BUS.unpack(frames[0])
-                self._on_report(op, task, member, cycle, rank, frames[1].decode() if len(frames) > 1 else "")
+                msg = self._bus_message(self.bus.recv_multipart())
+                if msg is not None:
+                    self._on_report(*msg)
             now = time.monotonic()
             if now - last_check > 0.2:
                 last_check = now
@@ -539,6 +542,17 @@ class Server:
             self.sched.probe_resolved()
             self._emit("stateless_check", cycle=self.cycle, member=member, ok=True)
 
+    def _bus_message(self, frames: list[bytes]) -> tuple[int, int, int, int, int, str] | None:
+        """Rank 0: a report from another rank (identity, credential, operation, reason), or None for a
+        message that is not one. The bus listens on loopback, where any local process can connect."""
+        frames = frames[1:]  # after the sender's identity
+        if len(frames) in (2, 3) and hmac.compare_digest(frames[0], self.cred) and len(frames[1]) == _BUS.size:
+            op, task, member, cycle, rank = _BUS.unpack(frames[1])
+            if 0 < rank < self.size:
+                return op, task, member, cycle, rank, frames[2].decode(errors="replace") if len(frames) > 2 else ""
+        self._emit("online_reject", reason="not a server rank's message", socket="bus", rank=0)
+        return None
+
     def _bus_send(self, rank: int, op: int, task: int, member: int, cycle: int, reason: str = "") -> None:
         """To rank ``rank`` (0: rank 0's own handler) the bus operation ``op``."""
         if rank == self.rank:
@@ -551,7 +565,7 @@ class Server:
         if self.rank == 0:
             self.bus.send_multipart([b"rank-%d" % rank, *frames])
         else:
-            self.bus.send_multipart(frames)
+            self.bus.send_multipart([self.cred, *frames])
 
     def _stop_runners(self) -> None:
         """Tell waiting runners the study is over; the other ranks stop too."""
