@@ -54,3 +54,21 @@ def test_online_run_checks_before_starting_anything(tmp_path):
     bad.write_text(toml.read_text().replace(f'runner = "{sys.executable}', 'runner = "/nonexistent/python'))
     with pytest.raises(ConfigError, match="online.runner"):
         OnlineExperiment(load_experiment(bad)).run()
+
+
+def test_initial_copy_leaves_the_initial_ensemble_untouched(tmp_path):
+    toml = prepare(tmp_path, DemoSettings(members=3, cycles=1, mode="online", runners=1), lambda m: None)
+    toml.write_text(toml.read_text().replace('mode = "online"', 'mode = "online"\ninitial = "copy"'))
+    before = _state(tmp_path / "members" / "member_0002.nc")
+    OnlineExperiment(load_experiment(toml)).run()
+    assert np.array_equal(before, _state(tmp_path / "members" / "member_0002.nc"))
+    copy = tmp_path / "run" / "restarts" / "0002" / "member_0002.nc"
+    assert not np.array_equal(before, _state(copy))
+
+
+def test_offline_only_settings_are_refused_in_online_mode(tmp_path):
+    toml = prepare(tmp_path, DemoSettings(members=3, cycles=1, mode="online"), lambda m: None)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(toml.read_text() + '\n[analysis_task]\ncommand = "true"\n')
+    with pytest.raises(ConfigError, match="analysis_task.command is for offline mode"):
+        load_experiment(bad)

@@ -9,7 +9,6 @@ machine): each connects to the address the server prints with the token in
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 
 
@@ -26,7 +25,7 @@ def _main(args: argparse.Namespace) -> int:
     from enkflow.experiment.config import load_experiment
     from enkflow.fsutil import write_json_atomic
     from enkflow.online.experiment import online_dir, serve_experiment
-    from enkflow.online.launch import _secret_file
+    from enkflow.online.launch import copy_initial, make_secrets
     from enkflow.parallel import get_comm
 
     cfg = load_experiment(args.config)
@@ -36,7 +35,8 @@ def _main(args: argparse.Namespace) -> int:
     odir = online_dir(cfg)
     if comm.rank == 0:
         odir.mkdir(parents=True, exist_ok=True)
-        _secret_file(odir / "token", lambda: secrets.token_hex(32))
+        make_secrets(odir, curve=cfg.online.curve)
+        copy_initial(cfg)
         write_json_atomic(odir / "launch.json", {"port": args.port if args.port is not None else cfg.online.port})
         write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
         print(f"token file: {odir / 'token'}; the address will be in {odir / 'address'}", file=sys.stderr, flush=True)

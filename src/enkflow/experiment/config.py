@@ -267,6 +267,11 @@ class ExperimentConfig(Strict):
             if self.analysis is None or self.state is None:
                 raise ValueError("online mode runs the built-in analysis: it needs [state] and [analysis] "
                                  "(analysis_task.command is for offline mode)")
+            if self.analysis_task.command is not None:
+                raise ValueError("analysis_task.command is for offline mode; online mode runs the built-in analysis")
+            if self.observations.operator is not None:
+                raise ValueError("observations.operator is for offline mode (an H(x) stage after each forecast); "
+                                 "online mode applies H to the in-memory states through the state_index")
         return self
 
     @property

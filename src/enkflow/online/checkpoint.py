@@ -26,7 +26,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from enkflow.errors import StorageError
+from enkflow.errors import ConfigError, StorageError
 from enkflow.fsutil import fsync_dir
 from enkflow.online.fields import Field
 
@@ -78,9 +78,10 @@ def read_h5(path: Path, fields: tuple[Field, ...], shapes: list[tuple[int, ...]]
 class Checkpointer:
     """This rank's background checkpoint writer. A write error stops the server at the next call."""
 
-    def __init__(self, directory: Path, rank: int, fields: tuple[Field, ...]):
+    def __init__(self, directory: Path, rank: int, fields: tuple[Field, ...], n_ranks: int = 1):
         self.dir = directory
         self.rank = rank
+        self.n_ranks = n_ranks
         self.fields = fields
         self._q: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._error: BaseException | None = None
@@ -115,7 +116,7 @@ class Checkpointer:
         """Queue member ``member``'s forecast (views of the store, left untouched until :meth:`flush`)."""
         self._check()
         path = forecast_path(self.dir, cycle, member, self.rank)
-        self._q.put(lambda: _write_h5(path, self.fields, columns, {"cycle": cycle, "member": member, "rank": self.rank}))
+        self._q.put(lambda: _write_h5(path, self.fields, columns, {"cycle": cycle, "member": member, "rank": self.rank, "ranks": self.n_ranks}))
 
     def analysis(self, cycle: int, parts: list[np.ndarray]) -> None:
         """Queue the analysis ensemble; :meth:`wait_analysis` before the shares change again."""
@@ -125,7 +126,7 @@ class Checkpointer:
 
         def job() -> None:
             try:
-                _write_h5(path, self.fields, parts, {"cycle": cycle, "rank": self.rank})
+                _write_h5(path, self.fields, parts, {"cycle": cycle, "rank": self.rank, "ranks": self.n_ranks})
                 self._prune(cycle)
             finally:
                 self._analysis_done.set()
@@ -159,6 +160,17 @@ def recoverable(directory: Path, n_ranks: int, n_members: int) -> tuple[int | No
     the members whose forecast every rank checkpointed."""
     if not directory.is_dir():
         return None, {}
+    for p in sorted(directory.glob("analysis_*.rank_*.h5")) + sorted(directory.glob("forecast_*/member_*.rank_*.h5")):
+        try:
+            with h5py.File(p, "r") as h:
+                written = int(h.attrs.get("ranks", n_ranks))
+        except OSError as exc:
+            raise StorageError(f"cannot read the checkpoint: {exc}", path=str(p)) from None
+        if written != n_ranks:
+            raise ConfigError(f"the checkpoints in {directory} were written by a server of {written} ranks, this one "
+                              f"has {n_ranks}: resume with [online] ranks = {written}, or delete that directory to start "
+                              "the study over", key="online.ranks")
+        break
     analyses: dict[int, set[int]] = {}
     for p in directory.glob("analysis_*.rank_*.h5"):
         m = re.fullmatch(r"analysis_(\d+)\.rank_(\d+)\.h5", p.name)

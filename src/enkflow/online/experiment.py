@@ -79,8 +79,9 @@ class MeanSpreadOutput:
                           title=f"enkflow analysis, cycle {cycle}")
 
 
-def experiment_fields(cfg: ExperimentConfig, layout: StateLayout) -> tuple[Field, ...]:
-    """The fields runners must declare: the state variables (whole, flattened as in the file), then the carried ones."""
+def experiment_fields(cfg: ExperimentConfig, layout: StateLayout, template: Path | None = None) -> tuple[Field, ...]:
+    """The fields runners must declare: the state variables (whole, flattened as in the file), then the carried
+    ones (read from ``template``, default member 1's restart)."""
     import netCDF4
 
     fields = []
@@ -89,7 +90,7 @@ def experiment_fields(cfg: ExperimentConfig, layout: StateLayout) -> tuple[Field
             raise ConfigError(f"online mode exchanges whole variables; state variable {v.name!r} is masked "
                               "([state] mask): unmask it or use offline mode", key="state.mask")
         fields.append(Field(v.name, v.dtype.name, v.shape, assimilated=True))
-    template = cfg.restart_path(1)
+    template = template or cfg.restart_path(1)
     with netCDF4.Dataset(template) as ds:
         for name in cfg.online.carried:
             if name not in ds.variables:

@@ -49,6 +49,32 @@ def _secret_file(path: Path, make: Callable[[], str]) -> str:
     return path.read_text().strip()
 
 
+def copy_initial(cfg: ExperimentConfig) -> None:
+    """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble, made once."""
+    from enkflow.jobs.protect import place
+
+    if cfg.experiment.initial != "copy":
+        return
+    for m in range(1, cfg.experiment.members + 1):
+        dst = cfg.restart_path(m)
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            place(cfg.source_restart_path(m), dst)
+
+
+def make_secrets(directory: Path, *, curve: bool) -> Path:
+    """The experiment's token (and, with ``curve``, the server's CURVE key pair), made once; returns the token file."""
+    token = directory / "token"
+    _secret_file(token, lambda: secrets.token_hex(32))
+    if curve and not (directory / "curve.key").exists():
+        import zmq
+
+        pub, sec = zmq.curve_keypair()
+        write_bytes_atomic(directory / "curve.pub", pub + b"\n")
+        _secret_file(directory / "curve.key", lambda: sec.decode())
+    return token
+
+
 class OnlineExperiment:
     """Runs (or resumes) an online experiment; ``progress`` receives one-line status messages."""
 
@@ -76,11 +102,14 @@ class OnlineExperiment:
 
         _check_program(self.o.runner, "online.runner")
         checks.check_observations(self.cfg, self.cfg.cycle_numbers)
-        checks.check_restarts(self.cfg)
+        # Before the copy of an initial = "copy" experiment exists, the restarts checked are the initial ones.
+        source = self.cfg.experiment.initial == "copy" and not self.cfg.restart_path(1).exists()
+        checks.check_restarts(self.cfg, source=source)
         from enkflow.online.experiment import experiment_fields
         from enkflow.state import StateLayout
 
-        experiment_fields(self.cfg, StateLayout.from_config(self.cfg.restart_path(1), self.cfg.state))
+        template = self.cfg.source_restart_path(1) if source else self.cfg.restart_path(1)
+        experiment_fields(self.cfg, StateLayout.from_config(template, self.cfg.state), template)
 
     def run(self) -> dict:
         """Run the study to the end; returns the server's status. Holds the experiment's lock."""
@@ -90,15 +119,8 @@ class OnlineExperiment:
             self.check()
             self.dir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
-            self.token_file = self.dir / "token"
-            _secret_file(self.token_file, lambda: secrets.token_hex(32))
-            if self.o.curve:
-                import zmq
-
-                pub, sec = zmq.curve_keypair()
-                if not (self.dir / "curve.key").exists():
-                    write_bytes_atomic(self.dir / "curve.pub", pub + b"\n")
-                _secret_file(self.dir / "curve.key", lambda: sec.decode())
+            self.token_file = make_secrets(self.dir, curve=self.o.curve)
+            copy_initial(cfg)
             launch = read_json(self.dir / "launch.json") or {}
             port = int(launch.get("port") or self.o.port or _free_port(self.o.bind))
             write_json_atomic(self.dir / "launch.json", {"port": port})

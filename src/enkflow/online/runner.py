@@ -15,7 +15,7 @@
 asks for the next task and fills ``state`` in place with that member's state;
 ``nsteps == 0`` means the study is over. The server may hand any member to any
 runner, so the model must keep no member's state of its own between calls
-(:func:`enkflow.online.stateless.check` tests that).
+(the server's ``stateless_check`` tests that in the first cycle).
 
 An MPI model passes ``comm`` (an :class:`enkflow.parallel.Comm`) and, per
 field, this rank's slice of the flattened field (``slices={name: (offset,

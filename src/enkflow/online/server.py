@@ -154,7 +154,7 @@ class Server:
         self.store = MemoryStore(self.own, self.comm, problem.n_members)
         self.cred = credential(config.token)
         self.epoch = int.from_bytes(np.random.default_rng().bytes(7), "little") or 1
-        self.ckpt = ckpt.Checkpointer(config.checkpoint_dir, self.rank, self.own.fields) if config.checkpoint_dir else None
+        self.ckpt = ckpt.Checkpointer(config.checkpoint_dir, self.rank, self.own.fields, self.size) if config.checkpoint_dir else None
         self.cycle = -1
         self._kept: dict[int, list[np.ndarray]] = {}
         self.staged: dict[int, _Staged] = {}
