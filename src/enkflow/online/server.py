@@ -219,7 +219,8 @@ class Server:
     def close(self) -> None:
         for s in (self.data, self.control, self.bus):
             if s is not None:
-                s.close(0)
+                # Half a second for the last replies (STOP, the ERROR that ended a study) to leave.
+                s.close(linger=500)
         if self.ckpt is not None:
             self.ckpt.close()
 
