@@ -588,16 +588,29 @@ class Server:
         self.comm.barrier()
         if self.rank != 0:
             return
+        told = {rid for rid in self.waiting if rid in self.runners and self.runners[rid].waiting_since is not None}
         self._stop_runners()
+        # The whole grace period, not just until 100 ms pass without a message (a runner whose last ACK
+        # came late asks later); it ends early, after 100 ms of quiet for the replies to leave, once
+        # every runner that joined has been told.
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self.control.poll(100):
+        while time.monotonic() < deadline:
+            if not self.control.poll(100):
+                if self.runners.keys() <= told:
+                    break
+                continue
             frames = self.control.recv_multipart(copy=False)
             try:
                 hdr = Header.unpack(frames[1].buffer)
             except (ProtocolError, IndexError):
                 continue
-            if hdr.kind is Kind.READY and hmac.compare_digest(hdr.credential, self.cred):
+            if not hmac.compare_digest(hdr.credential, self.cred):
+                continue
+            if hdr.kind is Kind.READY:
                 self._reply(frames[0].bytes, Header(Kind.STOP, self.cred, hdr.runner, epoch=self.epoch))
+                told.add(hdr.runner)
+            elif hdr.kind is Kind.BYE:
+                told.add(hdr.runner)
         self._emit("experiment_end", cycles=sorted(self.diagnostics))
 
     # -- every rank: data -------------------------------------------------------------------
