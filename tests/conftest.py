@@ -40,3 +40,23 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from jobs_helpers.experiments import synth_members
 
     return synth_members(tmp_path_factory.mktemp("synth"), 4)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    """A real one-node SLURM (8 CPUs, dependent jobs ranked from their eligible time), started once per session."""
+    from enkflow.errors import EnkflowError
+    from enkflow_testing.localslurm import LocalSlurm, missing_reason
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(f"local SLURM unavailable: {reason}")
+    ls = LocalSlurm(tmp_path_factory.mktemp("slurm"), cpus=8, queue="eligible")
+    try:
+        ls.start()
+    except EnkflowError as exc:
+        if "installing" in str(exc):
+            pytest.skip(f"local SLURM unavailable: {exc}")
+        raise
+    yield ls
+    ls.stop()

@@ -11,32 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enkflow.errors import EnkflowError
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
 from enkflow.report import load_report
-from enkflow_testing.localslurm import BackgroundLoad, LocalSlurm, missing_reason
+from enkflow_testing.localslurm import BackgroundLoad, LocalSlurm
 from jobs_helpers.experiments import make_experiment, restarts
 
 pytestmark = pytest.mark.slurm
 N = 4
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(f"local SLURM unavailable: {reason}")
-    # Dependent jobs ranked from their eligible time, as on production machines.
-    ls = LocalSlurm(tmp_path_factory.mktemp("slurm"), cpus=8, queue="eligible")
-    try:
-        ls.start()
-    except EnkflowError as exc:
-        if "installing" in str(exc):
-            pytest.skip(f"local SLURM unavailable: {exc}")
-        raise
-    yield ls
-    ls.stop()
 
 
 @pytest.fixture(scope="module")
