@@ -47,6 +47,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--json", action="store_true", help="end with one JSON line")
     g.set_defaults(func=_land)
+    o = bsub.add_parser(
+        "online",
+        help="online mode: state exchange rate vs raw pyzmq, and seconds per cycle online vs offline",
+        description="On loopback: the rate at which the online server and its runners exchange member states "
+        "(a model that does nothing; the forecast phases timed) against a raw pyzmq transfer of the same bytes with "
+        "the same streams, both in this run; then the demo problem offline and online (seconds per cycle). "
+        "See enkflow.online.bench for exactly what is timed.",
+    )
+    o.add_argument("--state-mb", type=float, default=100.0, help="MB (1e6 bytes) of float64 state per member (default 100)")
+    o.add_argument("--ranks", type=int, default=2, help="server MPI ranks (mpiexec when > 1; default 2)")
+    o.add_argument("--runners", type=int, default=4, help="runner processes (default 4)")
+    o.add_argument("--members", type=int, default=8, help="ensemble members (default 8)")
+    o.add_argument("--cycles", type=int, default=2, help="timed cycles, after one warm-up cycle (default 2)")
+    o.add_argument("--check", action="store_true", help="checksum every exchanged state (slower: not for timing)")
+    o.add_argument("--no-compare", action="store_true", help="skip the online vs offline demo comparison")
+    o.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run is stopped")
+    o.add_argument("--dir", default=None, help="where to put the temporary files (default: the system's temp dir)")
+    o.add_argument("--keep", action="store_true", help="keep the temporary files (logs, event logs)")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--json", action="store_true", help="end with one JSON line")
+    o.set_defaults(func=_online)
+    s = bsub.add_parser(
+        "online-scale",
+        help="online mode at scale: 1000 Lorenz-96 members on 16 runners, the server's cost per member exchange",
+        description="Lorenz-96 members through the online server (ETKF, every variable observed); the forecast "
+        "phases' wall time per member exchange and what the runners spent. See enkflow.online.bench.",
+    )
+    s.add_argument("--members", type=int, default=1000, help="ensemble members (default 1000)")
+    s.add_argument("--runners", type=int, default=16, help="runner processes (default 16)")
+    s.add_argument("--ranks", type=int, default=2, help="server MPI ranks (mpiexec when > 1; default 2)")
+    s.add_argument("--cycles", type=int, default=3, help="timed cycles, after one warm-up cycle (default 3)")
+    s.add_argument("--model", choices=["zero", "l96"], default="zero",
+                   help="zero: the runners send back what they got (the exchange's cost alone); l96: one RK4 step")
+    s.add_argument("--check", action="store_true", help="checksum every exchanged state")
+    s.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run is stopped")
+    s.add_argument("--dir", default=None, help="where to put the temporary files (default: the system's temp dir)")
+    s.add_argument("--keep", action="store_true", help="keep the temporary files (logs, event logs)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--json", action="store_true", help="end with one JSON line")
+    s.set_defaults(func=_online_scale)
     from enkflow.io.bench import add_parser as add_io
 
     add_io(bsub)
@@ -105,3 +145,15 @@ def _land(args: argparse.Namespace) -> int:
 
     s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed)
     return main_json(s, args.dir, args.keep, args.json)
+
+
+def _online(args: argparse.Namespace) -> int:
+    from enkflow.online.bench import run_online
+
+    return run_online(args)
+
+
+def _online_scale(args: argparse.Namespace) -> int:
+    from enkflow.online.bench import run_scale
+
+    return run_scale(args)
