@@ -127,6 +127,8 @@ class LocalLauncher:
             if job.cancelled_at is None and job.proc.poll() is None:
                 job.cancelled_at = now
                 _signal_group(job.proc.pid, signal.SIGTERM)
+                # A stopped (SIGSTOP) job acts on the SIGTERM only once it runs again.
+                _signal_group(job.proc.pid, signal.SIGCONT)
         self._schedule()
 
     def pid(self, job_id: str) -> int | None:

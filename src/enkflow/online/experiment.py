@@ -158,7 +158,7 @@ def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: st
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
                         checkpoint_dir=online_dir(cfg) / "checkpoints", curve_secret_key=curve_secret,
                         address_file=online_dir(cfg) / "address", stateless_check=o.stateless_check,
-                        min_runners=o.min_runners)
+                        min_runners=o.min_runners, stop_file=online_dir(cfg) / "stopping.json")
 
 
 def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: MemoryStore) -> None:

@@ -129,6 +129,7 @@ class OnlineExperiment:
                 self._say("the study is already complete")
                 return status
             (self.dir / "status.json").unlink(missing_ok=True)
+            (self.dir / "stopping.json").unlink(missing_ok=True)
             if self.launcher is None:
                 self.launcher = self._make_launcher()
             self.events.emit("experiment_start", mode="online", cycles=cfg.cycle_numbers, members=cfg.experiment.members,
@@ -230,7 +231,8 @@ class OnlineExperiment:
                     address = new
                     continue
                 for i, jid in enumerate(runners):
-                    if st[jid] is JobState.FINISHED:
+                    # A runner ends when told the study is over: then it is not replaced.
+                    if st[jid] is JobState.FINISHED and not (self.dir / "stopping.json").exists():
                         if self.runner_starts >= max_starts:
                             raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
                                                f"{self.dir / 'logs'}{_tail(self.dir / 'logs', 'runner')}")

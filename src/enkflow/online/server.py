@@ -57,7 +57,9 @@ class ServerConfig:
     study member 1 runs twice and the two forecasts must agree bit for bit (a
     model keeping state between exposes would give members the wrong history).
     ``min_runners``: hand out no member before this many runners have joined (for
-    benchmarks and tests that need every runner to take part).
+    benchmarks and tests that need every runner to take part). ``stop_file`` is written
+    once the last cycle is done, before runners are told to stop (so that a supervisor
+    does not replace a runner that stopped because the study is over).
     """
 
     token: str
@@ -71,6 +73,7 @@ class ServerConfig:
     address_file: Path | None = None
     stateless_check: bool = False
     min_runners: int = 1
+    stop_file: Path | None = None
 
 
 @dataclass
@@ -588,6 +591,10 @@ class Server:
         self.comm.barrier()
         if self.rank != 0:
             return
+        if self.cfg.stop_file is not None:
+            from enkflow.fsutil import write_json_atomic
+
+            write_json_atomic(self.cfg.stop_file, {"cycles": sorted(self.diagnostics)})
         told = {rid for rid in self.waiting if rid in self.runners and self.runners[rid].waiting_since is not None}
         self._stop_runners()
         # The whole grace period, not just until 100 ms pass without a message (a runner whose last ACK
