@@ -319,12 +319,13 @@ class Server:
         if self.rank == 0:
             self._emit("cycle_start", cycle=k)
             self.sched.start_cycle(k, done, probe=self._probe)
+            probes = 1 if self._probe is not None else 0
             self._probe = None
             self._compared: set[int] = set()
             self._idle = 0.0
             self._serve_rank0()
             self.stats.update(forecast_s=time.perf_counter() - t0, runner_idle_s=self._idle,
-                              tasks=float(self.sched.assigned), recomputed=float(self.sched.assigned - (self.p.n_members - len(done))),
+                              tasks=float(self.sched.assigned), recomputed=float(self.sched.assigned - (self.p.n_members - len(done)) - probes),
                               recovered=float(len(done)), runners=float(len(self.runners)))
             for cause, n in self.sched.redone.items():
                 self.stats[f"redone_{cause}"] = float(n)
