@@ -27,6 +27,7 @@ class Comm(Protocol):
     def split(self, color: int, key: int = 0) -> "Comm": ...
     def iscatterv(self, sendbuf: np.ndarray | None, counts: Sequence[int], recvbuf: np.ndarray, root: int = 0) -> Request: ...
     def igatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts: Sequence[int], root: int = 0) -> Request: ...
+    def alltoallv_rows(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> np.ndarray: ...
 
 
 class Request(Protocol):
@@ -83,6 +84,20 @@ class SerialComm:
         if n:
             np.copyto(recvbuf[:n], sendbuf[:n])  # type: ignore[index]
         return DoneRequest()
+
+    def alltoallv_rows(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> np.ndarray:
+        """One rank sends its rows to itself: a Fortran-ordered copy of ``send``."""
+        _check_alltoallv(send, send_counts, recv_counts, 1)
+        return np.array(send, dtype=np.float64, order="F", copy=True)
+
+
+def _check_alltoallv(send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], size: int) -> None:
+    if send.ndim != 2:
+        raise ValueError(f"alltoallv_rows needs a 2-D (rows, N) array, got shape {send.shape}")
+    if len(send_counts) != size or len(recv_counts) != size:
+        raise ValueError(f"alltoallv_rows needs {size} send and receive counts")
+    if int(np.sum(send_counts)) != send.shape[0]:
+        raise ValueError(f"send counts sum to {int(np.sum(send_counts))}, the array has {send.shape[0]} rows")
 
 
 class _MPIRequest:
@@ -159,6 +174,23 @@ class MPIComm:
         n = int(counts[self.rank])
         recv = self._vspec(recvbuf, counts) if self.rank == root else None
         return _MPIRequest(self.comm.Igatherv([sendbuf, n, self._MPI._typedict[sendbuf.dtype.char]], recv, root=root))
+
+    def alltoallv_rows(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> np.ndarray:
+        """Exchange row blocks: this rank's ``send`` (n_send, N) float64, any order, holds
+        ``send_counts[r]`` consecutive rows for rank ``r`` (in rank order); returns the rows
+        received, (sum(recv_counts), N) float64 in Fortran order, ``recv_counts[r]`` rows from
+        rank ``r`` in rank order. Every rank must pass the same N; ``recv_counts`` on this rank
+        must equal ``send_counts[this rank]`` on each sender (collective, MPI_Alltoallv).
+        The rows travel packed in C order (each row's N members contiguous)."""
+        _check_alltoallv(send, send_counts, recv_counts, self.size)
+        N = send.shape[1]
+        sbuf = np.ascontiguousarray(send, dtype=np.float64)
+        rbuf = np.empty((int(np.sum(recv_counts)), N), dtype=np.float64)
+        sc = np.asarray(send_counts, dtype=np.int64) * N
+        rc = np.asarray(recv_counts, dtype=np.int64) * N
+        dt = self._MPI.DOUBLE
+        self.comm.Alltoallv([sbuf, sc, _displs(sc), dt], [rbuf, rc, _displs(rc), dt])
+        return np.asfortranarray(rbuf)
 
 
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")

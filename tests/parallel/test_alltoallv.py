@@ -1,0 +1,32 @@
+"""``Comm.alltoallv_rows``: row blocks between two decompositions, serial and under mpiexec."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from enkflow.parallel import SerialComm
+
+HERE = Path(__file__).parent
+
+
+def test_serial_alltoallv_is_a_fortran_copy():
+    a = np.arange(12.0).reshape(4, 3)
+    out = SerialComm().alltoallv_rows(a, [4], [4])
+    assert out.flags.f_contiguous and np.array_equal(out, a) and out is not a
+    with pytest.raises(ValueError):
+        SerialComm().alltoallv_rows(a, [3], [3])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_alltoallv_rows_under_mpiexec(mpiexec, subprocess_env, tmp_path, n):
+    out = tmp_path / "ok.txt"
+    proc = subprocess.run([mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_alltoallv.py"), str(out)],
+                          env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.read_text() == f"ok {n}"
