@@ -70,6 +70,7 @@ class Runner:
         self._own: Ownership | None = None
         self._epoch = 0
         self._hb: _Heartbeat | None = None
+        self._waited_us = 0
         self.task = 0
         self.member = 0
         self.cycle = 0
@@ -296,10 +297,14 @@ class Runner:
         if self._control is None:  # an earlier attempt to greet the server gave up: expose tries again
             raise ServerLost(f"not connected to the server at {self.address}")
         while True:
-            self._control.send([Header(Kind.READY, self._cred, self.id, epoch=self._epoch).pack()])
+            # READY carries (in nsteps) how long this runner waited for its previous task, in microseconds:
+            # only the runner knows it, since READYs queue unread while the server runs the analysis.
+            self._control.send([Header(Kind.READY, self._cred, self.id, nsteps=self._waited_us, epoch=self._epoch).pack()])
+            t0 = time.monotonic()
             try:
                 # Waiting for a task may take as long as the other members' forecasts and the analysis.
                 hdr, _ = self._control.recv(10 * 24 * 3600.0, lambda h: h.kind in (Kind.TASK, Kind.STOP))
+                self._waited_us = int((time.monotonic() - t0) * 1e6)
                 return hdr
             except ServerError as exc:
                 if "unknown runner" not in str(exc):

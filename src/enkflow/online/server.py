@@ -165,6 +165,7 @@ class Server:
         self.runners: dict[int, _Runner] = {}
         self.waiting: deque[int] = deque()
         self._dispatched = False
+        self._idle = 0.0  # runners' waits for a task reported this cycle, seconds
         self.stats: dict[str, float] = {}
         self.diagnostics: dict[int, dict[str, float]] = {}
         self._ctx = zmq.Context.instance()
@@ -416,6 +417,8 @@ class Server:
             return
         if hdr.kind is Kind.READY:
             r.identity = identity
+            if 0 <= hdr.nsteps < 10**13:  # the runner's wait for its previous task, microseconds
+                self._idle += hdr.nsteps / 1e6
             if r.waiting_since is None:
                 r.waiting_since = now
                 self.waiting.append(r.id)
@@ -473,7 +476,6 @@ class Server:
             if t is None:
                 self.waiting.appendleft(r.id)
                 return
-            self._idle += now - r.waiting_since
             r.waiting_since = None
             self._reply(r.identity, Header(Kind.TASK, self.cred, r.id, t.id, t.member, t.cycle, self.p.nsteps(t.cycle),
                                            epoch=self.epoch))
