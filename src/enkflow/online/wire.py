@@ -11,7 +11,7 @@ Every message is a multipart ZeroMQ message whose first frame is a
     task       u64  the task id the server gave out (0: none)
     member     i64  1-based member, 0 for none
     cycle      i64
-    nsteps     i64  steps to run (TASK), 0 = stop
+    nsteps     i64  steps to run (TASK), 0 = stop; in READY the runner's previous wait for a task, microseconds
     count      u64  the number of pieces that follow (PUT/GET/DATA)
     epoch      u64  the server's incarnation (a restarted server has a new one)
 
