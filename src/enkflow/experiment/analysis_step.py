@@ -50,6 +50,7 @@ def analyse_files(
     hx_files: Sequence[Path] | None = None,
     truth: np.ndarray | None = None,
     applied: str | Path | None = None,
+    balance: bool | None = None,
 ) -> dict[str, float]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
 
@@ -67,6 +68,11 @@ def analyse_files(
     the analysis: nothing is assimilated again; the mean/spread are written
     from the files and the recorded diagnostics are returned, with
     ``already_applied`` = 1.
+
+    ``balance`` (local filters): see :func:`enkflow.experiment.cycling.analyse`; True analyses
+    rows of equal estimated cost on every rank instead of the I/O row blocks (same result),
+    False keeps the row blocks; both add the balance diagnostics (``imbalance_est``,
+    ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance``.
     """
     comm = comm or get_comm()
     t0 = time.perf_counter()
@@ -85,10 +91,16 @@ def analyse_files(
             return _redo_outputs(store, record, cycle, mean_path, spread_path, t0)
         t1 = time.perf_counter()
         local = None
+        if balance is None:
+            balance = getattr(analysis, "balance", None)
         if analysis.method.is_local:
-            local = LocalGeometry(LocalDomains.by_location(layout.coords[store.row_start:store.row_stop]))
+            if balance:  # the domains of the balanced ranges are built inside the analysis
+                local = LocalGeometry(row_coords=layout.coords)
+            else:
+                local = LocalGeometry(LocalDomains.by_location(layout.coords[store.row_start:store.row_stop]),
+                                      row_coords=layout.coords)
         t_local = time.perf_counter() - t1
-        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=store.record)
+        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=store.record, balance=balance)
         t2 = time.perf_counter()
         if mean_path is not None:
             write_mean_spread(Xa, layout, mean_path, spread_path, comm=comm, title=f"enkflow analysis, cycle {cycle}")

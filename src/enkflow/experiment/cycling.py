@@ -35,6 +35,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from enkflow.analysis import LESTKF, LETKF, Filter, Geometry, LocalDomains
+from enkflow.analysis import balance as _balance
 from enkflow.errors import InputError
 from enkflow.obs import ObsSet
 from enkflow.parallel import Comm, SerialComm
@@ -137,13 +138,28 @@ class NoOutput:
 @dataclass(frozen=True)
 class LocalGeometry:
     """What a local filter needs of the state rows of this rank: its domains and, optionally,
-    the geometry of every row (None: the domains carry their own coordinates)."""
+    the geometry of every row (None: the domains carry their own coordinates).
 
-    domains: LocalDomains
+    ``row_coords`` (n_rows, n_dim): the coordinates of every state row (all ranks' rows), which
+    a balanced analysis (``analyse(..., balance=True)``) needs to build the domains of the rows
+    it receives (by location). With it, ``domains`` may be None: the domains of this rank's
+    rows are then built by location when needed."""
+
+    domains: LocalDomains | None = None
     geometry: Geometry | None = None
+    row_coords: np.ndarray | None = None
 
-    def kwargs(self) -> dict:
-        kw: dict = {"domains": self.domains}
+    def domains_for(self, start: int, stop: int) -> LocalDomains:
+        """The domains of rows ``start:stop``: ``domains`` where given (they are this rank's), else
+        rows grouped by location from ``row_coords``."""
+        if self.domains is not None:
+            return self.domains
+        if self.row_coords is None:
+            raise InputError("LocalGeometry needs domains or row_coords", item="local")
+        return LocalDomains.by_location(self.row_coords[start:stop])
+
+    def kwargs(self, start: int = 0, stop: int = 0) -> dict:
+        kw: dict = {"domains": self.domains_for(start, stop)}
         if self.geometry is not None:
             kw["geometry"] = self.geometry
         return kw
@@ -158,6 +174,8 @@ def analyse(
     local: LocalGeometry | None = None,
     truth: np.ndarray | None = None,
     before_update: Callable[[np.ndarray, dict[str, float]], None] | None = None,
+    balance: bool | None = None,
+    balance_stride: int = 64,
 ) -> tuple[np.ndarray, dict[str, float]]:
     """The analysis of ``cycle``: gather, apply H, assimilate, scatter. Collective over ``store.comm``.
 
@@ -169,6 +187,22 @@ def analyse(
     ``omb_rms``, ``oma_rms`` (observation minus background / analysis mean), the
     local filters' ``mean_local_obs`` / ``search_s`` / ``kernel_s``, and
     ``analysis_s`` (seconds).
+
+    ``balance`` (local filters with ``local``): None (default) analyses this rank's rows as
+    they come, and reports nothing more. False does the same and reports the balance (below).
+    True gives every rank a contiguous range of rows of equal estimated cost (local
+    observations x N^2 + N^3, the local observations counted every ``balance_stride``-th row
+    and interpolated; :mod:`enkflow.analysis.balance`), moves the forecast rows there from the
+    store's row blocks with ``comm.alltoallv_rows``, analyses them with domains built by
+    location from ``local.row_coords``, and moves the analysis back before the scatter; H X
+    stays computed on the store's blocks. Every domain's analysis is the same computation on
+    whichever rank it runs, so the result is the same as with None (bitwise, in our tests).
+    With ``balance`` set the diagnostics add ``imbalance_est`` (max/mean of the ranks'
+    estimated work), ``imbalance_cpu`` and ``imbalance_wall`` (of the ranks' seconds in the
+    local filter), ``balance_s`` (estimate and split) and ``redistribute_s`` (both exchanges),
+    and, after ``before_update`` has run (so not in its record), the per-rank lists
+    ``rank_analysis_s``, ``rank_cpu_s``, ``rank_est_work`` (share of the total) and
+    ``rank_rows``, the same on every rank.
     """
     comm = store.comm
     X = store.gather(cycle)
@@ -177,13 +211,18 @@ def analyse(
     HX = obs.apply(cycle, X, store.row_start, comm)
     omb = float(np.sqrt(np.mean((y.values - HX.mean(axis=1)) ** 2))) if y.n_obs else 0.0
     prior_mean = X.mean(axis=1) if truth is not None else None
-    kw: dict = {}
-    if local is not None:
-        kw = {**local.kwargs(), "out": X}
-    Xa = flt.analyze(X, HX, y, cycle=cycle, **kw)
+    per_rank: dict[str, list[float]] = {}
+    if balance is not None and local is not None and isinstance(flt, (LETKF, LESTKF)):
+        Xa, bdiag, per_rank = _decomposed_analysis(store, flt, X, HX, y, cycle, local, bool(balance), balance_stride)
+    else:
+        bdiag = {}
+        kw: dict = {}
+        if local is not None:
+            kw = {**local.kwargs(store.row_start, store.row_stop), "out": X}
+        Xa = flt.analyze(X, HX, y, cycle=cycle, **kw)
     hxa = obs.apply_mean(cycle, np.ascontiguousarray(Xa.mean(axis=1)), store.row_start, comm)
     oma = float(np.sqrt(np.mean((y.values - hxa) ** 2))) if y.n_obs else 0.0
-    diag: dict[str, float] = {"n_obs": float(y.n_obs), "omb_rms": omb, "oma_rms": oma}
+    diag: dict[str, float] = {"n_obs": float(y.n_obs), "omb_rms": omb, "oma_rms": oma, **bdiag}
     if isinstance(flt, (LETKF, LESTKF)):
         diag.update(mean_local_obs=flt.stats.mean_local_obs, search_s=flt.stats.search_s, kernel_s=flt.stats.kernel_s)
     if truth is not None:
@@ -195,8 +234,70 @@ def analyse(
     Xa = np.asfortranarray(Xa)
     if before_update is not None:
         before_update(Xa, diag)
+    diag.update(per_rank)  # type: ignore[arg-type]
     store.scatter(cycle, Xa)
     return Xa, diag
+
+
+def _decomposed_analysis(
+    store: EnsembleStore, flt: LETKF | LESTKF, X: np.ndarray, HX: np.ndarray, y: ObsSet, cycle: int,
+    local: LocalGeometry, balance: bool, stride: int,
+) -> tuple[np.ndarray, dict[str, float], dict[str, list[float]]]:
+    """The local analysis of :func:`analyse` with ``balance`` set: estimate every row's cost,
+    analyse the rows of the equal-cost range (``balance``) or of the store's block, and time it.
+    ``X`` (row_stop - row_start, N) is overwritten with the analysis and returned."""
+    comm = store.comm
+    t0 = time.perf_counter()
+    if local.row_coords is None:
+        raise InputError("a balanced analysis needs the coordinates of every state row (LocalGeometry.row_coords)",
+                         item="local.row_coords")
+    rc = np.asarray(local.row_coords, dtype=np.float64)
+    rc = rc[:, None] if rc.ndim == 1 else rc
+    if rc.shape[0] != store.n_rows:
+        raise InputError(f"row_coords has {rc.shape[0]} rows, the state {store.n_rows}", item="local.row_coords")
+    loc = flt.localization
+    geometry = local.geometry or Geometry(loc.metric, y.coords, loc.period)
+    blocks = np.array(comm.allgather_obj((store.row_start, store.row_stop)), dtype=np.int64).reshape(-1, 2)
+    io_bounds = np.append(blocks[:, 0], blocks[-1, 1])
+    if io_bounds[0] != 0 or io_bounds[-1] != store.n_rows or np.any(blocks[1:, 0] != blocks[:-1, 1]):
+        raise InputError("a balanced analysis needs the ranks' row blocks contiguous and in rank order", item="store")
+    sample = _balance.sample_rows(store.n_rows, stride)
+    mine = sample[(sample >= store.row_start) & (sample < store.row_stop)]
+    geometry.check_domain_coords(rc[mine])
+    counts = comm.allgather_rows(geometry.counts(rc[mine], loc.support).astype(np.float64))
+    cost = _balance.domain_cost(_balance.interpolate_counts(sample, counts, store.n_rows), X.shape[1])
+    bounds = _balance.split_equal_cost(cost, comm.size) if balance else io_bounds
+    a0, a1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    t1 = time.perf_counter()
+    if balance:
+        send, recv = _balance.exchange_counts(io_bounds, bounds, comm.rank)
+        Xb = comm.alltoallv_rows(X, send, recv)
+    else:
+        Xb = X
+    t2 = time.perf_counter()
+    domains = local.domains_for(a0, a1) if not balance else LocalDomains.by_location(rc[a0:a1])
+    c0 = time.process_time()
+    w0 = time.perf_counter()
+    Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    t3 = time.perf_counter()
+    if balance:
+        X[...] = comm.alltoallv_rows(Xb, recv, send)
+    t4 = time.perf_counter()
+    work = _balance.part_costs(cost, bounds)
+    total = float(work.sum()) or 1.0
+    rows = np.diff(bounds).astype(np.float64)
+    ranks = comm.allgather_obj((wall, cpu))
+    r_wall = [float(r[0]) for r in ranks]
+    r_cpu = [float(r[1]) for r in ranks]
+    diag = {
+        "imbalance_est": _balance.imbalance(work), "imbalance_cpu": _balance.imbalance(r_cpu),
+        "imbalance_wall": _balance.imbalance(r_wall), "balance_s": t1 - t0, "redistribute_s": (t2 - t1) + (t4 - t3),
+        "balanced": float(balance),
+    }
+    per_rank = {"rank_analysis_s": r_wall, "rank_cpu_s": r_cpu, "rank_est_work": [float(w) / total for w in work],
+                "rank_rows": rows.tolist()}
+    return X, diag, per_rank
 
 
 def run_cycles(
