@@ -49,7 +49,6 @@ def test_online_run_checks_before_starting_anything(tmp_path):
     with pytest.raises(FileFormatError, match="obs_0002"):
         OnlineExperiment(load_experiment(toml)).run()
     assert not (tmp_path / "run" / "online" / "address").exists()
-    text = toml.read_text().replace('"{py}', '"/nonexistent/python')
     bad = tmp_path / "bad.toml"
     bad.write_text(toml.read_text().replace(f'runner = "{sys.executable}', 'runner = "/nonexistent/python'))
     with pytest.raises(ConfigError, match="online.runner"):

@@ -89,7 +89,7 @@ def run_online(s: L96Setup, runners: int = 2, progress=None, heartbeat_timeout_s
         procs = [subprocess.Popen(argv, stdin=subprocess.DEVNULL) for _ in range(runners)]
         try:
             t0 = time.perf_counter()
-            diag = server.run(list(range(total)))
+            server.run(list(range(total)))
             dt = time.perf_counter() - t0
         finally:
             for p in procs:
