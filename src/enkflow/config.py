@@ -96,6 +96,8 @@ class AnalysisConfig(Strict):
     localization: LocalizationConfig | None = None
     seed: int = 0
     kernel: str = Field(default="compiled", pattern="^(compiled|reference)$")
+    # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
+    balance: bool = False
 
     @model_validator(mode="after")
     def _local_needs_radius(self) -> "AnalysisConfig":

@@ -27,7 +27,8 @@ def test_interpolation_is_exact_on_sampled_rows_and_linear_between():
 
 
 def test_domain_cost():
-    assert B.domain_cost(np.array([0, 10]), 4).tolist() == [64.0, 10 * 16 + 64.0]
+    assert B.domain_cost(np.array([0, 10]), 4, fixed=1.0).tolist() == [64.0, 10 * 16 + 64.0]
+    assert B.domain_cost(np.array([0]), 4).tolist() == [B.FIXED_COST * 64.0]
 
 
 @pytest.mark.parametrize("P", [1, 2, 3, 7, 16])

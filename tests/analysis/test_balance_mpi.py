@@ -45,7 +45,7 @@ def test_balanced_analysis_equals_the_row_block_analysis(mpiexec, subprocess_env
             assert res[n][key].tobytes() == ref.tobytes(), (n, key)
         on = json.loads(str(res[n]["diag_on"]))
         off = json.loads(str(res[n]["diag_off"]))
-        assert "imbalance_est" not in json.loads(str(res[n]["diag_none"]))
+        assert json.loads(str(res[n]["diag_none"]))["balanced"] == 0.0  # [analysis] balance defaults to false
         assert len(on["rank_analysis_s"]) == n and len(on["rank_cpu_s"]) == n
         assert np.isclose(sum(on["rank_est_work"]), 1.0) and sum(on["rank_rows"]) == ref.shape[0]
         assert on["imbalance_est"] <= 1.05

@@ -1,8 +1,8 @@
 """Work-weighted decomposition of a local analysis over ranks (issue 11).
 
 A local domain with ``n_loc`` local observations costs about
-``n_loc * N**2 + N**3`` flops (forming the N x N local matrix, then its
-eigendecomposition). On a lon-lat grid the polar rows have many more
+``n_loc * N**2 + c N**3`` (forming the N x N local matrix, then its
+eigendecomposition; ``c`` = :data:`FIXED_COST`, measured). On a lon-lat grid the polar rows have many more
 observations within the cut-off than the equatorial ones, so the I/O row blocks
 (equal row counts) carry very unequal work. These pure functions estimate each
 row's cost and split the rows into contiguous ranges of equal estimated cost;
@@ -57,10 +57,18 @@ def interpolate_counts(rows: np.ndarray, counts: np.ndarray, n_rows: int) -> np.
     return np.interp(np.arange(n_rows, dtype=np.float64), rows, counts)
 
 
-def domain_cost(n_local_obs: np.ndarray, n_members: int) -> np.ndarray:
-    """Estimated flops of each local analysis: ``n_local_obs * N**2 + N**3``; same shape, float64."""
+#: The fixed cost of a domain in units of N**3, against one unit per local observation x N**2.
+#: Fitted to the per-rank CPU seconds of the compiled kernel and search on the medium land problem
+#: (N = 40, 8 ranks balanced with 1.0: ranks of 19k rows, ~2,000 obs per point, took 29 s; ranks of
+#: 860k rows, ~100 obs per point, 49 s): 2.9. The eigendecomposition is ~9 N**3 flops against
+#: 2 N**2 per observation for the local matrix, which gives 4.5 in flops.
+FIXED_COST = 3.0
+
+
+def domain_cost(n_local_obs: np.ndarray, n_members: int, fixed: float = FIXED_COST) -> np.ndarray:
+    """Estimated cost of each local analysis: ``n_local_obs * N**2 + fixed * N**3``; same shape, float64."""
     n = float(n_members)
-    return np.asarray(n_local_obs, dtype=np.float64) * n * n + n ** 3
+    return np.asarray(n_local_obs, dtype=np.float64) * n * n + fixed * n ** 3
 
 
 def split_equal_cost(cost: np.ndarray, n_parts: int) -> np.ndarray:

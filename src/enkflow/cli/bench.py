@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--dir", type=Path, default=None, help="reuse (or create) the synthetic files here")
     g.add_argument("--keep", action="store_true", help="keep the temporary files")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--ranks", type=int, default=1, help="MPI processes for the analysis (mpiexec when > 1; default 1)")
+    g.add_argument("--no-balance", dest="balance", action="store_false",
+                   help="analyse each rank's I/O row block instead of rows of equal estimated work")
     g.add_argument("--json", action="store_true", help="end with one JSON line")
     g.set_defaults(func=_land)
     o = bsub.add_parser(
@@ -143,7 +146,12 @@ def _analysis_lines(res: dict) -> str:
 def _land(args: argparse.Namespace) -> int:
     from enkflow.bench.land import LandBenchSetup, main_json
 
-    s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed)
+    from enkflow.errors import InputError
+
+    if args.ranks < 1:
+        raise InputError("--ranks must be >= 1", item="ranks")
+    s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed,
+                       ranks=args.ranks, balance=args.balance)
     return main_json(s, args.dir, args.keep, args.json)
 
 

@@ -191,7 +191,7 @@ def analyse(
     ``balance`` (local filters with ``local``): None (default) analyses this rank's rows as
     they come, and reports nothing more. False does the same and reports the balance (below).
     True gives every rank a contiguous range of rows of equal estimated cost (local
-    observations x N^2 + N^3, the local observations counted every ``balance_stride``-th row
+    observations x N^2 + 3 N^3, the local observations counted every ``balance_stride``-th row
     and interpolated; :mod:`enkflow.analysis.balance`), moves the forecast rows there from the
     store's row blocks with ``comm.alltoallv_rows``, analyses them with domains built by
     location from ``local.row_coords``, and moves the analysis back before the scatter; H X
@@ -199,7 +199,8 @@ def analyse(
     whichever rank it runs, so the result is the same as with None (bitwise, in our tests).
     With ``balance`` set the diagnostics add ``imbalance_est`` (max/mean of the ranks'
     estimated work), ``imbalance_cpu`` and ``imbalance_wall`` (of the ranks' seconds in the
-    local filter), ``balance_s`` (estimate and split) and ``redistribute_s`` (both exchanges),
+    local filter), ``balance_s`` (estimate and split), ``redistribute_s`` (both exchanges) and
+    ``wait_s`` (this rank's wait for the slowest before the exchange back),
     and, after ``before_update`` has run (so not in its record), the per-rank lists
     ``rank_analysis_s``, ``rank_cpu_s``, ``rank_est_work`` (share of the total) and
     ``rank_rows``, the same on every rank.
@@ -281,6 +282,8 @@ def _decomposed_analysis(
     Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     t3 = time.perf_counter()
+    comm.barrier()  # the wait for the slowest rank, timed apart from the exchange
+    t3b = time.perf_counter()
     if balance:
         X[...] = comm.alltoallv_rows(Xb, recv, send)
     t4 = time.perf_counter()
@@ -292,7 +295,8 @@ def _decomposed_analysis(
     r_cpu = [float(r[1]) for r in ranks]
     diag = {
         "imbalance_est": _balance.imbalance(work), "imbalance_cpu": _balance.imbalance(r_cpu),
-        "imbalance_wall": _balance.imbalance(r_wall), "balance_s": t1 - t0, "redistribute_s": (t2 - t1) + (t4 - t3),
+        "imbalance_wall": _balance.imbalance(r_wall), "balance_s": t1 - t0, "redistribute_s": (t2 - t1) + (t4 - t3b),
+        "wait_s": t3b - t3,
         "balanced": float(balance),
     }
     per_rank = {"rank_analysis_s": r_wall, "rank_cpu_s": r_cpu, "rank_est_work": [float(w) / total for w in work],
