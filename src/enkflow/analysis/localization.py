@@ -23,12 +23,16 @@ class Localization:
     taper: Taper = Taper.GASPARI_COHN
     metric: Metric = Metric.CARTESIAN
     period: float | None = None
+    # At most this many observations per domain, the nearest (an approximation; None: all of them).
+    max_obs: int | None = None
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.half_width) and self.half_width > 0):
             raise InputError(f"localization half-width must be > 0, got {self.half_width!r}", item="localization.radius")
         if self.metric is Metric.PERIODIC and not (self.period and self.period > 0):
             raise InputError("the periodic metric needs period > 0", item="localization.period")
+        if self.max_obs is not None and self.max_obs < 1:
+            raise InputError(f"localization.max_obs must be >= 1, got {self.max_obs}", item="localization.max_obs")
 
     @classmethod
     def from_radius(cls, radius: float, convention: RadiusConvention = RadiusConvention.HALF_WIDTH, **kw) -> "Localization":
@@ -36,7 +40,8 @@ class Localization:
 
     @classmethod
     def from_config(cls, cfg: LocalizationConfig) -> "Localization":
-        return cls.from_radius(cfg.radius, cfg.convention, taper=cfg.taper, metric=cfg.metric, period=cfg.period)
+        return cls.from_radius(cfg.radius, cfg.convention, taper=cfg.taper, metric=cfg.metric, period=cfg.period,
+                               max_obs=getattr(cfg, "max_obs", None))
 
     @property
     def support(self) -> float:
@@ -44,13 +49,28 @@ class Localization:
         return _taper.support(self.taper, self.half_width)
 
     def local_obs(self, geometry: Geometry, dom_coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(offsets, idx, weight)`` CSR of the observations with non-zero weight per domain."""
+        """``(offsets, idx, weight)`` CSR of the observations with non-zero weight per domain
+        (with ``max_obs``, the ``max_obs`` nearest of them), observations ascending within a domain."""
         nb = geometry.neighbours(dom_coords, self.support)
         wt = _taper.weights(self.taper, nb.dist, self.half_width)
         keep = wt > 0.0
+        n_dom = nb.offsets.size - 1
+        if self.max_obs is not None and int(np.diff(nb.offsets).max(initial=0)) > self.max_obs:
+            keep &= _nearest(nb.offsets, nb.dist, self.max_obs)
         if keep.all():
             return nb.offsets, nb.idx, wt
-        dom = np.repeat(np.arange(nb.offsets.size - 1), nb.counts)[keep]
+        dom = np.repeat(np.arange(n_dom), nb.counts)[keep]
         offsets = np.zeros_like(nb.offsets)
-        np.cumsum(np.bincount(dom, minlength=nb.offsets.size - 1), out=offsets[1:])
+        np.cumsum(np.bincount(dom, minlength=n_dom), out=offsets[1:])
         return offsets, nb.idx[keep], wt[keep]
+
+
+def _nearest(offsets: np.ndarray, dist: np.ndarray, k: int) -> np.ndarray:
+    """Mask (n_pairs,) of the ``k`` nearest pairs of each domain of the CSR ``offsets`` (ties: the lower
+    observation index, as the pairs are in ascending observation order within a domain)."""
+    n_dom = offsets.size - 1
+    dom = np.repeat(np.arange(n_dom), np.diff(offsets))
+    order = np.lexsort((np.arange(dist.size), dist, dom))  # by domain, then distance, then position
+    rank = np.empty(dist.size, np.int64)
+    rank[order] = np.arange(dist.size) - offsets[dom[order]]
+    return rank < k
