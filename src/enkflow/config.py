@@ -73,6 +73,8 @@ class LocalizationConfig(Strict):
     convention: RadiusConvention = RadiusConvention.HALF_WIDTH
     metric: Metric = Metric.CARTESIAN
     period: float | None = Field(default=None, gt=0)
+    max_obs: int | None = Field(default=None, ge=1, description="at most this many observations per local domain, "
+                                "the nearest (an approximation: see docs/analysis.md); default: all within the radius")
 
     @model_validator(mode="after")
     def _period_for_ring(self) -> "LocalizationConfig":
@@ -97,7 +99,7 @@ class AnalysisConfig(Strict):
     seed: int = 0
     kernel: str = Field(default="compiled", pattern="^(compiled|reference)$")
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
-    balance: bool = False
+    balance: bool = True
 
     @model_validator(mode="after")
     def _local_needs_radius(self) -> "AnalysisConfig":

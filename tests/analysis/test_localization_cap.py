@@ -27,7 +27,7 @@ def test_the_cap_keeps_the_nearest_observations_in_ascending_order(metric):
         b, wb = ic[oc[k]:oc[k + 1]], wc[oc[k]:oc[k + 1]]
         assert np.all(np.diff(b) > 0)
         assert set(b) == set(a[np.argsort(-wa, kind="stable")[:15]])  # the nearest: the largest weights
-        assert np.array_equal(wb, wa[np.isin(a, b)])
+        assert np.allclose(wb, wa[np.isin(a, b)], rtol=1e-12, atol=0)  # another search, the same distances
 
 
 def test_a_cap_above_every_count_changes_nothing_and_a_bad_cap_is_refused():
@@ -40,3 +40,16 @@ def test_a_cap_above_every_count_changes_nothing_and_a_bad_cap_is_refused():
         assert np.array_equal(a, b)
     with pytest.raises(InputError, match="max_obs"):
         Localization(half_width=5.0, max_obs=0)
+
+
+def test_ties_at_the_kth_place_go_to_the_lower_observation_index():
+    # Observations stacked at the same points: many ties at every distance.
+    base = np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0], [3.0, 0.5]])
+    obs = np.repeat(base, 5, axis=0)
+    g = Geometry(Metric.CARTESIAN, obs)
+    dom = np.array([[0.0, 0.0], [2.5, 1.0]])
+    o, i, w = Localization(half_width=5.0, max_obs=7).local_obs(g, dom)
+    d = np.linalg.norm(obs[None, :, :] - dom[:, None, :], axis=2)
+    for k in range(2):
+        expect = np.lexsort((np.arange(obs.shape[0]), d[k]))[:7]
+        assert np.array_equal(i[o[k]:o[k + 1]], np.sort(expect))

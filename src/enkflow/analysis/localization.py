@@ -51,12 +51,13 @@ class Localization:
     def local_obs(self, geometry: Geometry, dom_coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(offsets, idx, weight)`` CSR of the observations with non-zero weight per domain
         (with ``max_obs``, the ``max_obs`` nearest of them), observations ascending within a domain."""
-        nb = geometry.neighbours(dom_coords, self.support)
+        if self.max_obs is None:
+            nb = geometry.neighbours(dom_coords, self.support)
+        else:
+            nb = geometry.nearest(dom_coords, self.support, self.max_obs)
         wt = _taper.weights(self.taper, nb.dist, self.half_width)
         keep = wt > 0.0
         n_dom = nb.offsets.size - 1
-        if self.max_obs is not None and int(np.diff(nb.offsets).max(initial=0)) > self.max_obs:
-            keep &= _nearest(nb.offsets, nb.dist, self.max_obs)
         if keep.all():
             return nb.offsets, nb.idx, wt
         dom = np.repeat(np.arange(n_dom), nb.counts)[keep]

@@ -47,6 +47,7 @@ class LandBenchSetup:
     seed: int = 0
     ranks: int = 1
     balance: bool = True
+    max_obs: int | None = None  # the optional cap on local observations (approximate)
 
 
 def _synthesize(s: LandBenchSetup, out: Path) -> float:
@@ -106,7 +107,7 @@ def analyse_dir(s: LandBenchSetup, d: Path) -> dict | None:
     state = StateConfig(variables=[STATE_VAR], coordinates=["land_lon", "land_lat"])
     analysis = AnalysisConfig.model_validate({
         "method": s.method,
-        "localization": {"radius": s.cutoff_km, "convention": "cutoff", "metric": "sphere"},
+        "localization": {"radius": s.cutoff_km, "convention": "cutoff", "metric": "sphere", "max_obs": s.max_obs},
     })
     comm.barrier()
     t0 = time.perf_counter()
@@ -128,7 +129,7 @@ def analyse_dir(s: LandBenchSetup, d: Path) -> dict | None:
     ens_mb = truth.size * s.members * 8 / 2**20
     peak = max(r["peak"] for r in ranks)
     return {
-        "size": s.size, "members": s.members, "n_state": int(truth.size), "cutoff_km": s.cutoff_km,
+        "size": s.size, "members": s.members, "n_state": int(truth.size), "cutoff_km": s.cutoff_km, "max_obs": s.max_obs,
         "method": s.method, "ranks": comm.size, "balance": s.balance, "total_s": total, **res,
         "imbalance": res["imbalance_cpu"],  # wall seconds mislead when ranks oversubscribe the cores
         "ms_per_point": res["analysis_s"] / truth.size * 1e3,

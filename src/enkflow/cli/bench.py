@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--ranks", type=int, default=1, help="MPI processes for the analysis (mpiexec when > 1; default 1)")
     g.add_argument("--no-balance", dest="balance", action="store_false",
                    help="analyse each rank's I/O row block instead of rows of equal estimated work")
+    g.add_argument("--max-obs", type=int, default=None, metavar="K",
+                   help="cap: at most the K nearest observations per local domain (approximate; default: all)")
     g.add_argument("--json", action="store_true", help="end with one JSON line")
     g.set_defaults(func=_land)
     o = bsub.add_parser(
@@ -151,7 +153,7 @@ def _land(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         raise InputError("--ranks must be >= 1", item="ranks")
     s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed,
-                       ranks=args.ranks, balance=args.balance)
+                       ranks=args.ranks, balance=args.balance, max_obs=args.max_obs)
     return main_json(s, args.dir, args.keep, args.json)
 
 

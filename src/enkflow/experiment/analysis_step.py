@@ -72,8 +72,8 @@ def analyse_files(
     ``balance`` (local filters): see :func:`enkflow.experiment.cycling.analyse`; True analyses
     rows of equal estimated cost on every rank instead of the I/O row blocks (same result),
     False keeps the row blocks; both add the balance diagnostics (``imbalance_est``,
-    ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance`` (default False:
-    the row blocks, with the balance diagnostics).
+    ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance`` (default True:
+    equal-cost ranges under mpiexec; one rank keeps its rows), with the balance diagnostics.
     """
     comm = comm or get_comm()
     t0 = time.perf_counter()
@@ -93,7 +93,8 @@ def analyse_files(
         t1 = time.perf_counter()
         local = None
         if balance is None:
-            balance = analysis.balance
+            # One rank has nothing to balance: its rows stay where they are (the balance is still reported).
+            balance = analysis.balance and comm.size > 1
         if analysis.method.is_local:
             if balance:  # the domains of the balanced ranges are built inside the analysis
                 local = LocalGeometry(row_coords=layout.coords)

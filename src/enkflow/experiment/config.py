@@ -346,7 +346,9 @@ class ExperimentConfig(Strict):
         parts = {
             "ensemble": {"experiment": exp, "state": d["state"]},
             "model": model,
-            "analysis": {"analysis": d["analysis"], "analysis_task": task, "observations": d["observations"]},
+            # The decomposition of the analysis cannot change its result.
+            "analysis": {"analysis": {k: v for k, v in (d["analysis"] or {}).items() if k != "balance"},
+                         "analysis_task": task, "observations": d["observations"]},
         }
         return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in parts.items()}
 

@@ -141,14 +141,19 @@ def build_problem(cfg: ExperimentConfig, comm: Comm) -> tuple[Problem, StateLayo
         store.scatter(cfg.cycle_numbers[0], X)
         _carried_io(cfg, store, write=False)
 
+    # As offline: several server ranks analyse rows of equal estimated work (the same result).
+    balance = True if cfg.analysis.balance and comm.size > 1 and cfg.analysis.method.is_local else None
+
     def local(store: MemoryStore) -> LocalGeometry | None:
         if not cfg.analysis.method.is_local:
             return None
+        if balance:
+            return LocalGeometry(row_coords=layout.coords)
         return LocalGeometry(LocalDomains.by_location(layout.coords[store.row_start:store.row_stop]))
 
     steps = cfg.steps_per_cycle
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
-                      make_filter(cfg.analysis), local=local, sink=MeanSpreadOutput(cfg, layout, comm))
+                      make_filter(cfg.analysis), local=local, sink=MeanSpreadOutput(cfg, layout, comm), balance=balance)
     return problem, layout
 
 

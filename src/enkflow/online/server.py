@@ -84,7 +84,8 @@ class Problem:
     ``initial(store)`` fills the store's shares with the initial ensemble;
     ``nsteps(cycle)`` the model steps of a cycle's forecast; ``local(store)`` the
     local filters' domains of this rank's rows (None for a global filter);
-    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None.
+    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None; ``balance``: the local
+    analysis on rows of equal estimated work per rank (see :func:`~enkflow.experiment.cycling.analyse`).
     """
 
     fields: tuple[Field, ...]
@@ -96,6 +97,7 @@ class Problem:
     local: Callable[[MemoryStore], LocalGeometry | None] = lambda store: None
     sink: OutputSink = field(default_factory=NoOutput)
     truth: Callable[[int], np.ndarray | None] = lambda cycle: None
+    balance: bool | None = None  # see analyse(); True needs LocalGeometry.row_coords
 
 
 # Bus operations between server ranks.
@@ -291,7 +293,8 @@ class Server:
         if self.ckpt is not None:
             self.ckpt.flush()  # the forecast checkpoints read the shares the analysis overwrites
         t_flush = time.perf_counter() - t0
-        Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k))
+        Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k),
+                           balance=self.p.balance)
         self.p.sink.write(k, Xa, self.store.row_start, diag)
         transfer = self.comm.allgather_obj(self.stats.get("transfer_s", 0.0))
         diag = {**diag, **{k2: v for k2, v in self.stats.items() if k2 != "transfer_s"}, "transfer_s": float(max(transfer)),
