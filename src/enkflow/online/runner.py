@@ -103,22 +103,7 @@ class Runner:
 
     def _join(self) -> None:
         """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME."""
-        result: tuple[str, object]
-        if self.comm.rank == 0:
-            try:
-                result = ("ok", self._hello())
-            except ServerLost as exc:
-                result = ("lost", str(exc))
-            except EnkflowError as exc:
-                result = ("err", str(exc))
-        else:
-            result = ("ok", None)
-        result = self.comm.bcast(result, root=0)
-        if result[0] == "lost":
-            raise ServerLost(str(result[1]))
-        if result[0] == "err":
-            raise ServerError(str(result[1]))
-        welcome = result[1]
+        welcome = self._from_rank0(self._hello)
         for c in self._data:
             c.close()
         self._epoch = int(welcome["epoch"])
@@ -276,22 +261,25 @@ class Runner:
         self._set_task(0, 0, 0, 0)
 
     def _next_task(self) -> Header:
-        result: tuple[str, object]
+        return self._from_rank0(self._ready)
+
+    def _from_rank0(self, fn):
+        """``fn()`` on rank 0 (the one that talks to the control socket), its result on every rank;
+        a lost server or an error raises the same on every rank."""
+        result: tuple[str, object] = ("ok", None)
         if self.comm.rank == 0:
             try:
-                result = ("ok", self._ready())
+                result = ("ok", fn())
             except ServerLost as exc:
                 result = ("lost", str(exc))
             except EnkflowError as exc:
                 result = ("err", str(exc))
-        else:
-            result = ("ok", None)
         result = self.comm.bcast(result, root=0)
         if result[0] == "lost":
             raise ServerLost(str(result[1]))
         if result[0] == "err":
             raise ServerError(str(result[1]))
-        return result[1]  # type: ignore[return-value]
+        return result[1]
 
     def _ready(self) -> Header:
         if self._control is None:  # an earlier attempt to greet the server gave up: expose tries again
