@@ -43,21 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # The fault harness (enkflow_testing.faults) lives outside the installed package.
 sys.path.insert(0, str(ROOT / "testing"))
 
+from enkflow_testing.gitinfo import code_version  # noqa: E402
+
 TARGETS = ("driver", "pilot", "tree")
 MOMENTS = ("time", "analysis", "after-analysis")
-
-
-def _code_version(src: Path) -> str:
-    try:
-        top = subprocess.run(["git", "-C", str(src), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        head = subprocess.run(["git", "-C", top, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain", "--", str(src)], capture_output=True,
-                               text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _groups(calls) -> list[str]:
@@ -111,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     src = a.src.resolve() if a.src else Path(__import__("enkflow").__file__).resolve().parents[1]
     if a.src:
         env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    version = _code_version(src)
+    version = code_version(src)
     work = a.work or Path(tempfile.mkdtemp(prefix="enkflow-faults-"))
     inject_cycle = a.inject_cycle or a.cycles
     strace_v = subprocess.run(["strace", "-V"], capture_output=True, text=True).stdout.splitlines()[0] if not reason else "-"

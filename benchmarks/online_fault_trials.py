@@ -32,7 +32,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,18 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The fault harness (enkflow_testing.online_faults) lives outside the installed package.
 sys.path.insert(0, str(ROOT / "testing"))
 
-
-def _code_version(src: Path) -> str:
-    try:
-        top = subprocess.run(["git", "-C", str(src), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        head = subprocess.run(["git", "-C", top, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain", "--", str(src)], capture_output=True,
-                               text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from enkflow_testing.gitinfo import code_version  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     src = a.src.resolve() if a.src else Path(__import__("enkflow").__file__).resolve().parents[1]
     if a.src:
         env["PYTHONPATH"] = str(src) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    version = _code_version(src)
+    version = code_version(src)
     work = a.work or Path(tempfile.mkdtemp(prefix="enkflow-online-faults-"))
     h = of.OnlineFaultHarness(work, members=a.members, cycles=a.cycles, runners=a.runners, sleep=a.sleep, env=env, say=say)
     say(f"code under test: {src} ({version}); work dir {work}")
