@@ -67,11 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--cycles", type=int, default=2, help="timed cycles, after one warm-up cycle (default 2)")
     o.add_argument("--check", action="store_true", help="checksum every exchanged state (slower: not for timing)")
     o.add_argument("--no-compare", action="store_true", help="skip the online vs offline demo comparison")
-    o.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run is stopped")
-    o.add_argument("--dir", default=None, help="where to put the temporary files (default: the system's temp dir)")
-    o.add_argument("--keep", action="store_true", help="keep the temporary files (logs, event logs)")
-    o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--json", action="store_true", help="end with one JSON line")
+    _online_run_options(o)
     o.set_defaults(func=_online)
     s = bsub.add_parser(
         "online-scale",
@@ -86,15 +82,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--model", choices=["zero", "l96"], default="zero",
                    help="zero: the runners send back what they got (the exchange's cost alone); l96: one RK4 step")
     s.add_argument("--check", action="store_true", help="checksum every exchanged state")
-    s.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run is stopped")
-    s.add_argument("--dir", default=None, help="where to put the temporary files (default: the system's temp dir)")
-    s.add_argument("--keep", action="store_true", help="keep the temporary files (logs, event logs)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--json", action="store_true", help="end with one JSON line")
+    _online_run_options(s)
     s.set_defaults(func=_online_scale)
     from enkflow.io.bench import add_parser as add_io
 
     add_io(bsub)
+
+
+def _online_run_options(p: argparse.ArgumentParser) -> None:
+    """The options both online benchmarks share: time limit, files, seed, JSON."""
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a stuck run is stopped")
+    p.add_argument("--dir", default=None, help="where to put the temporary files (default: the system's temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary files (logs, event logs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
 
 
 def _analysis(args: argparse.Namespace) -> int:
