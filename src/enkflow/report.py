@@ -149,12 +149,18 @@ class Report:
         return out
 
 
-def cycle_timings(events: list[dict[str, Any]]) -> list[CycleTiming]:
-    """The figures of every cycle that has a ``cycle_end`` event."""
+def _by_cycle(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The events that name a cycle, grouped by it, in log order."""
     by_cycle: dict[int, list[dict[str, Any]]] = {}
     for e in events:
         if "cycle" in e and isinstance(e["cycle"], int):
             by_cycle.setdefault(e["cycle"], []).append(e)
+    return by_cycle
+
+
+def cycle_timings(events: list[dict[str, Any]]) -> list[CycleTiming]:
+    """The figures of every cycle that has a ``cycle_end`` event."""
+    by_cycle = _by_cycle(events)
     result = []
     for k in sorted(by_cycle):
         ev = by_cycle[k]
@@ -241,10 +247,7 @@ def is_online(events: list[dict[str, Any]]) -> bool:
 def online_cycle_timings(events: list[dict[str, Any]]) -> list[OnlineCycleTiming]:
     """The figures of every cycle of an online experiment that has an ``online_cycle_end`` event
     (the last one, should a restarted server have analysed a cycle again)."""
-    by_cycle: dict[int, list[dict[str, Any]]] = {}
-    for e in events:
-        if "cycle" in e and isinstance(e["cycle"], int):
-            by_cycle.setdefault(e["cycle"], []).append(e)
+    by_cycle = _by_cycle(events)
     result = []
     for k in sorted(by_cycle):
         ev = by_cycle[k]
