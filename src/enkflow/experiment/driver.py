@@ -34,7 +34,7 @@ from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
 from enkflow.fsutil import write_bytes_atomic
 from enkflow.jobs.events import EventLog
-from enkflow.jobs.files import fingerprint, read_json, write_json_atomic
+from enkflow.jobs.files import fingerprint, log_tail, newest, read_json, write_json_atomic
 from enkflow.jobs.protect import place
 from enkflow.jobs.launcher import JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
@@ -375,8 +375,7 @@ class Experiment:
 
 def _last_job_log(cdir: Path, lines: int = 10) -> str:
     """The tail of the newest job log of a cycle, for an error message."""
-    logs = sorted((cdir / "logs").glob("job-*.log"), key=lambda p: p.stat().st_mtime)
-    if not logs:
+    log = newest(cdir / "logs", "job-*.log")
+    if log is None:
         return f"; see {cdir / 'logs'}"
-    tail = logs[-1].read_bytes()[-8192:].decode(errors="replace").splitlines()[-lines:]
-    return f"; the last job log {logs[-1]} ends with:\n" + "\n".join("    " + t for t in tail)
+    return f"; the last job log {log} ends with:\n" + log_tail(log, lines)

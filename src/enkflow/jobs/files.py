@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from enkflow.fsutil import fsync_dir, read_json, write_json_atomic
 
 _HOST = socket.gethostname()
 
-__all__ = ["fingerprint", "fsync_dir", "hostname", "read_json", "write_json_atomic"]
+__all__ = ["fingerprint", "fsync_dir", "hostname", "log_tail", "newest", "read_json", "write_json_atomic"]
 
 
 def hostname() -> str:
@@ -35,3 +36,15 @@ def fingerprint(path: str | os.PathLike[str]) -> dict[str, int] | None:
     except FileNotFoundError:
         return None
     return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def newest(directory: Path, pattern: str) -> Path | None:
+    """The most recently modified file of ``directory`` matching ``pattern`` (None: none)."""
+    files = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime)
+    return files[-1] if files else None
+
+
+def log_tail(path: Path, lines: int, max_bytes: int = 8192) -> str:
+    """The last ``lines`` lines of a log (within its last ``max_bytes``), indented, for an error message."""
+    text = path.read_bytes()[-max_bytes:].decode(errors="replace").splitlines()[-lines:]
+    return "\n".join("    " + t for t in text)

@@ -81,6 +81,7 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import EnkflowError, InputError
+from enkflow.jobs.files import log_tail
 
 _MASK = (1 << 64) - 1
 N_OBS_EXCHANGE = 64
@@ -568,10 +569,9 @@ def online_study(d: Path, *, problem: str, n: int, ranks: int, runners: int, mem
 
 def _tail(path: Path, lines: int = 12) -> str:
     try:
-        text = path.read_bytes()[-4000:].decode(errors="replace").splitlines()[-lines:]
+        return f"{path} ends with:\n" + log_tail(path, lines, 4000)
     except OSError:
         return f"no log {path}"
-    return f"{path} ends with:\n" + "\n".join("    " + t for t in text)
 
 
 def verify(rec: dict, members: int, cycles: int) -> list[str]:

@@ -27,6 +27,7 @@ from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.lock import DriverLock
 from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
+from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
 from enkflow.online.experiment import online_dir
@@ -245,8 +246,6 @@ class OnlineExperiment:
 
 
 def _tail(logs: Path, prefix: str, lines: int = 15) -> str:
-    files = sorted(logs.glob(f"{prefix}-*.log"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return ""
-    text = files[-1].read_bytes()[-8192:].decode(errors="replace").splitlines()[-lines:]
-    return f"; {files[-1]} ends with:\n" + "\n".join("    " + t for t in text)
+    """The tail of the newest ``prefix-*.log``, for an error message ('' when there is none)."""
+    log = newest(logs, f"{prefix}-*.log")
+    return "" if log is None else f"; {log} ends with:\n" + log_tail(log, lines)
