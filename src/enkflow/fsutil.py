@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,27 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path`` for a library that writes a file by name (netCDF,
+    HDF5); on success fsync it and rename it over ``path``. On any exception the temporary file is
+    removed and ``path`` is untouched (OSErrors pass through: the caller names the file)."""
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(final.parent)
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], payload: bytes, *, durable: bool = True) -> None:

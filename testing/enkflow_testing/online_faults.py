@@ -79,8 +79,8 @@ ANALYSIS_POINTS: dict[str, tuple[str, str, tuple[int, ...], str]] = {
     "mean-rename": ("rename", "{run}/cycles/{cycle:04d}/analysis_mean.nc.tmp{pid}", (1,), "any"),
     "spread-write": ("openat", "{run}/cycles/{cycle:04d}/analysis_spread.nc.tmp{pid}", (1,), "any"),
     # The analysis checkpoint (background thread): its writes, its publication, the pruning after it.
-    "ckpt-write": ("pwrite64", "{ckpt}/.analysis_{cycle:04d}.rank_0000.h5.tmp", (1, 2, 3, 4), "any"),
-    "ckpt-rename": ("rename", "{ckpt}/.analysis_{cycle:04d}.rank_0000.h5.tmp", (1,), "any"),
+    "ckpt-write": ("pwrite64", "{ckpt}/.analysis_{cycle:04d}.rank_0000.h5.{pid}.tmp", (1, 2, 3, 4), "any"),
+    "ckpt-rename": ("rename", "{ckpt}/.analysis_{cycle:04d}.rank_0000.h5.{pid}.tmp", (1,), "any"),
     "prune": ("unlink", "{ckpt}/forecast_{prev:04d}/member_{m:04d}.rank_0000.h5", (1,), "not-first"),
     # After the last analysis: the final analysis written into the member restarts (write-ahead log).
     "final-update": ("pwrite64", "{root}/members/member_{m:04d}.nc", (1,), "last"),

@@ -51,7 +51,8 @@ def prepare(directory: Path, s: DemoSettings, say: Callable[[str], None]) -> Pat
     """Write the problem, the observations of every cycle and ``experiment.toml``; returns its path."""
     from enkflow.models.demo_model import DemoModel, run_model
     from enkflow.models.synthetic_land import sample_observations
-    from enkflow.models.synthetic_land_files import atomic_output, generate
+    from enkflow.fsutil import atomic_output
+    from enkflow.models.synthetic_land_files import generate
     from enkflow.obs.obsfile import ObsFile, read_obs_file, write_obs_file
     from enkflow.obs import ObsSet
 

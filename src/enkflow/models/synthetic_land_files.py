@@ -15,11 +15,9 @@ half-written file under the final name.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from enkflow.errors import InputError
+from enkflow.fsutil import atomic_output
 from enkflow.models import synthetic_land as sl
 from enkflow.obs.obsfile import ObsFile, write_obs_file
 from enkflow.analysis.obsset import ObsSet
@@ -69,38 +68,6 @@ class NcFormat(str, Enum):
 def member_filename(member: int) -> str:
     """File name of member ``member`` (IDs from 1): ``member_0001.nc``."""
     return f"member_{member:04d}.nc"
-
-
-def _fsync_path(path: Path, *, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        if directory:  # some platforms and file systems cannot open directories; rename is still atomic
-            return
-        raise
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_output(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success fsync it and rename it to ``path``.
-
-    On any exception the temporary file is removed and ``path`` is untouched.
-    """
-    final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        _fsync_path(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_path(final.parent, directory=True)
 
 
 def _create_var(ds: Any, name: str, dtype: str, dims: tuple[str, ...], attrs: dict[str, Any], hdf5: bool) -> Any:

@@ -15,7 +15,6 @@ which a crash before analysis C is complete on every rank cannot need.
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import shutil
@@ -27,7 +26,7 @@ import h5py
 import numpy as np
 
 from enkflow.errors import ConfigError, StorageError
-from enkflow.fsutil import fsync_dir
+from enkflow.fsutil import atomic_output
 from enkflow.online.fields import Field
 
 
@@ -41,22 +40,13 @@ def analysis_path(directory: Path, cycle: int, rank: int) -> Path:
 
 def _write_h5(path: Path, fields: tuple[Field, ...], arrays: list[np.ndarray], attrs: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with h5py.File(tmp, "w") as h:
+        with atomic_output(path) as tmp, h5py.File(tmp, "w") as h:
             for f, a in zip(fields, arrays):
                 h.create_dataset(f.name, data=a)
             for k, v in attrs.items():
                 h.attrs[k] = v
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise StorageError.from_os_error(exc, path=str(path)) from None
 
 
