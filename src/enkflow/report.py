@@ -394,6 +394,8 @@ def warnings(events: list[dict[str, Any]]) -> list[str]:
         elif e["event"] == "task_restore":
             out.append(f"cycle {e.get('cycle')}, member {e.get('member')}: rerun from its protected restart "
                        "(an earlier attempt failed or was killed)")
+        elif e["event"] == "archive_fail":
+            out.append(_first_line(e.get("error")))
     return out
 
 
@@ -432,6 +434,8 @@ def online_warnings(events: list[dict[str, Any]]) -> list[str]:
             line = f"the study stopped: {_first_line(why)}"
             if line not in out:
                 out.append(line)
+        elif name == "archive_fail":
+            out.append(_first_line(e.get("error")))
         elif name == "online_reject":
             reason = _first_line(e.get("reason"), 200)
             rejects[reason] = rejects.get(reason, 0) + 1

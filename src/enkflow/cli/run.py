@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--accept-restarts", action="store_true",
                    help="start (or resume) from restarts that another experiment advanced, or that changed "
                         "since this experiment wrote them")
+    p.add_argument("--from-archive", type=int, metavar="CYCLE", default=None,
+                   help="restore the restarts archived after CYCLE ([archive] dir; every checksum verified first) "
+                        "and continue the experiment from the next cycle")
     p.set_defaults(func=_main)
 
 
@@ -36,6 +39,7 @@ def _main(args: argparse.Namespace) -> int:
         OnlineExperiment(cfg, progress=progress).run()
         print(render_report(load_report(cfg.expdir)))
         return 0
-    Experiment(cfg, progress=progress).run(retry_failed=args.retry_failed, accept_restarts=args.accept_restarts)
+    Experiment(cfg, progress=progress).run(retry_failed=args.retry_failed, accept_restarts=args.accept_restarts,
+                                           from_archive=args.from_archive)
     print(render_report(load_report(cfg.expdir)))
     return 0

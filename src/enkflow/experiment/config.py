@@ -239,6 +239,18 @@ class LauncherSection(Strict):
     python: str | None = Field(default=None, description="python running workers (default: this one)")
 
 
+class ArchiveSection(Strict):
+    """``[archive]``: background archiving of each cycle (docs/output.md, "Archiving")."""
+
+    dir: str | None = Field(default=None, description="archive directory; unset: no archiving")
+    keep_last: int = Field(default=3, ge=0, description="archived cycles kept, newest first (0: all)")
+    keep_every: int = Field(default=0, ge=0, description="also keep every cycle divisible by this (0: none)")
+    compression: Literal["gzip", "none"] = Field(default="gzip", description="how archived files are compressed")
+    level: int = Field(default=1, ge=1, le=9, description="gzip (zlib) compression level")
+    on_failure: Literal["warn", "stop"] = Field(
+        default="warn", description="a failed archive: an event and a warning, or also stop the experiment")
+
+
 class ExperimentConfig(Strict):
     """The whole experiment file. ``base_dir`` (not a TOML key) is the directory
     relative paths are resolved against."""
@@ -253,6 +265,7 @@ class ExperimentConfig(Strict):
     analysis_task: AnalysisTaskSection = AnalysisTaskSection()
     jobs: JobsSection = JobsSection()
     launcher: LauncherSection = LauncherSection()
+    archive: ArchiveSection = ArchiveSection()
     base_dir: str = "."
 
     @model_validator(mode="after")
@@ -337,7 +350,7 @@ class ExperimentConfig(Strict):
         Settings that cannot change a result are left out: jobs, launcher, I/O tuning, retry
         limits, the analysis launcher, the number of cycles.
         """
-        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir", "io"})
+        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir", "io", "archive"})
         exp = {k: v for k, v in d["experiment"].items() if k not in ("cycles", "directory")}
         model = {k: v for k, v in (d["model"] or {}).items() if k not in ("max_attempts", "unchanged")}
         if d.get("online"):

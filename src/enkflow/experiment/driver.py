@@ -43,6 +43,16 @@ from enkflow.jobs.strategies import PlannedJob, Resources, plan
 from enkflow.jobs.tasks import Step, Task, TaskTable
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
+from enkflow.output.archive_background import BackgroundArchiver
+
+
+def archived_restarts(cfg: ExperimentConfig) -> list[tuple[Path, str, str]]:
+    """What an offline cycle archives: every member's restart, (path, archived name, target key)."""
+    out = []
+    for m in range(1, cfg.experiment.members + 1):
+        p = cfg.restart_path(m)
+        out.append((p, f"member_{m:04d}.{p.name}", f"member:{m}"))
+    return out
 
 
 def make_launcher(cfg: ExperimentConfig) -> Launcher:
@@ -157,15 +167,22 @@ class Experiment:
         checks.check_observations(self.cfg, cycles)
         checks.check_restarts(self.cfg, source=source)
 
-    def run(self, *, retry_failed: bool = False, accept_restarts: bool = False) -> list[int]:
+    def run(self, *, retry_failed: bool = False, accept_restarts: bool = False, from_archive: int | None = None) -> list[int]:
         """Run (or resume) every cycle; returns the cycles run by this call.
 
         ``retry_failed`` puts tasks that failed for good back in line (after the
         cause was fixed); ``accept_restarts`` starts or resumes from restarts that
-        another experiment advanced or that changed since this one wrote them.
+        another experiment advanced or that changed since this one wrote them;
+        ``from_archive`` first restores the restarts archived after that cycle
+        (checksums verified before anything is written) and continues from the next
+        cycle (:mod:`enkflow.experiment.from_archive`).
         Holds the experiment directory's lock throughout (:class:`DriverLock`).
         """
         with DriverLock(self.expdir):
+            if from_archive is not None:
+                from enkflow.experiment.from_archive import restore_offline
+
+                restore_offline(self.cfg, from_archive, self.events, progress=self.progress)
             return self._run(retry_failed=retry_failed, accept_restarts=accept_restarts)
 
     def _run(self, *, retry_failed: bool, accept_restarts: bool) -> list[int]:
@@ -195,7 +212,14 @@ class Experiment:
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
                          strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind, accept_restarts=accept_restarts)
 
+        archiver = BackgroundArchiver.for_experiment(cfg, self.events, self.progress)
+        if archiver is not None:
+            archiver.poll()  # cycles an earlier run staged but did not archive
+
         def cycle_end(k: int, diag: dict[str, float]) -> None:
+            if archiver is not None:
+                # Before the cycle counts as done: a crash in between stages it again on the rerun.
+                archiver.stage(k, archived_restarts(cfg), {"mode": "offline", "members": cfg.experiment.members})
             provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, "analysed")
             state.mark_done(k, digests)
             if self.on_cycle_end is not None:
@@ -204,8 +228,12 @@ class Experiment:
         self._retry_failed = retry_failed
         try:
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
+            if archiver is not None:
+                archiver.finish()
         finally:
             self.launcher.close()
+            if archiver is not None:
+                archiver.close()
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
         return todo_cycles
 
