@@ -1,0 +1,353 @@
+! enkflow_runner_mod: the Fortran interface of libenkflow_runner (enkflow's online-mode runner), over
+! iso_c_binding. See docs/native.md.
+!
+!   use enkflow_runner_mod
+!   type(enkflow_runner) :: r
+!   real(8), allocatable, target :: x(:, :)            ! (nx, ny): any rank, contiguous, TARGET
+!   integer(8) :: nsteps
+!   call enkflow_create(r, address, token, ierr)
+!   call enkflow_add_field(r, "x", ENKFLOW_FLOAT64, shape(x), .true., ierr)   ! Fortran-order extents
+!   call enkflow_init(r, ierr)
+!   call enkflow_bind(r, "x", x, ierr)                  ! generic: real(4), real(8), integer(4), integer(8)
+!   call enkflow_expose(r, nsteps, ierr)
+!   do while (ierr == ENKFLOW_OK .and. nsteps > 0)
+!     ... advance x by nsteps; enkflow_member(r), enkflow_cycle(r) say which member and cycle ...
+!     call enkflow_expose(r, nsteps, ierr)
+!   end do
+!   if (ierr /= ENKFLOW_OK) print *, enkflow_errmsg(r)
+!   call enkflow_finalize(r, ierr)
+!
+! Shapes are given in Fortran (column-major) order and declared to the server reversed, in C order, so
+! that the server's row-major field and the Fortran array have the same memory layout: a netCDF
+! variable (lat, lon) read by the Fortran netCDF API as x(lon, lat) is declared with shape(x).
+! Every routine returns its error code in ierr (ENKFLOW_OK = 0); enkflow_errmsg(r) gives the detail.
+! Nothing here stops the program.
+module enkflow_runner_mod
+  use, intrinsic :: iso_c_binding
+  implicit none
+  private
+
+  integer, parameter, public :: ENKFLOW_FLOAT32 = 1, ENKFLOW_FLOAT64 = 2, ENKFLOW_INT32 = 3, ENKFLOW_INT64 = 4
+  integer, parameter, public :: ENKFLOW_OK = 0, ENKFLOW_EINVAL = 1, ENKFLOW_ESTATE = 2, ENKFLOW_ENOMEM = 3, &
+                                ENKFLOW_EFIELD = 4, ENKFLOW_ETYPE = 5, ENKFLOW_ESIZE = 6, ENKFLOW_EREFUSED = 7, &
+                                ENKFLOW_ELOST = 8, ENKFLOW_EPROTOCOL = 9, ENKFLOW_EZMQ = 10, ENKFLOW_EIO = 11
+
+  type, public :: enkflow_runner
+    type(c_ptr) :: ptr = c_null_ptr
+  end type enkflow_runner
+
+  public :: enkflow_create, enkflow_set_timeouts, enkflow_set_name, enkflow_set_curve_key, enkflow_add_field, &
+            enkflow_set_slice, enkflow_init, enkflow_bind, enkflow_expose, enkflow_fail, enkflow_finalize, &
+            enkflow_errmsg, enkflow_strerror, enkflow_member, enkflow_cycle, enkflow_nsteps, enkflow_read_token_file
+
+  interface enkflow_add_field
+    module procedure add_field_i4, add_field_i8
+  end interface enkflow_add_field
+
+  interface enkflow_bind
+    module procedure bind_r4, bind_r8, bind_i4, bind_i8
+  end interface enkflow_bind
+
+  interface
+    integer(c_int) function c_create(out, address, token) bind(c, name="enkflow_runner_create")
+      import :: c_int, c_ptr, c_char
+      type(c_ptr), intent(out) :: out
+      character(kind=c_char), intent(in) :: address(*), token(*)
+    end function
+    integer(c_int) function c_set_timeouts(r, timeout_s, reconnect_s) bind(c, name="enkflow_runner_set_timeouts")
+      import :: c_int, c_ptr, c_double
+      type(c_ptr), value :: r
+      real(c_double), value :: timeout_s, reconnect_s
+    end function
+    integer(c_int) function c_set_name(r, name) bind(c, name="enkflow_runner_set_name")
+      import :: c_int, c_ptr, c_char
+      type(c_ptr), value :: r
+      character(kind=c_char), intent(in) :: name(*)
+    end function
+    integer(c_int) function c_set_curve_key(r, key) bind(c, name="enkflow_runner_set_curve_key")
+      import :: c_int, c_ptr, c_char
+      type(c_ptr), value :: r
+      character(kind=c_char), intent(in) :: key(*)
+    end function
+    integer(c_int) function c_add_field(r, name, dtype, ndim, shape, assimilated) bind(c, name="enkflow_runner_add_field")
+      import :: c_int, c_ptr, c_char, c_int64_t
+      type(c_ptr), value :: r
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_int), value :: dtype, ndim, assimilated
+      integer(c_int64_t), intent(in) :: shape(*)
+    end function
+    integer(c_int) function c_set_slice(r, name, offset, count) bind(c, name="enkflow_runner_set_slice")
+      import :: c_int, c_ptr, c_char, c_int64_t
+      type(c_ptr), value :: r
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_int64_t), value :: offset, count
+    end function
+    integer(c_int) function c_init(r) bind(c, name="enkflow_runner_init")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: r
+    end function
+    integer(c_int) function c_bind(r, name, dtype, data, count) bind(c, name="enkflow_runner_bind")
+      import :: c_int, c_ptr, c_char, c_int64_t
+      type(c_ptr), value :: r, data
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_int), value :: dtype
+      integer(c_int64_t), value :: count
+    end function
+    integer(c_int) function c_expose(r, nsteps) bind(c, name="enkflow_runner_expose")
+      import :: c_int, c_ptr, c_int64_t
+      type(c_ptr), value :: r
+      integer(c_int64_t), intent(out) :: nsteps
+    end function
+    integer(c_int) function c_fail(r, error) bind(c, name="enkflow_runner_fail")
+      import :: c_int, c_ptr, c_char
+      type(c_ptr), value :: r
+      character(kind=c_char), intent(in) :: error(*)
+    end function
+    integer(c_int) function c_finalize(r) bind(c, name="enkflow_runner_finalize")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: r
+    end function
+    integer(c_int64_t) function c_member(r) bind(c, name="enkflow_runner_member")
+      import :: c_int64_t, c_ptr
+      type(c_ptr), value :: r
+    end function
+    integer(c_int64_t) function c_cycle(r) bind(c, name="enkflow_runner_cycle")
+      import :: c_int64_t, c_ptr
+      type(c_ptr), value :: r
+    end function
+    integer(c_int64_t) function c_nsteps(r) bind(c, name="enkflow_runner_nsteps")
+      import :: c_int64_t, c_ptr
+      type(c_ptr), value :: r
+    end function
+    type(c_ptr) function c_errmsg(r) bind(c, name="enkflow_runner_errmsg")
+      import :: c_ptr
+      type(c_ptr), value :: r
+    end function
+    type(c_ptr) function c_strerror(code) bind(c, name="enkflow_strerror")
+      import :: c_ptr, c_int
+      integer(c_int), value :: code
+    end function
+    integer(c_int) function c_read_token_file(path, buf, size, errbuf, errsize) bind(c, name="enkflow_read_token_file")
+      import :: c_int, c_char, c_size_t
+      character(kind=c_char), intent(in) :: path(*)
+      character(kind=c_char), intent(out) :: buf(*), errbuf(*)
+      integer(c_size_t), value :: size, errsize
+    end function
+    integer(c_size_t) function c_strlen(s) bind(c, name="strlen")
+      import :: c_size_t, c_ptr
+      type(c_ptr), value :: s
+    end function
+  end interface
+
+contains
+
+  function cstr(s) result(c)
+    character(len=*), intent(in) :: s
+    character(kind=c_char, len=len_trim(s) + 1) :: c
+    c = trim(s) // c_null_char
+  end function cstr
+
+  function fstr(p) result(s)
+    type(c_ptr), intent(in) :: p
+    character(len=:), allocatable :: s
+    character(kind=c_char), pointer :: chars(:)
+    integer :: n, k
+    if (.not. c_associated(p)) then
+      s = ''
+      return
+    end if
+    n = int(c_strlen(p))
+    call c_f_pointer(p, chars, [n])
+    allocate(character(len=n) :: s)
+    do k = 1, n
+      s(k:k) = chars(k)
+    end do
+  end function fstr
+
+  !> A new runner for the server's control address (tcp://HOST:PORT) and the shared token.
+  subroutine enkflow_create(r, address, token, ierr)
+    type(enkflow_runner), intent(out) :: r
+    character(len=*), intent(in) :: address, token
+    integer, intent(out) :: ierr
+    ierr = c_create(r%ptr, cstr(address), cstr(token))
+  end subroutine enkflow_create
+
+  !> Read a token file (EXPDIR/online/token) into token, whitespace stripped; msg gets the reason of an error.
+  subroutine enkflow_read_token_file(path, token, ierr, msg)
+    character(len=*), intent(in) :: path
+    character(len=:), allocatable, intent(out) :: token
+    integer, intent(out) :: ierr
+    character(len=:), allocatable, intent(out), optional :: msg
+    character(kind=c_char) :: buf(4096), err(1024)
+    integer :: n
+    buf = c_null_char
+    err = c_null_char
+    ierr = c_read_token_file(cstr(path), buf, int(size(buf), c_size_t), err, int(size(err), c_size_t))
+    n = 0
+    do while (n < size(buf))
+      if (buf(n + 1) == c_null_char) exit
+      n = n + 1
+    end do
+    allocate(character(len=n) :: token)
+    token = transfer(buf(1:n), token)
+    if (present(msg)) then
+      n = 0
+      do while (n < size(err))
+        if (err(n + 1) == c_null_char) exit
+        n = n + 1
+      end do
+      allocate(character(len=n) :: msg)
+      msg = transfer(err(1:n), msg)
+    end if
+  end subroutine enkflow_read_token_file
+
+  subroutine enkflow_set_timeouts(r, timeout_s, reconnect_s, ierr)
+    type(enkflow_runner), intent(in) :: r
+    real(8), intent(in) :: timeout_s, reconnect_s
+    integer, intent(out) :: ierr
+    ierr = c_set_timeouts(r%ptr, real(timeout_s, c_double), real(reconnect_s, c_double))
+  end subroutine enkflow_set_timeouts
+
+  subroutine enkflow_set_name(r, name, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    integer, intent(out) :: ierr
+    ierr = c_set_name(r%ptr, cstr(name))
+  end subroutine enkflow_set_name
+
+  subroutine enkflow_set_curve_key(r, key, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: key
+    integer, intent(out) :: ierr
+    ierr = c_set_curve_key(r%ptr, cstr(key))
+  end subroutine enkflow_set_curve_key
+
+  subroutine add_field_i8(r, name, dtype, shape, assimilated, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: dtype
+    integer(c_int64_t), intent(in) :: shape(:)
+    logical, intent(in) :: assimilated
+    integer, intent(out) :: ierr
+    integer(c_int64_t) :: cshape(max(1, size(shape)))
+    integer :: k, n
+    n = size(shape)
+    do k = 1, n
+      cshape(k) = shape(n + 1 - k)  ! C order: the last Fortran dimension varies slowest
+    end do
+    ierr = c_add_field(r%ptr, cstr(name), int(dtype, c_int), int(n, c_int), cshape, merge(1_c_int, 0_c_int, assimilated))
+  end subroutine add_field_i8
+
+  subroutine add_field_i4(r, name, dtype, shape, assimilated, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: dtype
+    integer(c_int32_t), intent(in) :: shape(:)
+    logical, intent(in) :: assimilated
+    integer, intent(out) :: ierr
+    call add_field_i8(r, name, dtype, int(shape, c_int64_t), assimilated, ierr)
+  end subroutine add_field_i4
+
+  !> This process's elements [offset, offset + count) of the flattened field (MPI runners; 0-based offset).
+  subroutine enkflow_set_slice(r, name, offset, count, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    integer(c_int64_t), intent(in) :: offset, count
+    integer, intent(out) :: ierr
+    ierr = c_set_slice(r%ptr, cstr(name), offset, count)
+  end subroutine enkflow_set_slice
+
+  !> Join the server (HELLO); it checks the fields.
+  subroutine enkflow_init(r, ierr)
+    type(enkflow_runner), intent(in) :: r
+    integer, intent(out) :: ierr
+    ierr = c_init(r%ptr)
+  end subroutine enkflow_init
+
+  subroutine bind_r4(r, name, x, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    real(c_float), dimension(..), intent(inout), target, contiguous :: x
+    integer, intent(out) :: ierr
+    ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_FLOAT32, c_int), c_loc(x), size(x, kind=c_int64_t))
+  end subroutine bind_r4
+
+  subroutine bind_r8(r, name, x, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    real(c_double), dimension(..), intent(inout), target, contiguous :: x
+    integer, intent(out) :: ierr
+    ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_FLOAT64, c_int), c_loc(x), size(x, kind=c_int64_t))
+  end subroutine bind_r8
+
+  subroutine bind_i4(r, name, x, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    integer(c_int32_t), dimension(..), intent(inout), target, contiguous :: x
+    integer, intent(out) :: ierr
+    ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_INT32, c_int), c_loc(x), size(x, kind=c_int64_t))
+  end subroutine bind_i4
+
+  subroutine bind_i8(r, name, x, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    integer(c_int64_t), dimension(..), intent(inout), target, contiguous :: x
+    integer, intent(out) :: ierr
+    ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_INT64, c_int), c_loc(x), size(x, kind=c_int64_t))
+  end subroutine bind_i8
+
+  !> Send the forecast of the member held (none the first time), receive the next member into the bound
+  !> arrays; nsteps = the model steps to run, 0 when the study is over.
+  subroutine enkflow_expose(r, nsteps, ierr)
+    type(enkflow_runner), intent(in) :: r
+    integer(c_int64_t), intent(out) :: nsteps
+    integer, intent(out) :: ierr
+    ierr = c_expose(r%ptr, nsteps)
+  end subroutine enkflow_expose
+
+  !> Report that the model failed on the member held; the server gives it to another runner.
+  subroutine enkflow_fail(r, error, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: error
+    integer, intent(out) :: ierr
+    ierr = c_fail(r%ptr, cstr(error))
+  end subroutine enkflow_fail
+
+  !> Leave the study (BYE) and free the runner.
+  subroutine enkflow_finalize(r, ierr)
+    type(enkflow_runner), intent(inout) :: r
+    integer, intent(out) :: ierr
+    ierr = c_finalize(r%ptr)
+    r%ptr = c_null_ptr
+  end subroutine enkflow_finalize
+
+  !> The detail of the runner's last error ('' after a success).
+  function enkflow_errmsg(r) result(msg)
+    type(enkflow_runner), intent(in) :: r
+    character(len=:), allocatable :: msg
+    msg = fstr(c_errmsg(r%ptr))
+  end function enkflow_errmsg
+
+  !> The generic text of an error code.
+  function enkflow_strerror(code) result(msg)
+    integer, intent(in) :: code
+    character(len=:), allocatable :: msg
+    msg = fstr(c_strerror(int(code, c_int)))
+  end function enkflow_strerror
+
+  integer(c_int64_t) function enkflow_member(r)
+    type(enkflow_runner), intent(in) :: r
+    enkflow_member = c_member(r%ptr)
+  end function enkflow_member
+
+  integer(c_int64_t) function enkflow_cycle(r)
+    type(enkflow_runner), intent(in) :: r
+    enkflow_cycle = c_cycle(r%ptr)
+  end function enkflow_cycle
+
+  integer(c_int64_t) function enkflow_nsteps(r)
+    type(enkflow_runner), intent(in) :: r
+    enkflow_nsteps = c_nsteps(r%ptr)
+  end function enkflow_nsteps
+
+end module enkflow_runner_mod

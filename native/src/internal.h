@@ -1,0 +1,111 @@
+/* Internal declarations of libenkflow_runner: the wire format, a small JSON reader, connections. */
+#ifndef ENKFLOW_INTERNAL_H
+#define ENKFLOW_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <zmq.h>
+
+#include "enkflow_runner.h"
+
+/* --- wire.c: the 96-byte little-endian header of enkflow.online.wire ------------------------- */
+
+#define EKF_HEADER_SIZE 96
+#define EKF_MAX_JSON (1 << 20)
+#define EKF_COPY_BELOW 8192 /* frames smaller than this are copied when sent; larger ones are not */
+
+enum ekf_kind {
+    EKF_HELLO = 1, EKF_WELCOME = 2, EKF_READY = 3, EKF_TASK = 4, EKF_STOP = 5, EKF_PUT = 6, EKF_ACK = 7,
+    EKF_GET = 8, EKF_DATA = 9, EKF_HEARTBEAT = 10, EKF_FAIL = 11, EKF_BYE = 12, EKF_ERROR = 13
+};
+
+typedef struct ekf_header {
+    uint16_t version;
+    uint16_t kind;
+    unsigned char credential[32];
+    uint64_t runner;
+    uint64_t task;
+    int64_t member;
+    int64_t cycle;
+    int64_t nsteps;
+    uint64_t count;
+    uint64_t epoch;
+} ekf_header;
+
+void ekf_header_pack(const ekf_header *h, unsigned char out[EKF_HEADER_SIZE]);
+/* 0: parsed; 1: not an enkflow header (wrong size or magic, unknown kind); 2: another protocol version. */
+int ekf_header_unpack(const void *buf, size_t n, ekf_header *h, char *err, size_t errsize);
+/* SHA-256("enkflow-online-token\0" + token): the credential every message carries. */
+int ekf_credential(const char *token, unsigned char out[32]);
+void ekf_put_i64(unsigned char *p, int64_t v);
+int64_t ekf_get_i64(const unsigned char *p);
+
+/* --- json.c: just enough JSON (RFC 8259) for HELLO, WELCOME and ERROR ------------------------- */
+
+typedef enum { EKF_JNULL, EKF_JBOOL, EKF_JNUM, EKF_JSTR, EKF_JARR, EKF_JOBJ } ekf_jtype;
+
+typedef struct ekf_json {
+    ekf_jtype type;
+    int boolean;
+    double num;
+    int is_int;         /* the number was written as an integer that fits */
+    int64_t i64;
+    uint64_t u64;
+    char *str;          /* JSTR: UTF-8, NUL-terminated */
+    size_t n;           /* JARR/JOBJ: items */
+    struct ekf_json *items;
+    char **keys;        /* JOBJ */
+} ekf_json;
+
+/* Parse n bytes; NULL on malformed input (err says where) or no memory. */
+ekf_json *ekf_json_parse(const char *text, size_t n, char *err, size_t errsize);
+void ekf_json_free(ekf_json *j);
+const ekf_json *ekf_json_get(const ekf_json *obj, const char *key);
+
+/* A growable string buffer (JSON writing). */
+typedef struct ekf_buf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} ekf_buf;
+void ekf_buf_add(ekf_buf *b, const char *s, size_t n);
+void ekf_buf_printf(ekf_buf *b, const char *fmt, ...);
+void ekf_buf_json_string(ekf_buf *b, const char *s);
+
+/* --- conn.c: request/reply over a DEALER socket that notices a lost server ---------------------- */
+
+typedef struct ekf_msg {
+    ekf_header hdr;
+    zmq_msg_t *frames; /* after the header */
+    size_t n, cap;
+} ekf_msg;
+
+typedef struct ekf_conn {
+    void *sock;
+    void *mon;
+    int connected;
+    int lost;
+    char *address;
+} ekf_conn;
+
+typedef int (*ekf_accept_fn)(const ekf_header *h, const void *ctx);
+
+/* Connect; monitor_endpoint is a unique inproc:// name. Returns an ENKFLOW_ code. */
+int ekf_conn_open(ekf_conn *c, void *zctx, const char *address, const char *curve_key, const char *monitor_endpoint,
+                  char *err, size_t errsize);
+void ekf_conn_close(ekf_conn *c, int linger_ms);
+/* Send nframes frames (the first is the packed header); with copy = 0, frames of EKF_COPY_BELOW
+ * bytes or more are sent without a copy and must stay valid until the reply. */
+int ekf_conn_send(ekf_conn *c, const void *const *data, const size_t *sizes, size_t nframes, int copy, char *err,
+                  size_t errsize);
+/* The next reply accept() takes, within timeout_s; stale replies are skipped. ENKFLOW_ELOST (server gone,
+ * or no reply in time), ENKFLOW_EREFUSED (ERROR, with the server's text), ENKFLOW_EPROTOCOL (another
+ * protocol version). The caller frees out with ekf_msg_free. */
+int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const void *actx, ekf_msg *out,
+                  char *err, size_t errsize);
+void ekf_msg_free(ekf_msg *m);
+
+double ekf_now(void);
+
+#endif
