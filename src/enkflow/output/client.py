@@ -1,0 +1,534 @@
+"""The model's side of the output server: :class:`Output` (``add`` / ``sync`` / ``close``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from enkflow.config import validate
+from enkflow.errors import EnkflowError, InputError, StorageError
+from enkflow.jobs.files import log_tail
+from enkflow.output import protocol as P
+from enkflow.output.config import OutputConfig
+from enkflow.output.ring import Ring
+
+log = logging.getLogger("enkflow.output")
+
+START_TIMEOUT_S = 60.0
+POLL_MS = 100
+
+
+class OutputError(EnkflowError):
+    """The output server failed: a writer died or could not write (the message says which and what was lost)."""
+
+
+Region = Sequence[slice | int] | Mapping[str, slice | int] | None
+
+
+@dataclass
+class _Pending:
+    seq: int
+    nbytes: int
+    keep: Any  # the sent copy (ipc/tcp) or None (ring slot)
+    ring: bool
+
+
+@dataclass
+class _Channel:
+    """One writer as this sender sees it."""
+
+    index: int
+    pid: int
+    proc: subprocess.Popen | None
+    log: Path | None
+    sock: Any
+    ring: Ring | None
+    limit: int
+    seq: int = 0
+    pending: deque = field(default_factory=deque)
+    outstanding: int = 0
+    alive: bool = True
+    fields: list[str] = field(default_factory=list)
+    writer_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _normalize_region(region: Region, dims: list[str], shape: tuple[int, ...], arr_shape: tuple[int, ...],
+                      what: str) -> tuple[tuple[int, int], ...] | None:
+    """``region`` as ((start, stop), ...) in the global field, checked against the array's shape."""
+    if region is None:
+        if arr_shape != shape:
+            raise InputError(f"{what}: the array has shape {arr_shape}, the field {shape} "
+                             f"(dims {dims}); pass region= for a part", item=what)
+        return None
+    if isinstance(region, Mapping):
+        unknown = set(region) - set(dims)
+        if unknown:
+            raise InputError(f"{what}: region names unknown dimension(s) {sorted(unknown)}; dims are {dims}", item=what)
+        items = [region.get(d, slice(None)) for d in dims]
+    else:
+        items = list(region)
+        if len(items) != len(dims):
+            raise InputError(f"{what}: region has {len(items)} entries, the field has {len(dims)} dims {dims}", item=what)
+    if len(arr_shape) != len(dims):
+        raise InputError(f"{what}: the array has {len(arr_shape)} dimensions, the field {len(dims)} {dims}", item=what)
+    out = []
+    for d, n, m, r in zip(dims, shape, arr_shape, items):
+        if isinstance(r, slice):
+            if r.step not in (None, 1):
+                raise InputError(f"{what}: region step {r.step} along {d}; only contiguous regions", item=what)
+            start = 0 if r.start is None else int(r.start)
+            stop = start + m if r.stop is None else int(r.stop)
+        elif isinstance(r, (int, np.integer)):
+            start, stop = int(r), int(r) + m
+        else:
+            raise InputError(f"{what}: region entry {r!r} along {d}: a slice or an integer offset", item=what)
+        if not 0 <= start < stop <= n:
+            raise InputError(f"{what}: region [{start}, {stop}) along {d} is outside [0, {n})", item=what)
+        if stop - start != m:
+            raise InputError(f"{what}: the array has {m} points along {d}, the region [{start}, {stop}) "
+                             f"{stop - start}", item=what)
+        out.append((start, stop))
+    return tuple(out)
+
+
+class Output:
+    """Asynchronous output: ``add`` hands an array to a writer process and returns at once.
+
+    ``config``: an :class:`OutputConfig` or the ``[output]`` table as a dict. ``coords``: optional
+    coordinate values per dimension name (1-D, the dimension's size). ``comm``: an
+    :class:`enkflow.parallel.Comm`; rank 0 starts the writers, every rank adds its part
+    (``region``) and ``close`` is collective. ``base_dir``: what a relative ``directory`` is
+    relative to (default: the current directory).
+
+    Semantics of :meth:`add`: the array is copied before ``add`` returns (into the writer's
+    shared-memory ring, or into a buffer that ZeroMQ sends without a further copy), so the
+    caller may change it at once. When ``buffer_mb`` of a writer are in flight, ``add`` waits
+    (back-pressure): the waiting time and the largest backlog are in :meth:`stats`.
+    """
+
+    def __init__(self, config: OutputConfig | Mapping[str, Any], *, coords: Mapping[str, Any] | None = None,
+                 comm: Any = None, base_dir: str | os.PathLike[str] | None = None) -> None:
+        self.cfg = config if isinstance(config, OutputConfig) else validate(OutputConfig, dict(config), prefix="output")
+        d = Path(self.cfg.directory).expanduser()
+        if not d.is_absolute():
+            d = Path(base_dir or os.getcwd()) / d
+        self.directory = d.resolve()
+        self.comm = comm
+        self.rank = comm.rank if comm is not None else 0
+        self._coords = self._check_coords(coords or {})
+        self._shapes = {f: self.cfg.shape(f) for f in self.cfg.fields}
+        names = sorted(self.cfg.fields)
+        n_writers = min(self.cfg.writers, max(1, len(names)))
+        self._owner = {f: i % n_writers for i, f in enumerate(names)}
+        self._limit = int(self.cfg.buffer_mb * (1 << 20))
+        self._closed = False
+        self._failures: list[str] = []
+        self._stats: dict[str, Any] = {"adds": 0, "bytes": 0, "blocked_s": 0.0, "add_s": 0.0, "backlog_max_bytes": 0,
+                                       "backlog_max_messages": 0, "lost_adds": 0, "lost_bytes": 0, "warnings": 0}
+        self._runtime: Path | None = None
+        self._ctx = zmq.Context()
+        self._channels: list[_Channel] = []
+        try:
+            info = self._start_writers(n_writers) if self.rank == 0 else None
+            if comm is not None:
+                info = comm.bcast(info, root=0)
+            assert info is not None
+            for i, (endpoint, pid, host) in enumerate(info):
+                self._connect(i, endpoint, pid if host == socket.gethostname() else 0)
+        except BaseException:
+            self._kill_all()
+            raise
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def _check_coords(self, coords: Mapping[str, Any]) -> dict[str, list[float]]:
+        out = {}
+        for name, values in coords.items():
+            if name not in self.cfg.dims:
+                raise InputError(f"coordinate {name!r} is not a dimension of [output.dims] "
+                                 f"({', '.join(sorted(self.cfg.dims))})", item=name)
+            v = np.asarray(values, dtype=np.float64)
+            if v.shape != (self.cfg.dims[name].size,):
+                raise InputError(f"coordinate {name}: shape {v.shape}, the dimension has size {self.cfg.dims[name].size}",
+                                 item=name)
+            out[name] = v.tolist()
+        return out
+
+    def _start_writers(self, n: int) -> list[tuple[str, int, str]]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._runtime = Path(tempfile.mkdtemp(prefix="enkflow-output-"))
+        procs = []
+        for i in range(n):
+            if self.cfg.transport == "tcp":
+                endpoint = f"tcp://{self.cfg.bind}:*"
+            else:
+                endpoint = f"ipc://{self._runtime}/writer{i}.sock"
+            spec = {"config": self.cfg.model_dump(mode="json"), "index": i, "directory": str(self.directory),
+                    "fields": [f for f, w in self._owner.items() if w == i], "coords": self._coords,
+                    "endpoint": endpoint}
+            logf = self._runtime / f"writer{i}.log"
+            with open(logf, "wb") as err:
+                proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.writer"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err)
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+            procs.append((proc, logf))
+        self._procs = {proc.pid: (proc, logf) for proc, logf in procs}
+        info = []
+        for i, (proc, logf) in enumerate(procs):
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode().strip()  # READY <endpoint>, or EOF when it failed
+            if not line.startswith("READY "):
+                proc.wait(timeout=START_TIMEOUT_S)
+                raise OutputError(f"output writer {i} did not start (exit {proc.returncode}):\n{log_tail(logf, 20)}")
+            info.append((line.split(" ", 1)[1], proc.pid, socket.gethostname()))
+        return info
+
+    def _connect(self, i: int, endpoint: str, pid: int) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        proc, logf = getattr(self, "_procs", {}).get(pid, (None, None))
+        ring = Ring(self._limit) if self.cfg.transport == "shm" else None
+        ch = _Channel(i, pid, proc, logf, sock, ring, self._limit,
+                      fields=[f for f, w in self._owner.items() if w == i])
+        self._channels.append(ch)
+        sock.send(P.encode(P.HELLO, ring=str(ring.path) if ring else None, client=f"{socket.gethostname()}:{os.getpid()}"))
+        self._wait_reply(ch, {P.WELCOME}, START_TIMEOUT_S)
+        if ring is not None:
+            ring.unlink()  # both sides have it mapped: nothing to leave behind
+
+    # -- liveness and replies ---------------------------------------------------------------
+
+    def _dead(self, ch: _Channel) -> str | None:
+        """Why ``ch``'s writer is gone, or None while it lives."""
+        if ch.proc is not None:
+            rc = ch.proc.poll()
+            if rc is None:
+                return None
+            return f"killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+        if ch.pid:
+            try:
+                os.kill(ch.pid, 0)
+            except ProcessLookupError:
+                return "gone"
+            except PermissionError:
+                pass
+        return None
+
+    def _writer_lost(self, ch: _Channel, why: str) -> None:
+        ch.alive = False
+        lost = len(ch.pending)
+        lost_bytes = ch.outstanding
+        self._stats["lost_adds"] += lost
+        self._stats["lost_bytes"] += lost_bytes
+        ch.pending.clear()
+        ch.outstanding = 0
+        removed = self._remove_temporaries(ch.pid)
+        tail = f"\n{log_tail(ch.log, 10)}" if ch.log is not None and ch.log.exists() and ch.log.stat().st_size else ""
+        msg = (f"output writer {ch.index} (pid {ch.pid}, fields {', '.join(ch.fields)}) {why}: {lost} piece(s) "
+               f"({lost_bytes} bytes) in flight were not written, nor the files it had open"
+               f"{f' ({removed} temporary file(s) removed)' if removed else ''}; "
+               f"later output of these fields is lost" + tail)
+        self._fail(msg, fatal=True)
+
+    def _remove_temporaries(self, pid: int) -> int:
+        """The temporary files a killed writer left (atomic_output's ``.NAME.PID.tmp``): never under a final name."""
+        if not pid or self.rank != 0 or not self.directory.is_dir():
+            return 0
+        n = 0
+        for p in self.directory.rglob(f".*.{pid}.tmp"):
+            p.unlink(missing_ok=True)
+            n += 1
+        return n
+
+    def _fail(self, msg: str, fatal: bool) -> None:
+        if fatal and self.cfg.on_writer_failure == "continue":
+            log.error("OUTPUT LOST: %s", msg)
+            warnings.warn(f"OUTPUT LOST: {msg}", RuntimeWarning, stacklevel=4)
+            self._stats.setdefault("failures", []).append(msg)
+            return
+        self._failures.append(msg)
+
+    def _raise_failures(self) -> None:
+        if self._failures:
+            msgs, self._failures = self._failures, []
+            text = "\n".join(msgs)
+            if "No space left" in text or "full?" in text:
+                raise StorageError(text, path=str(self.directory))
+            raise OutputError(text)
+
+    def _handle(self, ch: _Channel, msg: dict[str, Any]) -> None:
+        kind = msg["kind"]
+        if kind in (P.ACK, P.ERROR) and "seq" in msg and ch.pending and ch.pending[0].seq == msg["seq"]:
+            p = ch.pending.popleft()
+            ch.outstanding -= p.nbytes
+            if p.ring and ch.ring is not None:
+                ch.ring.free_oldest()
+        if msg.get("warning"):
+            self._stats["warnings"] += 1
+            warnings.warn(f"enkflow.output: {msg['warning']}", RuntimeWarning, stacklevel=4)
+        if msg.get("error"):
+            self._fail(f"output writer {ch.index}: {msg['error']}", bool(msg.get("fatal")))
+        if "stats" in msg:
+            ch.writer_stats = msg["stats"]
+
+    def _drain(self, ch: _Channel) -> None:
+        while True:
+            try:
+                frame = ch.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(ch, P.decode(frame))
+
+    def _wait(self, ch: _Channel, until: Any, timeout: float | None = None) -> dict[str, Any] | None:
+        """Handle replies until ``until(msg)`` (None: until the condition is re-checked false); checks liveness."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while ch.alive:
+            if ch.sock.poll(POLL_MS, zmq.POLLIN):
+                msg = P.decode(ch.sock.recv())
+                self._handle(ch, msg)
+                if until(msg):
+                    return msg
+                continue
+            why = self._dead(ch)
+            if why is not None:
+                self._drain(ch)
+                self._writer_lost(ch, why)
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                self._writer_lost(ch, f"did not answer within {timeout:g} s")
+                return None
+        return None
+
+    def _wait_reply(self, ch: _Channel, kinds: set[str], timeout: float | None = None) -> dict[str, Any] | None:
+        return self._wait(ch, lambda m: m["kind"] in kinds, timeout)
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def add(self, name: str, array: Any, time: float, member: int | None = None, region: Region = None) -> None:
+        """Hand ``array`` (the field ``name`` at ``time``, in ``time_units``) to its writer.
+
+        ``member``: 1..members for an ensemble field, None otherwise. ``region``: where ``array``
+        sits in the global field, one slice or integer offset per dimension (or a dict by
+        dimension name); None: the whole field. Raises :class:`~enkflow.errors.InputError`
+        before sending anything when the name, member, time, shape or region is wrong; raises
+        :class:`OutputError` for an earlier failure of a writer (``on_writer_failure = "stop"``).
+        """
+        t0 = _now()
+        if self._closed:
+            raise OutputError("add after close")
+        spec = self.cfg.fields.get(name)
+        if spec is None:
+            raise InputError(f"unknown output field {name!r}; [output.fields] declares "
+                             f"{', '.join(sorted(self.cfg.fields)) or 'none'}", item=str(name))
+        what = f"output field {name}" + (f" member {member}" if member is not None else "")
+        if spec.ensemble:
+            if not isinstance(member, (int, np.integer)) or not 1 <= int(member) <= self.cfg.members:
+                raise InputError(f"{what}: an ensemble field needs member = 1..{self.cfg.members}, got {member!r}",
+                                 item=name)
+            member = int(member)
+        elif member is not None:
+            raise InputError(f"{what}: not an ensemble field (ensemble = false): member must be None", item=name)
+        try:
+            t = float(time)
+        except (TypeError, ValueError):
+            raise InputError(f"{what}: time {time!r} is not a number (in {self.cfg.time_units})", item=name) from None
+        if not math.isfinite(t):
+            raise InputError(f"{what}: time {time!r} is not finite", item=name)
+        a = np.asarray(array)
+        if a.dtype.kind not in "fiub" or a.dtype.kind == "b":
+            raise InputError(f"{what}: dtype {a.dtype} is not a real number type", item=name)
+        if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
+            a = a.astype(np.float64)
+        reg = _normalize_region(region, spec.dims, self._shapes[name], a.shape, what)
+        nbytes = a.nbytes
+        if nbytes > self._limit:
+            raise InputError(f"{what}: the array has {nbytes} bytes, more than output.buffer_mb "
+                             f"({self.cfg.buffer_mb} MiB); raise buffer_mb or add it in regions", item=name)
+        ch = self._channels[self._owner[name]]
+        if ch.alive:
+            self._drain(ch)
+            why = self._dead(ch)
+            if why is not None:
+                self._writer_lost(ch, why)
+        self._raise_failures()
+        if not ch.alive:
+            self._stats["lost_adds"] += 1
+            self._stats["lost_bytes"] += nbytes
+            return
+        slot = self._room(ch, nbytes)
+        if not ch.alive:
+            self._raise_failures()
+            self._stats["lost_adds"] += 1
+            self._stats["lost_bytes"] += nbytes
+            return
+        ch.seq += 1
+        meta = {"seq": ch.seq, "field": name, "time": t, "member": member,
+                "region": [list(r) for r in reg] if reg is not None else None,
+                "dtype": a.dtype.str, "shape": list(a.shape)}
+        if ch.ring is not None:
+            assert slot is not None
+            np.copyto(ch.ring.buf[slot : slot + nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
+            ch.sock.send(P.encode(P.PUT, slot=[slot, nbytes], **meta))
+            keep = None
+        else:
+            keep = np.array(a, order="C", copy=True)
+            ch.sock.send_multipart([P.encode(P.PUT, slot=None, **meta), memoryview(keep.reshape(-1).view(np.uint8))],
+                                   copy=False)
+        ch.pending.append(_Pending(ch.seq, nbytes, keep, ch.ring is not None))
+        ch.outstanding += nbytes
+        s = self._stats
+        s["adds"] += 1
+        s["bytes"] += nbytes
+        s["backlog_max_bytes"] = max(s["backlog_max_bytes"], ch.outstanding)
+        s["backlog_max_messages"] = max(s["backlog_max_messages"], len(ch.pending))
+        s["add_s"] += _now() - t0
+
+    def _room(self, ch: _Channel, nbytes: int) -> int | None:
+        """Wait (back-pressure) until ``nbytes`` fit; the ring slot's offset with shm."""
+        t0 = None
+        while True:
+            if ch.outstanding + nbytes <= ch.limit:
+                slot = ch.ring.alloc(nbytes) if ch.ring is not None else 0
+                if slot is not None:
+                    break
+            if t0 is None:
+                t0 = _now()
+            if not ch.pending:  # cannot happen: an empty ring fits any nbytes <= limit
+                raise OutputError(f"output writer {ch.index}: no room for {nbytes} bytes in an empty buffer")
+            self._wait(ch, lambda m: True)
+            if not ch.alive:
+                slot = None
+                break
+        if t0 is not None:
+            self._stats["blocked_s"] += _now() - t0
+        return slot
+
+    def sync(self) -> None:
+        """Wait until every array added so far is written (complete files renamed to their final
+        names, open ones flushed, window statistics checkpointed); raise a writer's error if any."""
+        if self._closed:
+            raise OutputError("sync after close")
+        self._roundtrip(P.SYNC, P.SYNCED)
+        self._raise_failures()
+
+    def _roundtrip(self, kind: str, reply: str, **extra: Any) -> None:
+        for ch in self._channels:
+            if not ch.alive:
+                continue
+            ch.seq += 1
+            seq = ch.seq
+            ch.sock.send(P.encode(kind, seq=seq, **extra))
+        for ch in self._channels:
+            if ch.alive:
+                self._wait(ch, lambda m: m["kind"] == reply)
+
+    def close(self, finish_windows: bool = False) -> None:
+        """Write everything, stop the writers (collective with ``comm``). ``finish_windows``: also write
+        the window statistics still open (``window_complete = 0``) instead of checkpointing them for
+        a later run. Raises when outputs were incomplete (a member or region never added) or a writer failed."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._roundtrip(P.BYE, P.BYE)
+            if self.comm is not None:
+                self.comm.barrier()
+            if self.rank == 0:
+                incomplete: list[str] = []
+                for ch in self._channels:
+                    if not ch.alive:
+                        continue
+                    ch.seq += 1
+                    ch.sock.send(P.encode(P.FINISH, seq=ch.seq, finish_windows=finish_windows))
+                    msg = self._wait_reply(ch, {P.FINISHED})
+                    if msg is not None:
+                        incomplete += msg.get("incomplete", [])
+                        if ch.proc is not None:
+                            try:
+                                ch.proc.wait(timeout=30)
+                            except subprocess.TimeoutExpired:
+                                ch.proc.kill()
+                if incomplete:
+                    self._failures.append("incomplete output, not written (a member or region was never added):\n  "
+                                          + "\n  ".join(incomplete))
+            lost = self._stats["lost_adds"]
+            if lost:
+                log.error("OUTPUT LOST: %d add(s), %d bytes, were not written (a writer failed)", lost,
+                          self._stats["lost_bytes"])
+            self._raise_failures()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for ch in self._channels:
+            ch.sock.close(linger=0)
+            if ch.ring is not None:
+                ch.ring.close()
+        self._kill_all()
+        self._ctx.term()
+        if self._runtime is not None:
+            shutil.rmtree(self._runtime, ignore_errors=True)
+
+    def _kill_all(self) -> None:
+        for proc, _ in getattr(self, "_procs", {}).values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def stats(self) -> dict[str, Any]:
+        """Sender-side figures: ``adds``, ``bytes``, ``add_s`` (time spent in add, s), ``blocked_s``
+        (of it, waiting for buffer room), ``backlog_max_bytes`` / ``backlog_max_messages`` (most in
+        flight at once, per writer), ``lost_adds`` / ``lost_bytes`` (after a writer failure with
+        ``on_writer_failure = "continue"``), ``warnings``; ``writers``: each writer's own figures
+        at the last sync/close (``puts``, ``files``, ``write_s``, ``nan`` counts per field, ``errors``)."""
+        s = dict(self._stats)
+        s["backlog_bytes"] = sum(ch.outstanding for ch in self._channels)
+        s["writers"] = [dict(ch.writer_stats, alive=ch.alive) for ch in self._channels]
+        s["nan"] = {}
+        for ch in self._channels:
+            for f, n in ch.writer_stats.get("nan", {}).items():
+                s["nan"][f] = s["nan"].get(f, 0) + n
+        return s
+
+    def __enter__(self) -> "Output":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as err:  # the body's exception is the one to see
+            log.error("closing the output after an error: %s", err)
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self._shutdown()
+            except Exception:
+                pass
+
+
+def _now() -> float:
+    return time.perf_counter()
