@@ -21,6 +21,7 @@ from enkflow.config import AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
 from enkflow.io.config import IOConfig
 from enkflow.jobs.strategies import Resources, Strategy
+from enkflow.output.config import OutputConfig
 from enkflow.state.config import StateConfig
 
 
@@ -261,6 +262,7 @@ class ExperimentConfig(Strict):
     observations: ObservationsSection
     state: StateConfig | None = None
     io: IOConfig = IOConfig()
+    output: OutputConfig | None = None
     analysis: AnalysisConfig | None = None
     analysis_task: AnalysisTaskSection = AnalysisTaskSection()
     jobs: JobsSection = JobsSection()

@@ -27,6 +27,7 @@ back under its target name atomically (temporary sibling + rename).
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -133,11 +134,13 @@ def _publish(tmp: Path, final: Path) -> None:
 # -- staging (in the driver or server, between the analysis and the next forecast) -----------------------
 
 
-def stage(staging_root: Path, cycle: int, files: list[tuple[Path, str, str]], meta: dict) -> Path:
+def stage(staging_root: Path, cycle: int, files: list[tuple[Path, str, str]], meta: dict, *, link: bool = False) -> Path:
     """Snapshot ``files`` [(source, archived name, target key)] of ``cycle`` into
-    ``staging_root/cycle_NNNN`` (reflink or ``copy_file_range``), with ``stage.json`` holding
-    ``meta`` and the names; atomically (a temporary directory renamed). Returns the directory.
-    The target key is what :func:`restore` maps to a path (e.g. ``member:3``)."""
+    ``staging_root/cycle_NNNN`` (reflink or ``copy_file_range``; with ``link``, a hard link, free,
+    for files that are replaced by rename and never rewritten in place, such as the online
+    checkpoints; a copy where the link is impossible), with ``stage.json`` holding ``meta`` and
+    the names; atomically (a temporary directory renamed). Returns the directory. The target
+    key is what :func:`restore` maps to a path (e.g. ``member:3``)."""
     from enkflow.jobs.protect import clone_file
 
     staging_root = Path(staging_root)
@@ -150,6 +153,14 @@ def stage(staging_root: Path, cycle: int, files: list[tuple[Path, str, str]], me
     try:
         entries = []
         for src, name, target in files:
+            if link:
+                try:
+                    os.link(src, tmp / name)
+                    entries.append({"name": name, "target": target})
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                        raise
             clone_file(Path(src), tmp / name)
             entries.append({"name": name, "target": target})
         write_json_atomic(tmp / "stage.json", {"cycle": cycle, "files": entries, "meta": meta, "t": time.time()})

@@ -58,12 +58,12 @@ class BackgroundArchiver:
         return cls(cfg.path(cfg.archive.dir), staging or base / "staging", cfg.archive, events, log=base / "archiver.log",
                    python=cfg.launcher.python, progress=progress)
 
-    def stage(self, cycle: int, files: list[tuple[Path, str, str]], meta: dict) -> None:
+    def stage(self, cycle: int, files: list[tuple[Path, str, str]], meta: dict, *, link: bool = False) -> None:
         """Snapshot the files of ``cycle`` and start archiving them (see :func:`enkflow.output.archive.stage`).
         A failed snapshot (e.g. a full disk) is reported like a failed archiver."""
         t0 = time.perf_counter()
         try:
-            _archive.stage(self.staging, cycle, files, meta)
+            _archive.stage(self.staging, cycle, files, meta, link=link)
         except (EnkflowError, OSError) as exc:
             self._report(f"staging cycle {cycle} for the archive failed: {exc}", cycles=[cycle], returncode=None)
             return

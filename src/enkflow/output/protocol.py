@@ -1,13 +1,14 @@
 """Messages between an :class:`~enkflow.output.Output` and its writers (ZeroMQ DEALER -> ROUTER).
 
-Every message is multipart: one UTF-8 JSON frame (metadata only, never pickle; coded by
-:mod:`enkflow.online.wire`), then, for a PUT over ipc/tcp, one raw frame with the array's
-bytes (sent without a copy). Over shared memory the PUT names its slot of the sender's ring
-instead. Sender -> writer:
+Every message is multipart: one UTF-8 JSON frame (metadata only, never pickle), then, for a PUT
+over ipc/tcp, one raw frame with the array's bytes (sent without a copy): the framing of
+:mod:`enkflow.online.wire`, without its fixed header (the output layer sits below the
+experiment and online layers, so it does not import them). Over shared memory the PUT names
+its slot of the sender's ring instead. Sender -> writer:
 
     hello   {ring: path | null, client}            reply welcome
     put     {seq, field, time, member, region, dtype, shape, slot: [offset, nbytes] | null}
-                                                   reply ack {seq} or error {seq, error}
+                                                   reply ack {seq, warning?} or error {seq, error, fatal}
     sync    {seq}                                  reply synced {seq, stats}: all earlier puts are written
     bye     {seq}                                  reply bye {seq, stats}: this sender is done
     finish  {seq, finish_windows}                  reply finished {seq, stats, incomplete}; the writer exits
@@ -18,22 +19,32 @@ the order they were allocated.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from enkflow.online.wire import decode_json, encode_json
+from enkflow.errors import EnkflowError
 
 HELLO, WELCOME, PUT, ACK, ERROR, SYNC, SYNCED, BYE, FINISH, FINISHED = (
     "hello", "welcome", "put", "ack", "error", "sync", "synced", "bye", "finish", "finished")
+MAX_JSON_BYTES = 1 << 20
+
+
+class ProtocolError(EnkflowError):
+    """A message that does not follow the output protocol."""
 
 
 def encode(kind: str, **meta: Any) -> bytes:
-    return encode_json({"kind": kind, **meta})
+    return json.dumps({"kind": kind, **meta}, separators=(",", ":")).encode()
 
 
 def decode(frame: bytes | memoryview) -> dict[str, Any]:
-    msg = decode_json(frame, "output")
-    if not isinstance(msg.get("kind"), str):
-        from enkflow.online.wire import ProtocolError
-
+    b = bytes(frame)
+    if len(b) > MAX_JSON_BYTES:
+        raise ProtocolError(f"an output message of {len(b)} bytes, more than {MAX_JSON_BYTES}")
+    try:
+        msg = json.loads(b.decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"an output message is not valid JSON: {exc}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("kind"), str):
         raise ProtocolError("an output message without a 'kind'")
     return msg
