@@ -1,4 +1,4 @@
-"""Build of the compiled analysis kernel; everything else is in pyproject.toml.
+"""Build of the compiled analysis library (kernel and local search); everything else is in pyproject.toml.
 
 ENKFLOW_MARCH selects the target CPU (default ``native``: the kernel is built
 on the machine that runs it, as HPC codes are; set it to e.g. ``x86-64-v3``
@@ -19,7 +19,7 @@ setup(
     ext_modules=[
         Extension(
             "enkflow.analysis._lanes",
-            sources=["src/enkflow/analysis/_c/lanes.c"],
+            sources=["src/enkflow/analysis/_c/lanes.c", "src/enkflow/analysis/_c/search.c"],
             extra_compile_args=flags,
             libraries=["m"],
         )

@@ -15,11 +15,13 @@ so the analysis adds the same terms in the same order whatever the rank count.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.spatial import cKDTree
 
+from enkflow.analysis.search import BlockedPairs
 from enkflow.config import Metric
 from enkflow.errors import InputError
 
@@ -51,6 +53,16 @@ class Neighbours:
     def counts(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def select(self, keep: np.ndarray) -> "Neighbours":
+        """The pairs where ``keep`` (nnz,) bool is set, same layout."""
+        if keep.all():
+            return self
+        n_dom = self.offsets.size - 1
+        dom = np.repeat(np.arange(n_dom), self.counts)[keep]
+        offsets = np.zeros_like(self.offsets)
+        np.cumsum(np.bincount(dom, minlength=n_dom), out=offsets[1:])
+        return Neighbours(offsets, self.idx[keep], self.dist[keep])
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -60,6 +72,7 @@ class Geometry:
     obs_coords: np.ndarray  # (n_obs, n_dim)
     period: float | None = None
     _tree: cKDTree = field(init=False, repr=False, compare=False)
+    _embedded: np.ndarray = field(init=False, repr=False, compare=False)  # (n_obs, n_embedded_dim)
 
     def __post_init__(self) -> None:
         c = np.asarray(self.obs_coords, dtype=np.float64)
@@ -67,7 +80,9 @@ class Geometry:
             c = c[:, None]
         self._check_coords(c, "obs.coords")
         object.__setattr__(self, "obs_coords", c)
-        object.__setattr__(self, "_tree", cKDTree(self._embed(c), boxsize=self._boxsize(), balanced_tree=False))
+        emb = np.ascontiguousarray(self._embed(c))
+        object.__setattr__(self, "_embedded", emb)
+        object.__setattr__(self, "_tree", cKDTree(emb, boxsize=self._boxsize(), balanced_tree=False))
 
     def _boxsize(self) -> float | None:
         return self.period if self.metric is Metric.PERIODIC else None
@@ -172,32 +187,44 @@ class Geometry:
         np.cumsum(np.bincount(dom_of, minlength=n_dom), out=offsets[1:])
         return Neighbours(offsets, idx[order], dd[order])
 
-    def neighbours(self, dom_coords: np.ndarray, radius: float) -> Neighbours:
-        """Observations strictly closer than ``radius`` to each domain centre.
-
-        ``dom_coords`` (n_dom, n_dim) in the metric's coordinates; ``radius`` in km
-        (sphere) or grid units.
-        """
+    def search(self, dom_coords: np.ndarray, radius: float) -> "LocalSearch":
+        """A planned search for the observations strictly closer than ``radius`` to each domain
+        centre: ``dom_coords`` (n_dom, n_dim) in the metric's coordinates, ``radius`` in km
+        (sphere) or grid units. Neighbouring domains should be neighbours in the given order
+        (rows of a grid are), as the search runs per block of consecutive domains."""
         dc = np.asarray(dom_coords, dtype=np.float64)
         if dc.ndim == 1:
             dc = dc[:, None]
         self._check_coords(dc, "domain coordinates")
-        n_dom = dc.shape[0]
-        if n_dom == 0 or self.obs_coords.shape[0] == 0:
-            return Neighbours(np.zeros(n_dom + 1, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        pts = self._embed(dc)
-        # All pairs closer than the radius, found in C (no Python lists), then
-        # sorted by (domain, observation) into CSR.
-        dom_tree = cKDTree(pts, boxsize=self._boxsize(), balanced_tree=False)
-        pairs = dom_tree.sparse_distance_matrix(self._tree, self._search_radius(radius), output_type="ndarray")
-        key = pairs["i"].astype(np.int64) * self.obs_coords.shape[0] + pairs["j"]
-        order = np.argsort(key)
-        dom_of = pairs["i"][order].astype(np.int64)
-        idx = pairs["j"][order].astype(np.int64)
-        dist = self.chord_to_distance(pairs["v"][order])
-        keep = dist < radius  # chordal rounding can admit points a hair beyond the radius
-        if not keep.all():
-            dom_of, idx, dist = dom_of[keep], idx[keep], dist[keep]
-        offsets = np.zeros(n_dom + 1, np.int64)
-        np.cumsum(np.bincount(dom_of, minlength=n_dom), out=offsets[1:])
-        return Neighbours(offsets, idx, dist)
+        plan = BlockedPairs.plan(self._embed(dc), self._embedded, self._tree, self._boxsize() or 0.0,
+                                 self._search_radius(radius))
+        return LocalSearch(self, float(radius), plan)
+
+    def neighbours(self, dom_coords: np.ndarray, radius: float) -> Neighbours:
+        """Observations strictly closer than ``radius`` to each domain centre (see :meth:`search`)."""
+        return self.search(dom_coords, radius).neighbours()
+
+
+@dataclass(frozen=True)
+class LocalSearch:
+    """The blocked search of :meth:`Geometry.search`: split it into :meth:`parts` of bounded size,
+    and list each part's :meth:`neighbours`."""
+
+    geometry: Geometry
+    radius: float
+    plan: BlockedPairs
+
+    @property
+    def n_domains(self) -> int:
+        return self.plan.pts.shape[0]
+
+    def parts(self, max_pairs: int) -> Iterator[tuple[int, int]]:
+        """Consecutive domain ranges ``(start, stop)`` of about ``max_pairs`` candidate pairs at most."""
+        return self.plan.parts(max_pairs)
+
+    def neighbours(self, start: int = 0, stop: int | None = None) -> Neighbours:
+        """The neighbours of domains ``[start, stop)``, a range of :meth:`parts` (default: all)."""
+        offsets, idx, chord = self.plan.pairs(start, stop)
+        nb = Neighbours(offsets, idx, self.geometry.chord_to_distance(chord))
+        # The chordal radius carries a little slack: the exact distance decides.
+        return nb.select(nb.dist < self.radius)

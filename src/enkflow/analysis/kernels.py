@@ -8,41 +8,9 @@ with LAPACK.
 
 from __future__ import annotations
 
-import ctypes
-import os
-from importlib.util import find_spec
-
 import numpy as np
 
-from enkflow.errors import EnkflowError
-
-_i64p = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
-_f64c = np.ctypeslib.ndpointer(dtype=np.float64, flags="C_CONTIGUOUS")
-_f64f = np.ctypeslib.ndpointer(dtype=np.float64, flags="F_CONTIGUOUS")
-
-
-def _load() -> ctypes.CDLL:
-    path = os.environ.get("ENKFLOW_LANES_LIB")
-    if not path:
-        spec = find_spec("enkflow.analysis._lanes")
-        if spec is None or spec.origin is None:
-            raise EnkflowError(
-                "the compiled analysis kernel enkflow.analysis._lanes is not built; "
-                "reinstall with `pip install -e .` (needs a C compiler)"
-            )
-        path = spec.origin
-    lib = ctypes.CDLL(path)
-    f = lib.enk_local_analysis
-    f.restype = ctypes.c_int64
-    f.argtypes = [
-        _f64f, ctypes.c_int64, ctypes.c_int,
-        ctypes.c_int64, _i64p, _i64p, _i64p, _i64p, _f64c, _f64c, _f64c,
-        ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, _i64p,
-    ]
-    return lib
-
-
-_LIB: ctypes.CDLL | None = None
+from enkflow.analysis import clib
 
 
 def local_analysis(
@@ -70,12 +38,9 @@ def local_analysis(
     eigen-decomposition (profiling only; X is then not updated).
     Returns the indices of domains left for a LAPACK redo (normally empty).
     """
-    global _LIB
-    if _LIB is None:
-        _LIB = _load()
     n_dom = dom_offsets.size - 1
     failed = np.empty(max(n_dom, 1), np.int64)
-    nf = _LIB.enk_local_analysis(
+    nf = clib.lib().enk_local_analysis(
         X, X.shape[0], X.shape[1], n_dom, dom_offsets, dom_rows, ob_offsets, ob_idx,
         np.ascontiguousarray(ob_sw, dtype=np.float64), Yp, np.ascontiguousarray(dy, dtype=np.float64),
         gamma, post, rtpp, rtps, stage, failed,

@@ -98,10 +98,7 @@ class _LocalFilter(Filter):
         rho = self.inflation.forgetting_factor
         N = X.shape[1]
         st = self.stats
-        for start, stop in self._chunks(geometry, domains):
-            sub = domains.subset(start, stop)
-            t0 = time.perf_counter()
-            offsets, idx, wt = self.localization.local_obs(geometry, sub.coords)
+        for sub, offsets, idx, wt in self._local_obs(geometry, domains):
             t1 = time.perf_counter()
             if self.kernel is Kernel.COMPILED:
                 failed = local_analysis(
@@ -114,31 +111,35 @@ class _LocalFilter(Filter):
                     self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho, domains=failed)
             else:
                 self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho)
-            st.search_s += t1 - t0
             st.kernel_s += time.perf_counter() - t1
             st.n_domains += sub.n_domains
             st.n_local_obs += int(idx.size)
         return out
 
-    def _chunks(self, geometry: Geometry, domains: LocalDomains):
-        """Consecutive domain ranges of at most ``chunk`` domains and about
-        ``max_pairs`` (domain, observation) pairs, so that memory stays bounded
-        where observations crowd (near the poles of a lon-lat grid)."""
+    def _local_obs(self, geometry: Geometry, domains: LocalDomains):
+        """``(sub, offsets, idx, weight)`` for consecutive ranges ``sub`` of at most ``chunk``
+        domains and about ``max_pairs`` (domain, observation) pairs, so that memory stays bounded
+        where observations crowd (near the poles of a lon-lat grid). Timed into ``search_s``."""
+        loc = self.localization
         for start in range(0, domains.n_domains, self.chunk):
             stop = min(start + self.chunk, domains.n_domains)
             t0 = time.perf_counter()
-            cum = np.cumsum(geometry.counts(domains.coords[start:stop], self.localization.support))
+            search = None
+            if loc.max_obs is None:
+                search = geometry.search(domains.coords[start:stop], loc.support)
+                ranges = search.parts(self.max_pairs)
+            else:  # at most max_obs pairs per domain: the chunk bounds the memory
+                ranges = iter([(0, stop - start)])
             self.stats.search_s += time.perf_counter() - t0
-            if cum.size == 0 or cum[-1] <= self.max_pairs:
-                yield start, stop
-                continue
-            lo = 0
-            while lo < cum.size:
-                base = cum[lo - 1] if lo else 0
-                hi = int(np.searchsorted(cum, base + self.max_pairs, side="right"))
-                hi = max(hi, lo + 1)
-                yield start + lo, start + hi
-                lo = hi
+            for a, b in ranges:
+                t0 = time.perf_counter()
+                if search is not None:
+                    nb = search.neighbours(a, b)
+                else:
+                    nb = geometry.nearest(domains.coords[start + a : start + b], loc.support, loc.max_obs)
+                offsets, idx, wt = loc.weights(nb)
+                self.stats.search_s += time.perf_counter() - t0
+                yield domains.subset(start + a, start + b), offsets, idx, wt
 
     def _reference(self, out, sub, offsets, idx, rinv_w, Yp, dy, rho, domains=None) -> None:
         for k in range(sub.n_domains) if domains is None else domains:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from enkflow.analysis import taper as _taper
-from enkflow.analysis.geometry import Geometry
+from enkflow.analysis.geometry import Geometry, Neighbours
 from enkflow.config import LocalizationConfig, Metric, RadiusConvention, Taper
 from enkflow.errors import InputError
 
@@ -55,15 +55,14 @@ class Localization:
             nb = geometry.neighbours(dom_coords, self.support)
         else:
             nb = geometry.nearest(dom_coords, self.support, self.max_obs)
+        return self.weights(nb)
+
+    def weights(self, nb: Neighbours) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets, idx, weight)``: the taper weights of the neighbours ``nb``, pairs of zero weight dropped."""
         wt = _taper.weights(self.taper, nb.dist, self.half_width)
         keep = wt > 0.0
-        n_dom = nb.offsets.size - 1
-        if keep.all():
-            return nb.offsets, nb.idx, wt
-        dom = np.repeat(np.arange(n_dom), nb.counts)[keep]
-        offsets = np.zeros_like(nb.offsets)
-        np.cumsum(np.bincount(dom, minlength=n_dom), out=offsets[1:])
-        return offsets, nb.idx[keep], wt[keep]
+        nb = nb.select(keep)
+        return nb.offsets, nb.idx, wt if keep.all() else wt[keep]
 
 
 def _nearest(offsets: np.ndarray, dist: np.ndarray, k: int) -> np.ndarray:
