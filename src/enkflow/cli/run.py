@@ -36,6 +36,10 @@ def _main(args: argparse.Namespace) -> int:
     if cfg.experiment.mode == "online":
         from enkflow.online.launch import OnlineExperiment
 
+        if args.from_archive is not None:
+            from enkflow.experiment.from_archive import restore_online
+
+            restore_online(cfg, args.from_archive, progress=progress)
         OnlineExperiment(cfg, progress=progress).run()
         print(render_report(load_report(cfg.expdir)))
         return 0

@@ -1,7 +1,7 @@
-"""``enkflow run EXPERIMENT.toml --from-archive CYCLE``: restart an offline experiment from an archived cycle.
+"""``enkflow run EXPERIMENT.toml --from-archive CYCLE``: restart an experiment from an archived cycle.
 
-The archive of cycle C (:mod:`enkflow.output.archive`) holds every member's
-restart as it was after C's analysis. Restoring it:
+Offline, the archive of cycle C (:mod:`enkflow.output.archive`) holds every member's
+restart as it was after C's analysis. Restoring it (:func:`restore_offline`):
 
 1. checks the settings against the experiment's recorded ones, that C is one of
    its cycles, and that the archive is of this ensemble;
@@ -15,6 +15,12 @@ restart as it was after C's analysis. Restoring it:
    (``state.json``) and marks the restarts analysed in C (provenance);
 
 then the driver continues from cycle C + 1 as after any resume.
+
+Online, it holds the server's analysis checkpoints of cycle C (one per server
+rank: the whole in-memory ensemble, carried variables included).
+:func:`restore_online` verifies them the same way, replaces every checkpoint
+with them, drops the later cycles' directories and the study's final status,
+and the server then resumes from cycle C's analysis.
 """
 
 from __future__ import annotations
@@ -39,17 +45,54 @@ from enkflow.output import archive as _archive
 _PROTECTED = re.compile(r"\.enkflow-c(\d+)\.orig")
 
 
-def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
-                    progress: Callable[[str], None] | None = None) -> dict:
-    """Restore the restarts archived after ``cycle`` and make the experiment resume at the next cycle
-    (the caller holds the driver lock). Returns the archive's manifest."""
+def _archive_root(cfg: ExperimentConfig, cycle: int) -> Path:
     if cfg.archive.dir is None:
         raise ConfigError("--from-archive needs the archive directory: set [archive] dir", key="archive.dir")
     if cycle not in cfg.cycle_numbers:
         raise ConfigError(f"cycle {cycle} is not a cycle of this experiment ({cfg.cycle_numbers[0]}-"
                           f"{cfg.cycle_numbers[-1]})", key="experiment.cycles")
+    return cfg.path(cfg.archive.dir)
+
+
+def _checker(root: Path, cycle: int, want: dict) -> Callable[[dict], None]:
+    """Refuse an archive whose ``meta`` differs from ``want`` (another mode, ensemble size, rank count)."""
+    def check(manifest: dict) -> None:
+        meta = manifest.get("meta", {})
+        if any(meta.get(k) != v for k, v in want.items()):
+            have = ", ".join(f"{k} = {meta.get(k)}" for k in want)
+            need = ", ".join(f"{k} = {v}" for k, v in want.items())
+            raise _archive.ArchiveError(f"this archive is of an experiment with {have}; this one has {need}",
+                                        path=str(_archive.cycle_dir(root, cycle) / _archive.MANIFEST))
+    return check
+
+
+def _drop_later(cfg: ExperimentConfig, cycle: int) -> None:
+    """The directories and staged archives of the cycles after ``cycle``."""
+    for k in cfg.cycle_numbers:
+        if k > cycle:
+            shutil.rmtree(cfg.cycle_dir(k), ignore_errors=True)
+    staging = cfg.expdir / "archive" / "staging"
+    for k in _archive.staged_cycles(staging):
+        if k > cycle:
+            shutil.rmtree(_archive.cycle_dir(staging, k), ignore_errors=True)
+
+
+def _done(events: EventLog, root: Path, cycle: int, manifest: dict, t0: float,
+          progress: Callable[[str], None] | None, what: str) -> None:
+    dt = time.perf_counter() - t0
+    events.emit("archive_restore", cycle=cycle, dir=str(_archive.cycle_dir(root, cycle)), files=len(manifest["files"]),
+                restore_s=dt)
+    if progress is not None:
+        progress(f"restored {what} of cycle {cycle} from {_archive.cycle_dir(root, cycle)} "
+                 f"({len(manifest['files'])} files, checksums verified, {dt:.1f} s)")
+
+
+def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
+                    progress: Callable[[str], None] | None = None) -> dict:
+    """Restore the restarts archived after ``cycle`` and make the experiment resume at the next cycle
+    (the caller holds the driver lock). Returns the archive's manifest."""
+    root = _archive_root(cfg, cycle)
     t0 = time.perf_counter()
-    root = cfg.path(cfg.archive.dir)
     expdir = cfg.expdir
     digests = cfg.digests()
     state = ExperimentState.load(expdir)
@@ -58,13 +101,7 @@ def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
     n = cfg.experiment.members
     restarts = [cfg.restart_path(m) for m in range(1, n + 1)]
     targets = {f"member:{m}": p for m, p in enumerate(restarts, start=1)}
-
-    def check(manifest: dict) -> None:
-        meta = manifest.get("meta", {})
-        where = str(_archive.cycle_dir(root, cycle) / _archive.MANIFEST)
-        if meta.get("mode") != "offline" or int(meta.get("members", -1)) != n:
-            raise _archive.ArchiveError(f"this archive is of a {meta.get('mode')} experiment with {meta.get('members')} "
-                                        f"members; this one is offline with {n}", path=where)
+    check = _checker(root, cycle, {"mode": "offline", "members": n})
 
     def clear_later() -> None:
         for marker in wal.pending_markers([str(p) for p in restarts]):
@@ -77,13 +114,7 @@ def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
                 m = _PROTECTED.search(prot)
                 if m and int(m.group(1)) > cycle:
                     Path(prot).unlink(missing_ok=True)
-        for k in cfg.cycle_numbers:
-            if k > cycle:
-                shutil.rmtree(cfg.cycle_dir(k), ignore_errors=True)
-        staging = expdir / "archive" / "staging"
-        for k in _archive.staged_cycles(staging):
-            if k > cycle:
-                shutil.rmtree(_archive.cycle_dir(staging, k), ignore_errors=True)
+        _drop_later(cfg, cycle)
 
     expdir.mkdir(parents=True, exist_ok=True)
     manifest = _archive.restore(root, cycle, targets, check=check, before_write=clear_later)
@@ -93,10 +124,39 @@ def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
     state.digests = dict(digests)
     state.save()
     provenance.mark(restarts, expdir, cycle, "analysed")
-    dt = time.perf_counter() - t0
-    events.emit("archive_restore", cycle=cycle, dir=str(_archive.cycle_dir(root, cycle)), files=len(manifest["files"]),
-                restore_s=dt)
-    if progress is not None:
-        progress(f"restored the restarts of cycle {cycle} from {_archive.cycle_dir(root, cycle)} "
-                 f"({len(manifest['files'])} files, checksums verified, {dt:.1f} s)")
+    _done(events, root, cycle, manifest, t0, progress, "the restarts")
+    return manifest
+
+
+def restore_online(cfg: ExperimentConfig, cycle: int, progress: Callable[[str], None] | None = None) -> dict:
+    """Restore the server's analysis checkpoints archived after ``cycle``, so that the online study
+    resumes from them at the next cycle. Takes the driver lock. Returns the archive's manifest."""
+    from enkflow.experiment.lock import DriverLock
+    from enkflow.online.checkpoint import analysis_path
+    from enkflow.online.experiment import online_dir
+
+    root = _archive_root(cfg, cycle)
+    t0 = time.perf_counter()
+    odir = online_dir(cfg)
+    ckdir = odir / "checkpoints"
+    ranks = cfg.online.ranks
+    targets = {f"rank:{r}": analysis_path(ckdir, cycle, r) for r in range(ranks)}
+    check = _checker(root, cycle, {"mode": "online", "members": cfg.experiment.members, "ranks": ranks})
+
+    def clear() -> None:
+        # Every other checkpoint: the server resumes from the newest analysis, with the forecasts of the next cycle.
+        for p in list(ckdir.glob("analysis_*.h5")) + list(ckdir.glob("forecast_*")):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        for name in ("status.json", "stopping.json"):
+            (odir / name).unlink(missing_ok=True)
+        _drop_later(cfg, cycle)
+
+    cfg.expdir.mkdir(parents=True, exist_ok=True)
+    with DriverLock(cfg.expdir):
+        manifest = _archive.restore(root, cycle, targets, check=check, before_write=clear)
+        _done(EventLog(cfg.expdir / "events.jsonl"), root, cycle, manifest, t0, progress,
+              "the server's analysis checkpoints")
     return manifest

@@ -28,6 +28,7 @@ from enkflow.jobs.events import EventLog
 from enkflow.obs.obsfile import load_for_state
 from enkflow.obs.space import FileObservations
 from enkflow.online.fields import Field
+from enkflow.output.archive_background import ArchiveFailure
 from enkflow.online.scheduler import SchedulerConfig
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.store import MemoryStore
@@ -79,6 +80,48 @@ class MeanSpreadOutput:
                           title=f"enkflow analysis, cycle {cycle}")
 
 
+class ArchivingOutput:
+    """An output sink that also archives the server's analysis checkpoints ([archive] dir).
+
+    At cycle k's output every rank has flushed its checkpoints (each does before the collective
+    analysis), so the analysis checkpoints of cycle k - 1 are complete on every rank: rank 0
+    stages them (hard links: a checkpoint is renamed into place, never rewritten) and the
+    background archiver compresses and copies them. :meth:`finish` does the last cycle's, once
+    the server's checkpointer has closed, and waits for the archiver."""
+
+    def __init__(self, inner, cfg: ExperimentConfig, comm: Comm, events: EventLog, progress=None):
+        from enkflow.output.archive_background import BackgroundArchiver
+
+        self.inner, self.cfg, self.comm = inner, cfg, comm
+        self.dir = online_dir(cfg) / "checkpoints"
+        self.archiver = BackgroundArchiver.for_experiment(cfg, events, progress) if comm.rank == 0 else None
+        if self.archiver is not None:
+            self.archiver.poll()  # cycles a crashed server staged but did not archive
+
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
+        self.inner.write(cycle, Xa, row_start, diagnostics)
+        self._stage(cycle - 1)
+
+    def _stage(self, cycle: int) -> None:
+        from enkflow.online.checkpoint import analysis_path
+        from enkflow.output.archive import listed_cycles
+
+        if self.archiver is None:
+            return
+        files = [(analysis_path(self.dir, cycle, r), f"analysis.rank_{r:04d}.h5", f"rank:{r}") for r in range(self.comm.size)]
+        if not all(p.exists() for p, _, _ in files) or cycle in listed_cycles(self.archiver.root):
+            return  # before the first cycle; or the checkpoint a restarted server resumed from, archived already
+        self.archiver.stage(cycle, files, {"mode": "online", "members": self.cfg.experiment.members,
+                                           "ranks": self.comm.size}, link=True)
+
+    def finish(self, last: int | None) -> None:
+        self.comm.barrier()  # every rank's checkpointer has closed: the last analysis is on disk
+        if self.archiver is not None:
+            if last is not None:
+                self._stage(last)
+            self.archiver.finish()
+
+
 def experiment_fields(cfg: ExperimentConfig, layout: StateLayout, template: Path | None = None) -> tuple[Field, ...]:
     """The fields runners must declare: the state variables (whole, flattened as in the file), then the carried
     ones (read from ``template``, default member 1's restart)."""
@@ -127,7 +170,7 @@ def _carried_io(cfg: ExperimentConfig, store: MemoryStore, write: bool) -> None:
     store.comm.barrier()
 
 
-def build_problem(cfg: ExperimentConfig, comm: Comm) -> tuple[Problem, StateLayout]:
+def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None) -> tuple[Problem, StateLayout]:
     """The server's :class:`Problem` for ``cfg``; every check of the configuration and files first."""
     from enkflow.io import EnsembleFiles
 
@@ -153,7 +196,8 @@ def build_problem(cfg: ExperimentConfig, comm: Comm) -> tuple[Problem, StateLayo
 
     steps = cfg.steps_per_cycle
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
-                      make_filter(cfg.analysis), local=local, sink=MeanSpreadOutput(cfg, layout, comm), balance=balance)
+                      make_filter(cfg.analysis), local=local, sink=sink or MeanSpreadOutput(cfg, layout, comm),
+                      balance=balance)
     return problem, layout
 
 
@@ -183,10 +227,16 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     token = (odir / "token").read_text().strip()
     port = int((read_json(odir / "launch.json") or {}).get("port", cfg.online.port))
     curve = (odir / "curve.key").read_text().strip() if cfg.online.curve else None
-    problem, layout = build_problem(cfg, comm)
-    server = Server(problem, server_config(cfg, token, port, curve), comm=comm,
-                    events=EventLog(cfg.expdir / "events.jsonl"), progress=progress)
+    events = EventLog(cfg.expdir / "events.jsonl")
+    layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
+    sink = MeanSpreadOutput(cfg, layout, comm)
+    if cfg.archive.dir is not None:
+        sink = ArchivingOutput(sink, cfg, comm, events, progress)
+    problem, layout = build_problem(cfg, comm, sink)
+    server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
     diag = server.run(cfg.cycle_numbers)
+    if isinstance(sink, ArchivingOutput):
+        sink.finish(cfg.cycle_numbers[-1])
     write_final_restarts(cfg, layout, server.store)
     return diag
 
@@ -201,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = experiment_from_json(read_json(expdir / "config.json"), file=str(expdir / "config.json"))
         serve_experiment(cfg, comm=comm, progress=lambda m: print(m, flush=True))
-    except (MemberError, ConfigError, FileFormatError) as exc:
+    except (MemberError, ConfigError, FileFormatError, ArchiveFailure) as exc:
         if comm.rank == 0:
             body = {"state": "failed", "error": str(exc)}
             if isinstance(exc, MemberError):
