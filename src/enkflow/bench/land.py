@@ -123,8 +123,6 @@ def analyse_dir(s: LandBenchSetup, d: Path) -> dict | None:
         return None
     for k in ("read_s", "analysis_s", "update_s", "output_s", "search_s", "kernel_s"):
         res[k] = max(r[k] for r in ranks)
-    res["rank_search_s"] = [r["search_s"] for r in ranks]
-    res["rank_kernel_s"] = [r["kernel_s"] for r in ranks]
     res["mean_local_obs"] = sum(r["n_dom_obs"] for r in ranks) / truth.size
     ens_mb = truth.size * s.members * 8 / 2**20
     peak = max(r["peak"] for r in ranks)

@@ -202,8 +202,9 @@ def analyse(
     local filter), ``balance_s`` (estimate and split), ``redistribute_s`` (both exchanges) and
     ``wait_s`` (this rank's wait for the slowest before the exchange back),
     and, after ``before_update`` has run (so not in its record), the per-rank lists
-    ``rank_analysis_s``, ``rank_cpu_s``, ``rank_est_work`` (share of the total) and
-    ``rank_rows``, the same on every rank.
+    ``rank_analysis_s``, ``rank_cpu_s``, ``rank_est_work`` (share of the total), ``rank_rows``,
+    ``rank_search_s`` and ``rank_kernel_s`` (the local filter's split), the same on every rank.
+    With ``localization.max_obs`` a domain's estimated observations are capped at it.
     """
     comm = store.comm
     X = store.gather(cycle)
@@ -266,6 +267,8 @@ def _decomposed_analysis(
     mine = sample[(sample >= store.row_start) & (sample < store.row_stop)]
     geometry.check_domain_coords(rc[mine])
     counts = comm.allgather_rows(geometry.counts(rc[mine], loc.support).astype(np.float64))
+    if loc.max_obs is not None:  # a capped domain analyses at most max_obs observations
+        counts = np.minimum(counts, float(loc.max_obs))
     cost = _balance.domain_cost(_balance.interpolate_counts(sample, counts, store.n_rows), X.shape[1])
     bounds = _balance.split_equal_cost(cost, comm.size) if balance else io_bounds
     a0, a1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
@@ -279,8 +282,10 @@ def _decomposed_analysis(
     domains = local.domains_for(a0, a1) if not balance else LocalDomains.by_location(rc[a0:a1])
     c0 = time.process_time()
     w0 = time.perf_counter()
+    s0, k0 = flt.stats.search_s, flt.stats.kernel_s
     Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    search, kernel = flt.stats.search_s - s0, flt.stats.kernel_s - k0
     t3 = time.perf_counter()
     comm.barrier()  # the wait for the slowest rank, timed apart from the exchange
     t3b = time.perf_counter()
@@ -290,7 +295,7 @@ def _decomposed_analysis(
     work = _balance.part_costs(cost, bounds)
     total = float(work.sum()) or 1.0
     rows = np.diff(bounds).astype(np.float64)
-    ranks = comm.allgather_obj((wall, cpu))
+    ranks = comm.allgather_obj((wall, cpu, search, kernel))
     r_wall = [float(r[0]) for r in ranks]
     r_cpu = [float(r[1]) for r in ranks]
     diag = {
@@ -300,7 +305,8 @@ def _decomposed_analysis(
         "balanced": float(balance),
     }
     per_rank = {"rank_analysis_s": r_wall, "rank_cpu_s": r_cpu, "rank_est_work": [float(w) / total for w in work],
-                "rank_rows": rows.tolist()}
+                "rank_rows": rows.tolist(), "rank_search_s": [float(r[2]) for r in ranks],
+                "rank_kernel_s": [float(r[3]) for r in ranks]}
     return X, diag, per_rank
 
 
