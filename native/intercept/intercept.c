@@ -31,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -489,6 +491,14 @@ static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtyp
     }
     *handled = 1;
     return access_field(op, fn, h, k, memtype, start, count, kind == KIND_VAR1, stride, imap, mem);
+}
+
+/* A model whose wrapper is gone (killed) is killed with it: its forecast could go nowhere. Only a model the
+ * wrapper started itself (its parent), not one behind a shell script, can be tied to it this way. */
+__attribute__((constructor)) static void die_with_wrapper(void) {
+    const char *parent = getenv("ENKFLOW_INTERCEPT_PARENT");
+    if (parent && getenv("ENKFLOW_INTERCEPT_FD") && (pid_t)atol(parent) == getppid())
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
 }
 
 /* -- opening and closing -------------------------------------------------------------------------- */

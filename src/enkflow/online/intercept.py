@@ -1,0 +1,333 @@
+"""An unmodified netCDF model as an online runner, through the interception shim (docs/intercept.md).
+
+::
+
+    python -m enkflow.online.intercept --address A --token-file F --expdir E --shim libenkflow_intercept.so \\
+        [--steps N] -- MODEL ARGS...
+
+This process is the runner: it greets the server with the experiment's fields
+(read from ``E/config.json`` and member 1's restart, exactly as the server
+builds them), asks for tasks and sends heartbeats. For each task it GETs the
+member's state into a shared memory segment (an anonymous memfd, no file),
+then runs ``MODEL ARGS`` once with ``LD_PRELOAD`` set to the shim. The model's
+netCDF reads of the state variables of the member's restart file are served
+from the segment, its writes of them go into it, and everything else reaches
+the real file through libnetcdf. When the model exits 0 and wrote every state
+variable whole, the segment goes back to the server (PUT); otherwise the task
+is failed with the reason (the server gives the member to another runner).
+
+Placeholders in ``MODEL ARGS``, filled per task: ``{member}`` ``{cycle}``
+``{steps}`` ``{task}`` and ``{restart}`` (the member's restart path). In an
+``[online] runner`` command they are written ``{{cycle}}`` and so on, since
+that command's own placeholders are filled first. ``--steps N`` states how
+many steps the model command runs; a task asking for another number is failed
+naming both (``[online] steps`` and the model must agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import mmap
+import os
+import signal
+import string
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from enkflow.errors import EnkflowError, InputError
+from enkflow.online.connection import ServerError
+from enkflow.online.fields import Field
+from enkflow.online.runner import Runner
+
+# The segment's layout: native/intercept/intercept_shm.h (change both together, with the version).
+MAGIC = b"ENKFSHM1"
+VERSION = 1
+FIELDS_AT = 4096
+MAX_DIMS = 16
+MAX_FIELDS = 64
+_HEADER = np.dtype({
+    "names": ["magic", "version", "nfields", "member", "cycle", "nsteps", "task", "opens", "get_ns", "put_ns",
+              "error_set", "error"],
+    "formats": ["S8", "<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<u8", "<u8", "<u8", "<u4", "S4016"],
+    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80],
+    "itemsize": 4096})
+_FIELD = np.dtype({
+    "names": ["name", "nctype", "ndims", "shape", "offset", "nbytes", "elements_read", "elements_written", "complete",
+              "generations", "assimilated"],
+    "formats": ["S256", "<i4", "<i4", ("<i8", (MAX_DIMS,)), "<u8", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4"],
+    "offsets": [0, 256, 260, 264, 392, 400, 408, 416, 424, 428, 432],
+    "itemsize": 512})
+_NC_TYPES = {"int32": 4, "float32": 5, "float64": 6, "int64": 10}  # NC_INT, NC_FLOAT, NC_DOUBLE, NC_INT64
+MODEL_FIELDS = ("member", "cycle", "steps", "task", "restart")
+
+
+class Segment:
+    """The memory shared with the shim: a header, one record per field, then each field's data (C order)."""
+
+    def __init__(self, fields: Sequence[Field]):
+        if not 1 <= len(fields) <= MAX_FIELDS:
+            raise InputError(f"the interception handles 1 to {MAX_FIELDS} fields, the experiment has {len(fields)}",
+                             item="fields")
+        offset = _align(FIELDS_AT + _FIELD.itemsize * len(fields))
+        layout = []
+        for f in fields:
+            if len(f.shape) > MAX_DIMS or len(f.name.encode()) >= 256:
+                raise InputError(f"field {f.name!r}: more than {MAX_DIMS} dimensions or a name of 256 bytes or more",
+                                 item=f.name)
+            layout.append((f, offset))
+            offset = _align(offset + f.size * f.itemsize)
+        self.size = offset
+        self.fd = os.memfd_create("enkflow-intercept", 0)
+        os.ftruncate(self.fd, self.size)
+        self._mm = mmap.mmap(self.fd, self.size)
+        self.header = np.ndarray((), _HEADER, buffer=self._mm)
+        self.records = np.ndarray((len(fields),), _FIELD, buffer=self._mm, offset=FIELDS_AT)
+        self.arrays: dict[str, np.ndarray] = {}
+        self.fields = tuple(fields)
+        self.header["magic"], self.header["version"], self.header["nfields"] = MAGIC, VERSION, len(fields)
+        for rec, (f, off) in zip(self.records, layout):
+            rec["name"], rec["nctype"], rec["ndims"] = f.name.encode(), _NC_TYPES[f.dtype], len(f.shape)
+            rec["shape"][:len(f.shape)] = f.shape
+            rec["offset"], rec["nbytes"], rec["assimilated"] = off, f.size * f.itemsize, int(f.assimilated)
+            self.arrays[f.name] = np.ndarray((f.size,), f.dtype, buffer=self._mm, offset=off)
+
+    def reset(self, member: int, cycle: int, nsteps: int, task: int) -> None:
+        """Before each model run: the task, and the shim's records cleared."""
+        h = self.header
+        h["member"], h["cycle"], h["nsteps"], h["task"] = member, cycle, nsteps, task
+        h["opens"] = h["get_ns"] = h["put_ns"] = h["error_set"] = 0
+        h["error"] = b""
+        for key in ("elements_read", "elements_written", "complete", "generations"):
+            self.records[key] = 0
+
+    def verdict(self, path: str) -> str | None:
+        """Why the model's run is no forecast (None: it is one). ``path`` the intercepted restart."""
+        if self.header["error_set"]:
+            return bytes(self.header["error"]).decode(errors="replace")
+        if self.header["opens"] == 0:
+            return (f"the model never opened {path} (the intercepted restart of this member): it reads another "
+                    "file; pass it {restart}, or see --path")
+        for f, rec in zip(self.fields, self.records):
+            if rec["elements_written"] and not rec["complete"]:
+                return (f"the model wrote {int(rec['elements_written'])} of the {f.size} elements of {f.name!r} "
+                        f"in {path}: the hyperslabs written must tile the variable")
+            if f.assimilated and not rec["generations"]:
+                return f"the model did not write the state variable {f.name!r} of {path}"
+            if f.assimilated and not rec["elements_read"]:
+                return (f"the model wrote the state variable {f.name!r} of {path} without reading it: its forecast "
+                        "would not start from the member's state")
+        return None
+
+    def close(self) -> None:
+        self.arrays.clear()
+        del self.header, self.records
+        self._mm.close()
+        os.close(self.fd)
+
+
+def _align(n: int, to: int = 4096) -> int:
+    return (n + to - 1) // to * to
+
+
+def experiment_fields_of(expdir: Path) -> tuple[list[Field], "object"]:
+    """The fields the server of ``expdir`` expects (as it builds them) and the experiment's configuration."""
+    from enkflow.experiment.config import experiment_from_json
+    from enkflow.fsutil import read_json
+    from enkflow.online.experiment import experiment_fields
+    from enkflow.state import StateLayout
+
+    path = expdir / "config.json"
+    data = read_json(path)
+    if data is None:
+        raise InputError(f"{path} does not exist: --expdir must name the experiment's run directory", item="expdir")
+    cfg = experiment_from_json(data, file=str(path))
+    template = cfg.restart_path(1)
+    return list(experiment_fields(cfg, StateLayout.from_config(template, cfg.state), template)), cfg
+
+
+def check_template(argv: Sequence[str]) -> None:
+    """Refuse a model command with placeholders other than :data:`MODEL_FIELDS` before anything runs."""
+    for tok in argv:
+        try:
+            names = {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(tok) if name}
+        except ValueError as exc:
+            raise InputError(f"model argument {tok!r}: {exc}", item="model") from None
+        unknown = sorted(names - set(MODEL_FIELDS))
+        if unknown:
+            raise InputError(f"model argument {tok!r}: unknown placeholder(s) {unknown}; valid: "
+                             f"{', '.join('{' + f + '}' for f in MODEL_FIELDS)}", item="model")
+
+
+class _Tail:
+    """Copies the model's stderr to ours, keeping its last lines for the failure message."""
+
+    def __init__(self, stream, lines: int = 15):
+        self.lines: collections.deque[str] = collections.deque(maxlen=lines)
+        self._thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _run(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            sys.stderr.write(line)
+            self.lines.append(line.rstrip("\n"))
+        stream.close()
+
+    def text(self) -> str:
+        self._thread.join(timeout=5)
+        return "\n".join(self.lines)
+
+
+class InterceptRunner:
+    """The runner loop around an unmodified model command (see the module docstring)."""
+
+    def __init__(self, runner: Runner, fields: Sequence[Field], model: Sequence[str], shim: Path, restart_path,
+                 *, steps: int | None = None, cwd: Path | None = None):
+        check_template(model)
+        if not shim.is_file():
+            raise InputError(f"the interception shim {shim} does not exist (build native/, see docs/intercept.md)",
+                             item="shim")
+        self.runner, self.fields, self.model = runner, list(fields), list(model)
+        self.shim, self.restart_path, self.steps, self.cwd = shim.resolve(), restart_path, steps, cwd
+        self.proc: subprocess.Popen | None = None
+        self.timings: list[dict[str, float]] = []
+
+    def run(self) -> int:
+        """Serve tasks until the server says stop; returns the exit status."""
+        self.runner.init(self.fields)
+        seg = Segment(self.fields)
+        try:
+            state, nsteps = self.runner.expose(seg.arrays)
+            while nsteps:
+                error = self._task(seg, nsteps)
+                if error:
+                    print(f"enkflow intercept: member {self.runner.member}, cycle {self.runner.cycle}: {error}",
+                          file=sys.stderr, flush=True)
+                    self.runner.fail(error)
+                t0 = time.perf_counter()
+                try:
+                    state, nsteps = self.runner.expose(state)
+                except ServerError as exc:  # a rejected forecast: the server reschedules it; go on
+                    print(f"enkflow intercept: {exc}", file=sys.stderr, flush=True)
+                    state, nsteps = self.runner.expose(state)
+                if self.timings:
+                    self.timings[-1]["exchange_s"] = time.perf_counter() - t0
+            return 0
+        finally:
+            seg.close()
+
+    def _task(self, seg: Segment, nsteps: int) -> str | None:
+        r = self.runner
+        if self.steps is not None and nsteps != self.steps:
+            return (f"the server asks for {nsteps} steps per forecast ([online] steps), the model command runs "
+                    f"{self.steps} (--steps): make them agree")
+        path = os.path.realpath(str(self.restart_path(r.member)))
+        values = {"member": r.member, "cycle": r.cycle, "steps": nsteps, "task": r.task, "restart": path}
+        argv = [tok.format(**values) for tok in self.model]
+        seg.reset(r.member, r.cycle, nsteps, r.task)
+        env = dict(os.environ)
+        env["LD_PRELOAD"] = ":".join(p for p in (str(self.shim), env.get("LD_PRELOAD", "")) if p)
+        env.update(ENKFLOW_INTERCEPT_FD=str(seg.fd), ENKFLOW_INTERCEPT_PATH=path, ENKFLOW_INTERCEPT_PARENT=str(os.getpid()),
+                   ENKFLOW_MEMBER=str(r.member), ENKFLOW_CYCLE=str(r.cycle), ENKFLOW_STEPS=str(nsteps))
+        t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(argv, env=env, pass_fds=(seg.fd,), stdin=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, cwd=self.cwd)
+        except OSError as exc:
+            return f"cannot start the model {argv[0]!r}: {exc}"
+        tail = _Tail(self.proc.stderr)
+        rc = self.proc.wait()
+        self.proc = None
+        h = seg.header
+        self.timings.append({"member": r.member, "cycle": r.cycle, "model_s": time.perf_counter() - t0,
+                             "get_s": int(h["get_ns"]) / 1e9, "put_s": int(h["put_ns"]) / 1e9})
+        text = tail.text()
+        if rc != 0:
+            why = f"signal {-rc}" if rc < 0 else f"status {rc}"
+            shim = bytes(h["error"]).decode(errors="replace") if h["error_set"] else ""
+            return (f"the model exited with {why}" + (f" ({shim})" if shim else "")
+                    + (f"; its stderr ends with:\n{text}" if text and not shim else ""))
+        return seg.verdict(path)
+
+    def stop_model(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if "--" not in args:
+        print("usage: python -m enkflow.online.intercept OPTIONS -- MODEL ARGS... (see --help)", file=sys.stderr)
+        if "-h" not in args and "--help" not in args:
+            return 2
+    split = args.index("--") if "--" in args else len(args)
+    opts, model = args[:split], args[split + 1:]
+    p = argparse.ArgumentParser(prog="python -m enkflow.online.intercept", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--address", required=True, help="the server's control address, tcp://HOST:PORT")
+    p.add_argument("--token-file", required=True, help="file holding the shared token")
+    p.add_argument("--expdir", required=True, type=Path, help="the experiment's run directory ({expdir}): its fields "
+                                                              "and restart paths")
+    p.add_argument("--shim", default=os.environ.get("ENKFLOW_INTERCEPT_LIB"),
+                   help="path of libenkflow_intercept.so (default $ENKFLOW_INTERCEPT_LIB)")
+    p.add_argument("--steps", type=int, default=None, help="the steps the model command runs per forecast: a task "
+                                                           "asking for another number fails, naming both")
+    p.add_argument("--path", default=None, help="the restart path the model opens, {member} filled in (default: the "
+                                                "experiment's restart of the member)")
+    p.add_argument("--cwd", type=Path, default=None, help="directory to run the model in")
+    p.add_argument("--curve-key", default="", help="the server's CURVE public key (Z85), when it encrypts")
+    p.add_argument("--name", default=None, help="the runner's name in the server's events")
+    o = p.parse_args(opts)
+    if not model:
+        p.error("no model command after --")
+    if not o.shim:
+        p.error("--shim (or $ENKFLOW_INTERCEPT_LIB) is needed: the path of libenkflow_intercept.so")
+    if o.steps is not None and o.steps < 1:
+        p.error(f"--steps must be >= 1, got {o.steps}")
+    try:
+        fields, cfg = experiment_fields_of(o.expdir)
+        if o.path:
+            check_template([o.path])
+            restart_path = lambda m: Path(o.path.format(member=m, cycle=0, steps=0, task=0, restart=""))  # noqa: E731
+        else:
+            restart_path = cfg.restart_path
+        token = Path(o.token_file).read_text().strip()
+        runner = Runner(o.address, token, curve_server_key=o.curve_key or None, name=o.name)
+        loop = InterceptRunner(runner, fields, model, Path(o.shim), restart_path, steps=o.steps, cwd=o.cwd)
+    except (EnkflowError, OSError) as exc:
+        print(f"enkflow intercept: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    previous = signal.signal(signal.SIGTERM, _leave)
+    try:
+        return loop.run()
+    except Exception as exc:
+        print(f"enkflow intercept: error: {exc}", file=sys.stderr, flush=True)
+        if runner.task:
+            runner.fail(f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the BYE short
+        loop.stop_model()
+        runner.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _leave(signum: int, frame: object) -> None:
+    """SIGTERM: unwind to ``main``'s ``finally``, which stops the model and says BYE."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
