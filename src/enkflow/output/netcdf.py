@@ -107,7 +107,7 @@ class TimeFile:
             if self.spec.ensemble:
                 ds.createDimension("member", cfg.members)
                 m = ds.createVariable("member", "i4", ("member",))
-                _attrs(m, long_name="ensemble member", units="1")
+                _attrs(m, long_name="ensemble member", standard_name="realization", units="1")
                 m[:] = np.arange(1, cfg.members + 1, dtype=np.int32)
             self.var = None
             if cfg.write_members:
@@ -152,11 +152,11 @@ class TimeFile:
         comp = _compression(self.cfg)
         if mean is not None:
             v = ds.createVariable(f"{self.name}_mean", "f8", dims, **comp)
-            _field_attrs(v, self.name, self.spec, "member: mean", " (ensemble mean)")
+            _field_attrs(v, self.name, self.spec, "realization: mean", " (ensemble mean)")
             v[0] = mean
         if spread is not None:
             v = ds.createVariable(f"{self.name}_spread", "f8", dims, **comp)
-            _field_attrs(v, self.name, self.spec, "member: standard_deviation", " (ensemble spread, ddof=1)")
+            _field_attrs(v, self.name, self.spec, "realization: standard_deviation", " (ensemble spread, ddof=1)")
             v[0] = spread
         for red, raw in reductions.items():
             value = np.asarray(raw, dtype=np.float64)
@@ -183,7 +183,7 @@ def write_window(tmp: Path, cfg: OutputConfig, name: str, window: str, start: fl
 
     spec = cfg.fields[name]
     what = " of the ensemble mean" if spec.ensemble else ""
-    base = "member: mean " if spec.ensemble else ""
+    base = "realization: mean " if spec.ensemble else ""
     with netCDF4.Dataset(tmp, "w", format="NETCDF4") as ds:
         _global(ds, cfg, f"{name} {window} window from {start:g}, {len(times)} times")
         ds.setncatts({"window": window, "window_length": np.float64(length), "number_of_times": np.int32(len(times)),
