@@ -138,7 +138,7 @@ def run_rank(s: AnalysisBenchSetup) -> dict | None:
     rng = np.random.default_rng(s.seed + 1)
     sample = np.sort(rng.choice(stop - start, min(s.baseline_points, stop - start), replace=False))
     rho = f.inflation.forgetting_factor
-    ref, tb = baseline_letkf(Xf, HX, obs, loc, geo, coords, sample, rho)
+    ref, tb = baseline_letkf(Xf, HX, obs, loc, coords, sample, rho)
     rel = float(np.abs(ref - Xa[sample]).max() / np.abs(ref).max())
     base_split = {k: v / sample.size * 1e3 for k, v in tb.items()}  # ms per point
     base_ms = sum(base_split.values())

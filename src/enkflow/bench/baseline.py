@@ -3,10 +3,11 @@ would write it without enkflow's compiled kernel, and the exact reference the
 kernel's results are checked against.
 
 * Local search: one batched SciPy KD-tree query for all the baseline's points
-  (:meth:`Localization.local_obs`, ``cKDTree.sparse_distance_matrix``), the
-  search the library's ``kernel = "reference"`` path runs. A KD-tree query per
-  point costs about 0.1 ms of call overhead, more than the rest of the
-  analysis' search, and would flatter the compiled kernel.
+  (``cKDTree.sparse_distance_matrix`` between the points' and the observations'
+  trees, then a sort into CSR: the search enkflow itself ran before its blocked
+  search, :mod:`enkflow.analysis.search`). A KD-tree query per point costs about
+  0.1 ms of call overhead, more than the rest of the analysis' search, and would
+  flatter the compiled kernel.
 * Transform: per point, form the N x N matrix A^-1, LAPACK ``dsyevd``
   (eigenvalues and eigenvectors, ``numpy.linalg.eigh``), and apply the
   symmetric-square-root LETKF (Hunt et al. 2007; the formulation of
@@ -21,10 +22,27 @@ import time
 
 import numpy as np
 
-from enkflow.analysis import Geometry, Localization, ObsSet
+from scipy.spatial import cKDTree
+
+from enkflow.analysis import Localization, ObsSet
+from enkflow.analysis import taper as _taper
 
 STAGES = ("search", "build", "eigen", "transform")
 """The baseline's timed stages; all but ``search`` make up its transform (kernel) time."""
+
+
+def scipy_local_obs(loc: Localization, obs_coords: np.ndarray, dom_coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(offsets, idx, weight)`` CSR of the observations with non-zero taper weight around each
+    Cartesian domain centre ``dom_coords`` (n_dom, n_dim), observations ``obs_coords`` (n_obs, n_dim)."""
+    n_dom, n_obs = dom_coords.shape[0], obs_coords.shape[0]
+    pairs = cKDTree(dom_coords).sparse_distance_matrix(cKDTree(obs_coords), loc.support, output_type="ndarray")
+    order = np.argsort(pairs["i"].astype(np.int64) * n_obs + pairs["j"])
+    dom, idx, dist = pairs["i"][order], pairs["j"][order].astype(np.int64), pairs["v"][order]
+    wt = _taper.weights(loc.taper, dist, loc.half_width)
+    keep = wt > 0.0
+    offsets = np.zeros(n_dom + 1, np.int64)
+    np.cumsum(np.bincount(dom[keep], minlength=n_dom), out=offsets[1:])
+    return offsets, idx[keep], wt[keep]
 
 
 def baseline_letkf(
@@ -32,7 +50,6 @@ def baseline_letkf(
     HX: np.ndarray,
     obs: ObsSet,
     loc: Localization,
-    geo: Geometry,
     coords: np.ndarray,
     points: np.ndarray,
     rho: float,
@@ -54,7 +71,7 @@ def baseline_letkf(
     rinv = 1.0 / obs.error_var
     out = np.empty((points.size, N))
     t0 = time.perf_counter()
-    offsets, idx_all, wt_all = loc.local_obs(geo, coords[points])
+    offsets, idx_all, wt_all = scipy_local_obs(loc, obs.coords, coords[points])
     t["search"] = time.perf_counter() - t0
     for k, i in enumerate(points):
         t1 = time.perf_counter()
