@@ -271,7 +271,7 @@ class Output:
     def _raise_failures(self) -> None:
         if self._failures:
             msgs, self._failures = self._failures, []
-            text = "\n".join(msgs)
+            text = "\n".join(msgs[:5]) + (f"\n(and {len(msgs) - 5} more errors of the writers)" if len(msgs) > 5 else "")
             if "No space left" in text or "full?" in text:
                 raise StorageError(text, path=str(self.directory))
             raise OutputError(text)

@@ -90,6 +90,13 @@ def _field_attrs(var: Any, name: str, spec: FieldSpec, cell_methods: str | None,
            long_name=f"{long_name}{what}", cell_methods=cell_methods)
 
 
+def _realization(ds: Any, n: int) -> None:
+    """The scalar coordinate that ``cell_methods = "realization: ..."`` names (CF 7.3: the reduced member axis)."""
+    v = ds.createVariable("realization", "i4", ())
+    _attrs(v, standard_name="realization", long_name="number of ensemble members reduced", units="1")
+    v.assignValue(n)
+
+
 class TimeFile:
     """The file of one field at one time, open under its temporary name while pieces arrive."""
 
@@ -151,12 +158,15 @@ class TimeFile:
         ds, dims = self.ds, ("time",) + tuple(self.spec.dims)
         comp = _compression(self.cfg)
         if mean is not None:
+            _realization(ds, self.cfg.members)
             v = ds.createVariable(f"{self.name}_mean", "f8", dims, **comp)
             _field_attrs(v, self.name, self.spec, "realization: mean", " (ensemble mean)")
+            v.coordinates = "realization"
             v[0] = mean
         if spread is not None:
             v = ds.createVariable(f"{self.name}_spread", "f8", dims, **comp)
             _field_attrs(v, self.name, self.spec, "realization: standard_deviation", " (ensemble spread, ddof=1)")
+            v.coordinates = "realization"
             v[0] = spread
         for red, raw in reductions.items():
             value = np.asarray(raw, dtype=np.float64)
@@ -192,8 +202,12 @@ def write_window(tmp: Path, cfg: OutputConfig, name: str, window: str, start: fl
         _coordinates(ds, cfg, spec.dims, coords)
         dims = ("time",) + tuple(spec.dims)
         comp = _compression(cfg)
+        if spec.ensemble:
+            _realization(ds, cfg.members)
         for suffix, data, method, label in (("mean", mean, "mean", "time mean"), ("min", minimum, "minimum", "minimum"),
                                             ("max", maximum, "maximum", "maximum")):
             v = ds.createVariable(f"{name}_{suffix}", "f8", dims, **comp)
             _field_attrs(v, name, spec, f"{base}time: {method}", f" ({label}{what} over the {window} window)")
+            if spec.ensemble:
+                v.coordinates = "realization"
             v[0] = data

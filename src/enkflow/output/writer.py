@@ -62,7 +62,9 @@ def _space_note(path: Path) -> str:
     except OSError:
         return ""
     free = st.f_bavail * st.f_frsize
-    return f" ({free} bytes free on its file system: full?)" if free < 1 << 20 else ""
+    if free == 0:
+        return " (no space left on its file system)"
+    return f" (only {free} bytes free on its file system: full?)" if free < 1 << 20 else ""
 
 
 @dataclass
@@ -157,7 +159,9 @@ class Writer:
         key = (name, t)
         what = f"field {name} time {t:g}" + (f" member {member}" if member is not None else "")
         if key in self.done:
-            raise PieceError(f"{what}: this time is closed already ({self.done[key]}); a piece added twice?")
+            if self.done[key] != "written":
+                return None  # the piece of a time that failed earlier: that failure was reported once
+            raise PieceError(f"{what}: this time is written already; a piece added twice?")
         shape = self.cfg.shape(name)
         region = tuple(slice(a, b) for a, b in msg["region"]) if msg["region"] is not None else tuple(slice(0, n) for n in shape)
         warning = None
@@ -174,8 +178,8 @@ class Writer:
         if ot is None:
             try:
                 ot = self.open[key] = self._start(name, t)
-            except PieceError as exc:
-                self.done[key] = f"its file could not be created: {exc}"
+            except PieceError:
+                self.done[key] = "its file could not be created"
                 raise
         mi = member - 1 if member is not None else 0
         cov = ot.covered[(mi,) + region]

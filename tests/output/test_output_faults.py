@@ -1,0 +1,148 @@
+"""Writer failures with real processes: kill -9 mid-run (stop / continue), a full disk (a 1 MiB tmpfs).
+Whatever happens, a file under its final name is whole: every one opens and holds exactly the data added."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import netCDF4
+import numpy as np
+import pytest
+
+from enkflow.errors import EnkflowError, StorageError
+from enkflow.output import Output, OutputError
+
+NY, NX, N = 64, 64, 4
+
+
+def config(d: Path, **over: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"directory": str(d), "members": N, "dims": {"y": {"size": NY}, "x": {"size": NX}},
+                           "fields": {"u": {"dims": ["y", "x"], "dtype": "float64"}},
+                           "compression": "zlib", "complevel": 9}
+    cfg.update(over)
+    return cfg
+
+
+def field(k: int, m: int) -> np.ndarray:
+    return np.random.default_rng(1000 * k + m).standard_normal((NY, NX))
+
+
+def check_whole(d: Path) -> int:
+    """Every file under a final name opens and holds exactly the members added; no temporary is left."""
+    files = sorted(d.glob("u_*.nc"))
+    for f in files:
+        k = int(f.stem.split("_")[1])
+        with netCDF4.Dataset(f) as ds:
+            for m in range(1, N + 1):
+                np.testing.assert_array_equal(ds["u"][0, m - 1], field(k, m))
+    assert not [p.name for p in d.glob(".*tmp")], "a temporary file was left behind"
+    return len(files)
+
+
+def writer_pid(out: Output) -> int:
+    return out._channels[0].pid
+
+
+@pytest.mark.parametrize("policy", ["stop", "continue"])
+def test_kill_9_of_the_writer_mid_run(tmp_path: Path, policy: str) -> None:
+    d = tmp_path / "out"
+    out = Output(config(d, on_writer_failure=policy, buffer_mb=1.0))
+    pid = writer_pid(out)
+    killed_at = None
+    caught: EnkflowError | None = None
+    t0 = time.monotonic()
+    k = 0
+    try:
+        with pytest.warns(RuntimeWarning, match="OUTPUT LOST") if policy == "continue" else _nothing():
+            while k < 400:
+                for m in range(1, N + 1):
+                    out.add("u", field(k, m), time=float(k), member=m)
+                k += 1
+                if killed_at is None and time.monotonic() - t0 > 1.0:
+                    os.kill(pid, signal.SIGKILL)  # the writer is busy: compressing, or with a time half written
+                    killed_at = k
+            out.close()
+    except OutputError as exc:
+        caught = exc
+    assert killed_at is not None
+    if policy == "stop":
+        assert caught is not None and f"pid {pid}" in str(caught) and "killed by signal 9" in str(caught)
+        assert k < killed_at + 5, "the model should have been stopped at its next add"
+    else:
+        assert caught is None and k == 400, "the model should have gone on"
+        s = out.stats()
+        assert s["lost_adds"] > 0 and s["failures"] and "killed by signal 9" in s["failures"][0]
+        assert not s["writers"][0]["alive"]
+    written = check_whole(d)
+    assert 0 < written < k
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+def test_writer_exits_and_cleans_up_when_the_model_is_killed(tmp_path: Path) -> None:
+    d = tmp_path / "out"
+    script = (
+        "import sys, time, numpy as np\n"
+        "from enkflow.output import Output\n"
+        f"out = Output({config(d)!r})\n"
+        "out.add('u', np.zeros((%d, %d)), time=0.0, member=1)\n"
+        "out.sync()\n"
+        "print(out._channels[0].pid, flush=True)\n"
+        "time.sleep(60)\n" % (NY, NX))
+    model = subprocess.Popen(["python", "-c", script], stdout=subprocess.PIPE, text=True)
+    assert model.stdout is not None
+    wpid = int(model.stdout.readline())
+    assert list(d.glob(".u_0.nc.*.tmp"))  # the half-written time, under its temporary name only
+    model.kill()
+    model.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(wpid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(wpid, signal.SIGKILL)
+        pytest.fail("the writer outlived its model")
+    assert not list(d.iterdir()) or not list(d.glob("*.nc")) and not list(d.glob(".*tmp"))
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a 1 MiB tmpfs (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_full_disk_is_a_clear_error_and_no_corrupted_file(small_tmpfs: Path) -> None:
+    # Uncompressed float64: 4 members of 32 KiB per file, so the 1 MiB file system fills after a few times.
+    out = Output(config(small_tmpfs, compression="none"))
+    with pytest.raises(StorageError, match=r"cannot (write|create|finish) .*u_\d+\.nc.*(No space left|full\?)") as ei:
+        for k in range(40):
+            for m in range(1, N + 1):
+                out.add("u", field(k, m), time=float(k), member=m)
+        out.sync()
+    assert str(small_tmpfs) in str(ei.value)
+    try:
+        out.close()
+    except EnkflowError:
+        pass
+    assert check_whole(small_tmpfs) >= 1
