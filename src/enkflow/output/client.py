@@ -272,7 +272,7 @@ class Output:
         if self._failures:
             msgs, self._failures = self._failures, []
             text = "\n".join(msgs[:5]) + (f"\n(and {len(msgs) - 5} more errors of the writers)" if len(msgs) > 5 else "")
-            if "No space left" in text or "full?" in text:
+            if "no space left" in text.lower() or "full?" in text:
                 raise StorageError(text, path=str(self.directory))
             raise OutputError(text)
 
