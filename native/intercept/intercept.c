@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <limits.h>
 #include <netcdf.h>
 #include <stdarg.h>
@@ -71,10 +72,35 @@ static struct {
     int nwarned;
 } S;
 
+static void record(const char *msg);
+
+/* A loaded libnetcdf that is not in the global scope: one a Python extension (netCDF4's wheel) or a
+ * plugin loaded with RTLD_LOCAL brings along, which dlsym(RTLD_NEXT) does not search. */
+static int find_netcdf(struct dl_phdr_info *info, size_t size, void *out) {
+    (void)size;
+    const char *base = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    base = base ? base + 1 : info->dlpi_name;
+    if (base && strncmp(base, "libnetcdf", 9) == 0 && base[9] != 'f' && !strstr(base, "intercept")) {
+        *(void **)out = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        return *(void **)out != NULL;
+    }
+    return 0;
+}
+
 static void *next_symbol(const char *name) {
     void *p = dlsym(RTLD_NEXT, name);
-    if (!p)
-        fprintf(stderr, "enkflow intercept: %s not found in the netCDF library (is the model linked to libnetcdf?)\n", name);
+    if (!p) {
+        static void *local;
+        if (!local)
+            dl_iterate_phdr(find_netcdf, &local);
+        if (local)
+            p = dlsym(local, name);
+    }
+    if (!p) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s not found in any loaded netCDF library", name);
+        record(msg);
+    }
     return p;
 }
 

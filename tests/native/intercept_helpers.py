@@ -1,0 +1,87 @@
+"""Experiments for the interception tests: the demo problem, with a plain netCDF model binary as the
+offline model command or, through ``python -m enkflow.online.intercept``, as the online runner."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+
+from enkflow.experiment.config import load_experiment
+from enkflow.experiment.demo import DemoSettings, prepare
+
+
+FORCING_SCRIPT = Path(__file__).resolve().parents[2] / "native" / "examples" / "demo_forcing.py"
+
+
+def write_forcing(directory: Path, restart: Path) -> Path:
+    """The demo model's forcing pattern ``pattern(lat, lon)``, which the native models read from a file."""
+    path = directory / "forcing.nc"
+    subprocess.run([sys.executable, str(FORCING_SCRIPT), str(restart), str(path)], check=True)
+    return path
+
+
+def make_problem(directory: Path, members: int = 4, cycles: int = 3) -> Path:
+    """The demo problem (members, truth, observations, an offline experiment.toml) and its forcing file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    toml = prepare(directory, DemoSettings(members=members, cycles=cycles, mode="offline"), say=lambda m: None)
+    write_forcing(directory, directory / "members" / "member_0001.nc")
+    return toml
+
+
+def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Path | None = None, *,
+               runners: int = 2, steps: int | None = None, model_steps: int | None = 6, heartbeat_timeout: float = 10.0,
+               max_failures: int = 3, online_model: str | None = None) -> Path:
+    """A copy of the problem in ``template`` at ``directory`` whose model is the binary ``model``: offline
+    as ``[model] command``, online as the intercepted runner (the command ``online_model``, default
+    ``model``). Returns the TOML path."""
+    shutil.copytree(template, directory)
+    toml = directory / "experiment.toml"
+    forcing = directory / "forcing.nc"
+    text = toml.read_text()
+    text = re.sub(r'^command = .*$', f'command = "{model} {{restart}} --forcing {forcing} --length {{length}} --cycle {{cycle}}"',
+                  text, count=1, flags=re.M)
+    if mode == "online":
+        text = text.replace('mode = "offline"', 'mode = "online"')
+        check = f"--steps {model_steps} " if model_steps else ""
+        text += (f'\n[online]\nrunner = "{sys.executable} -m enkflow.online.intercept --address {{address}} '
+                 f'--token-file {{token_file}} --expdir {{expdir}} --shim {shim} {check}-- {online_model or model} {{{{restart}}}} '
+                 f'--forcing {forcing} --length {{length}} --cycle {{{{cycle}}}}"\n'
+                 f"runners = {runners}\nheartbeat = 0.5\nheartbeat_timeout = {heartbeat_timeout}\nmax_failures = {max_failures}\n"
+                 + (f"steps = {steps}\n" if steps else ""))
+    toml.write_text(text)
+    return toml
+
+
+def run(toml: Path) -> dict:
+    cfg = load_experiment(toml)
+    if cfg.experiment.mode == "online":
+        from enkflow.online.launch import OnlineExperiment
+
+        return OnlineExperiment(cfg).run()
+    from enkflow.experiment.driver import Experiment
+
+    return Experiment(cfg).run()
+
+
+def var(path: Path, name: str = "soil_moisture") -> np.ndarray:
+    with netCDF4.Dataset(path) as ds:
+        return np.asarray(ds[name][:])
+
+
+def analyses(directory: Path, members: int, cycles: int) -> dict[str, bytes]:
+    """Every cycle's analysis mean and spread, and the final analysis ensemble (the members' restarts), as bytes."""
+    out = {}
+    for k in range(1, cycles + 1):
+        for stat in ("mean", "spread"):
+            f = f"run/cycles/{k:04d}/analysis_{stat}.nc"
+            out[f] = var(directory / f).tobytes()
+    for m in range(1, members + 1):
+        f = f"members/member_{m:04d}.nc"
+        out[f] = var(directory / f).tobytes()
+    return out

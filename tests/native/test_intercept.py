@@ -1,0 +1,187 @@
+"""netCDF interception (docs/intercept.md): the plain-netCDF C and Fortran demo models, which know nothing
+of enkflow, run a 3-cycle online study through ``python -m enkflow.online.intercept`` and give bitwise
+the analyses of the same binary's offline run through restart files, also with a model killed mid-
+interception, a runner killed with kill -9 and a model writing half its state; a step count that does not
+match is caught; bad netCDF calls on an intercepted variable get netCDF error codes and clear messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+from enkflow.errors import MemberError
+from enkflow.online.fields import Field
+from enkflow.online.intercept import Segment
+
+from intercept_helpers import analyses, experiment, make_problem, run
+
+DATA = Path(__file__).parent / "data"
+MEMBERS, CYCLES = 4, 3
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory) -> Path:
+    return make_problem(tmp_path_factory.mktemp("intercept") / "problem", MEMBERS, CYCLES).parent
+
+
+def _shim(native_build) -> Path:
+    p = native_build.lib / "libenkflow_intercept.so"
+    assert p.exists(), f"{p} was not built"
+    return p
+
+
+def _events(d: Path) -> list[dict]:
+    return [json.loads(line) for line in (d / "run" / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_fortran_model_through_interception_is_bitwise_its_offline_run(native_build, problem, tmp_path):
+    model = native_build.exe("fortran_netcdf_model")
+    run(experiment(problem, tmp_path / "offline", model, "offline"))
+    status = run(experiment(problem, tmp_path / "online", model, "online", _shim(native_build)))
+    assert status["state"] == "done"
+    off, on = analyses(tmp_path / "offline", MEMBERS, CYCLES), analyses(tmp_path / "online", MEMBERS, CYCLES)
+    assert off.keys() == on.keys()
+    for key in off:
+        assert off[key] == on[key], key
+    # The study changed the members (one that did nothing would compare equal too).
+    initial = analyses(problem, MEMBERS, 0)
+    assert all(initial[k] != on[k] for k in initial)
+    done = [e for e in _events(tmp_path / "online") if e["event"] == "task_done"]
+    assert len(done) == MEMBERS * CYCLES + 1  # + the statelessness check's second run of member 1
+
+
+def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(native_build, problem, tmp_path):
+    """A model SIGKILLed while it reads through the shim, the runner process SIGKILLed while its model is
+    inside the interception, and a model that writes half its state and exits 0: each task is failed or
+    lost and given again, as for the Python runner, and the analyses are still bitwise the offline run's."""
+    model = native_build.exe("c_netcdf_model")
+    run(experiment(problem, tmp_path / "offline", model, "offline"))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    faulty = f"{sys.executable} {DATA / 'intercept_fault_model.py'} {model} {markers}"
+    # The runner's model command is the fault injector, which execs the C model when no fault is due.
+    toml = experiment(problem, tmp_path / "online", model, "online", _shim(native_build), heartbeat_timeout=2.0,
+                      online_model=faulty)
+    os.environ["FAULTS"] = "1:2:kill-model,2:3:kill-runner,3:1:half-write"
+    try:
+        status = run(toml)
+    finally:
+        del os.environ["FAULTS"]
+    assert status["state"] == "done"
+    off, on = analyses(tmp_path / "offline", MEMBERS, CYCLES), analyses(tmp_path / "online", MEMBERS, CYCLES)
+    for key in off:
+        assert off[key] == on[key], key
+    requeues = {(e["cycle"], e["member"]): e for e in _events(tmp_path / "online") if e["event"] == "task_requeue"}
+    assert set(requeues) == {(1, 2), (2, 3), (3, 1)}, requeues
+    assert requeues[(1, 2)]["reason"] == "failed" and "signal 9" in requeues[(1, 2)]["error"]
+    assert requeues[(2, 3)]["reason"] == "lost"
+    assert requeues[(3, 1)]["reason"] == "failed" and "must tile the variable" in requeues[(3, 1)]["error"]
+    # The model whose runner was killed died with it (the shim's death signal), not after its 30 s sleep.
+    wrapper, victim = (int(v) for v in (markers / "victim").read_text().split())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{victim}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{victim}").exists() or "zombie" in Path(f"/proc/{victim}/status").read_text()
+    assert not Path(f"/proc/{wrapper}").exists() or "zombie" in Path(f"/proc/{wrapper}/status").read_text()
+
+
+def test_a_step_count_other_than_the_servers_stops_the_study_naming_both(native_build, problem, tmp_path):
+    model = native_build.exe("c_netcdf_model")
+    toml = experiment(problem, tmp_path / "online", model, "online", _shim(native_build), steps=12, model_steps=6,
+                      max_failures=1)
+    with pytest.raises(MemberError) as err:
+        run(toml)
+    assert "asks for 12 steps" in str(err.value) and "runs 6 (--steps)" in str(err.value)
+
+
+# -- bad netCDF calls, without a server: the shim against a segment made here -----------------------------
+
+def _restart(path: Path) -> Path:
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("y", 4)
+        ds.createDimension("x", 6)
+        ds.createDimension("k", 3)
+        ds.createVariable("x", "f8", ("y", "x"))[:] = np.arange(24.0).reshape(4, 6)
+        ds.createVariable("other", "f8", ("k",))[:] = 7.0
+    return path
+
+
+def _bad_calls(tmp_path: Path) -> Path:
+    exe = tmp_path / "bad_calls"
+    cflags = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True, check=True).stdout.split()
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(DATA / "intercept_bad_calls.c"), *cflags], check=True)
+    return exe
+
+
+def _under_shim(native_build, argv: list[str], seg: Segment, path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LD_PRELOAD=str(_shim(native_build)), ENKFLOW_INTERCEPT_FD=str(seg.fd),
+               ENKFLOW_INTERCEPT_PATH=str(path.resolve()))
+    return subprocess.run(argv, env=env, pass_fds=(seg.fd,), capture_output=True, text=True, timeout=60)
+
+
+def test_bad_calls_on_an_intercepted_variable_get_netcdf_codes_and_clear_messages(native_build, tmp_path):
+    restart = _restart(tmp_path / "restart.nc")
+    exe = _bad_calls(tmp_path)
+    seg = Segment([Field("x", "float64", (4, 6))])
+    seg.arrays["x"][:] = 1000.0 + np.arange(24)
+    seg.reset(1, 1, 6, 1)
+    r = _under_shim(native_build, [str(exe), str(restart)], seg, restart)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: int(line.split()[1]) for line in r.stdout.splitlines() if line.split()[0] not in ("value", "other")}
+    NC_EINVAL, NC_EBADTYPE, NC_EEDGE = -36, -45, -57
+    assert rows == {"open": 0, "get_whole": 0, "get_wrong_type": NC_EBADTYPE, "get_strided": NC_EINVAL,
+                    "get_out_of_bounds": NC_EEDGE, "get_var1": 0, "get_other_variable": 0, "put_other_variable": 0,
+                    "put_rows_0_2": 0, "put_rows_1_3_overlap": NC_EINVAL, "put_wrong_type": NC_EBADTYPE,
+                    "close_after_half_write": NC_EINVAL}, r.stdout
+    assert "value 1000 1023" in r.stdout  # the state from the segment, not the file's 0 .. 23
+    assert "other 7" in r.stdout  # another variable from the real file
+    err = r.stderr
+    assert f"nc_get_var_float on variable x of {restart.resolve()}: the variable is double" in err
+    assert "strided access" in err and "is written twice" in err and "written only in part (12 of 24 elements)" in err
+    assert "which is not an online field: the write is discarded" in err
+    # The shim records its first error for the wrapper, which fails the task with it.
+    assert seg.verdict(str(restart)).startswith("nc_get_var_float on variable x")
+    assert np.array_equal(seg.arrays["x"][:12], 100.0 + np.arange(12))  # the rows written
+    assert np.array_equal(netCDF4.Dataset(restart)["x"][:].ravel(), np.arange(24.0))  # the file untouched
+    seg.close()
+
+
+def test_a_field_missing_from_the_restart_fails_the_open_naming_it(native_build, tmp_path):
+    restart = _restart(tmp_path / "restart.nc")
+    exe = _bad_calls(tmp_path)
+    seg = Segment([Field("x", "float64", (4, 6)), Field("snow", "float32", (3,), assimilated=False)])
+    seg.reset(1, 1, 6, 1)
+    r = _under_shim(native_build, [str(exe), str(restart), "missing"], seg, restart)
+    assert "open_missing_field -49 " in r.stdout  # NC_ENOTVAR
+    assert f"the online field snow is not a variable of {restart.resolve()}" in r.stderr
+    seg.close()
+
+
+def test_without_a_segment_the_shim_passes_everything_through(native_build, tmp_path):
+    restart = _restart(tmp_path / "restart.nc")
+    exe = _bad_calls(tmp_path)
+    env = dict(os.environ, LD_PRELOAD=str(_shim(native_build)))
+    r = subprocess.run([str(exe), str(restart)], env=env, capture_output=True, text=True, timeout=60)
+    assert "value 0 23" in r.stdout and "get_wrong_type 0 " in r.stdout and "enkflow intercept" not in r.stderr
+
+
+def test_a_model_that_never_opens_its_restart_or_skips_a_state_variable_is_no_forecast(tmp_path):
+    seg = Segment([Field("x", "float64", (4, 6)), Field("age", "int32", (4,), assimilated=False)])
+    seg.reset(2, 1, 6, 9)
+    assert "never opened /r.nc" in seg.verdict("/r.nc")
+    seg.header["opens"] = 1
+    assert seg.verdict("/r.nc") == "the model did not write the state variable 'x' of /r.nc"
+    seg.records[0]["generations"] = 1
+    assert "without reading it" in seg.verdict("/r.nc")
+    seg.records[0]["elements_read"] = 24
+    assert seg.verdict("/r.nc") is None  # a carried field left unwritten keeps its values, as in a file
+    seg.close()
