@@ -51,6 +51,8 @@ def analyse_files(
     truth: np.ndarray | None = None,
     applied: str | Path | None = None,
     balance: bool | None = None,
+    stats_dir: str | Path | None = None,
+    stats_compression: tuple[str, int] = ("zlib", 1),
 ) -> dict[str, float]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
 
@@ -74,6 +76,13 @@ def analyse_files(
     False keeps the row blocks; both add the balance diagnostics (``imbalance_est``,
     ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance`` (default True:
     equal-cost ranges under mpiexec; one rank keeps its rows), with the balance diagnostics.
+
+    ``stats_dir`` (the experiment's ``cycles`` directory): every rank also hands its rows of the
+    forecast mean, analysis mean and spread and increment to the asynchronous output server
+    (:class:`enkflow.output.analysis_output.AnalysisOutput`, started here; ``stats_compression``:
+    its compression and level), whose writer writes ``NNNN/VAR_STAT.nc`` while the restarts are
+    updated; it is closed (everything written) before this returns. ``stats_s`` and ``stats_wait_s``:
+    the seconds spent computing and adding them, and waiting for the writer at the end.
     """
     comm = comm or get_comm()
     t0 = time.perf_counter()
@@ -84,12 +93,23 @@ def analyse_files(
     # observations sit at their state rows: same coordinates as the state points.
     obs = FileObservations(load_for_state(obs_file, layout, metric, cycle=cycle), layout.n_rows, hx_files)
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
+    out = None
+    t_start = 0.0
     try:
+        if stats_dir is not None:
+            from enkflow.output.analysis_output import AnalysisOutput
+
+            ts = time.perf_counter()
+            out = AnalysisOutput(layout, stats_dir, comm, compression=stats_compression[0], complevel=stats_compression[1])
+            t_start = time.perf_counter() - ts
         store = FileStore(ens, applied=applied)
         # After the open: it finished any interrupted update, which writes the record.
         record = store.applied_record(cycle)
         if record is not None:
-            return _redo_outputs(store, record, cycle, mean_path, spread_path, t0)
+            res = _redo_outputs(store, record, cycle, mean_path, spread_path, t0, out)
+            if out is not None:
+                out.close()
+            return res
         t1 = time.perf_counter()
         local = None
         if balance is None:
@@ -102,24 +122,39 @@ def analyse_files(
                 local = LocalGeometry(LocalDomains.by_location(layout.coords[store.row_start:store.row_stop]),
                                       row_coords=layout.coords)
         t_local = time.perf_counter() - t1
-        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=store.record, balance=balance)
+        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=store.record, balance=balance,
+                           stats=out)
         t2 = time.perf_counter()
         if mean_path is not None:
             write_mean_spread(Xa, layout, mean_path, spread_path, comm=comm, title=f"enkflow analysis, cycle {cycle}")
         t_out = time.perf_counter() - t2
+        if out is not None:
+            t3 = time.perf_counter()
+            out.close()
+            diag["stats_wait_s"] = time.perf_counter() - t3
+            diag["stats_start_s"] = t_start
+            out = None
     finally:
         ens.close()
-    t_read = t1 - t0 + store.read_s
+        if out is not None:  # an error: the writers are stopped, what they had not written is lost
+            out.abandon()
+    t_read = t1 - t0 - t_start + store.read_s
     t_an = t_local + diag.pop("analysis_s")
     return {"read_s": t_read, "analysis_s": t_an, "update_s": store.update_s, "output_s": t_out, **diag}
 
 
 def _redo_outputs(store: FileStore, record: dict, cycle: int, mean_path: str | Path | None, spread_path: str | Path | None,
-                  t0: float) -> dict[str, float]:
-    """A rerun after the update was applied: rewrite the outputs from the files, assimilate nothing."""
+                  t0: float, out=None) -> dict[str, float]:
+    """A rerun after the update was applied: rewrite the outputs from the files, assimilate nothing
+    (the forecast mean is gone with the update: only the analysis mean and spread statistics are redone)."""
     X = store.ens.read()
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
+    if out is not None:
+        from enkflow.io.meanspread import ensemble_mean_spread
+
+        amean, aspread = ensemble_mean_spread(X)
+        out.add(cycle, store.row_start, {"analysis_mean": amean, "analysis_spread": aspread})
     if mean_path is not None:
         write_mean_spread(X, store.ens.layout, mean_path, spread_path, comm=store.comm, title=f"enkflow analysis, cycle {cycle}")
     diag = {k: float(v) for k, v in dict(record.get("diagnostics", {})).items()}
@@ -137,8 +172,11 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
         hx = [cfg.operator_output(m, cycle) for m in range(1, cfg.experiment.members + 1)]
     cdir = cfg.cycle_dir(cycle)
     cdir.mkdir(parents=True, exist_ok=True)
+    ao = cfg.analysis_output
+    files = ao.mean_spread_files
     return analyse_files(
         paths, cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io, cycle=cycle,
-        mean_path=cdir / "analysis_mean.nc", spread_path=cdir / "analysis_spread.nc", hx_files=hx,
-        applied=cfg.applied_record(cycle),
+        mean_path=cdir / "analysis_mean.nc" if files else None, spread_path=cdir / "analysis_spread.nc" if files else None,
+        hx_files=hx, applied=cfg.applied_record(cycle),
+        stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_compression=(ao.compression, ao.complevel),
     )

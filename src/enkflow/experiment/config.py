@@ -240,6 +240,23 @@ class LauncherSection(Strict):
     python: str | None = Field(default=None, description="python running workers (default: this one)")
 
 
+class AnalysisOutputSection(Strict):
+    """``[analysis_output]``: what the built-in analysis writes each cycle (docs/output.md, "The analysis's output")."""
+
+    statistics: bool | None = Field(
+        default=None, description="forecast mean, analysis mean and spread, increment per cycle through the "
+                                  "asynchronous output server; default: online yes (one writer for the study), "
+                                  "offline no (each analysis task would start its own writer)")
+    mean_spread_files: bool = Field(
+        default=True, description="also analysis_mean.nc and analysis_spread.nc in the restart's layout, written "
+                                  "by the analysis itself (what enkflow demo and the fault trials read)")
+    compression: Literal["none", "zlib", "zstd"] = Field(default="zlib", description="of the statistics files")
+    complevel: int = Field(default=1, ge=1, le=9)
+
+    def statistics_for(self, mode: str) -> bool:
+        return self.statistics if self.statistics is not None else mode == "online"
+
+
 class ArchiveSection(Strict):
     """``[archive]``: background archiving of each cycle (docs/output.md, "Archiving")."""
 
@@ -268,6 +285,7 @@ class ExperimentConfig(Strict):
     jobs: JobsSection = JobsSection()
     launcher: LauncherSection = LauncherSection()
     archive: ArchiveSection = ArchiveSection()
+    analysis_output: AnalysisOutputSection = AnalysisOutputSection()
     base_dir: str = "."
 
     @model_validator(mode="after")
@@ -352,7 +370,7 @@ class ExperimentConfig(Strict):
         Settings that cannot change a result are left out: jobs, launcher, I/O tuning, retry
         limits, the analysis launcher, the number of cycles.
         """
-        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir", "io", "archive"})
+        d = self.model_dump(mode="json", exclude={"jobs", "launcher", "base_dir", "io", "archive", "analysis_output"})
         exp = {k: v for k, v in d["experiment"].items() if k not in ("cycles", "directory")}
         model = {k: v for k, v in (d["model"] or {}).items() if k not in ("max_attempts", "unchanged")}
         if d.get("online"):

@@ -37,6 +37,7 @@ import numpy as np
 from enkflow.analysis import LESTKF, LETKF, Filter, Geometry, LocalDomains
 from enkflow.analysis import balance as _balance
 from enkflow.errors import InputError
+from enkflow.io.meanspread import ensemble_mean_spread
 from enkflow.obs import ObsSet
 from enkflow.parallel import Comm, SerialComm
 
@@ -96,6 +97,18 @@ class OutputSink(Protocol):
     """Receives each cycle's analysis (rank-local rows) and its diagnostics."""
 
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None: ...
+
+
+@runtime_checkable
+class StatsSink(Protocol):
+    """Receives each cycle's ensemble statistics of this rank's rows, from :func:`analyse`.
+
+    ``rows`` maps ``forecast_mean``, ``analysis_mean``, ``analysis_spread`` (standard deviation,
+    ddof = 1) and ``analysis_increment`` (analysis minus forecast mean) to (row_stop - row_start,)
+    float64 arrays of state rows ``row_start:``. Not collective: a rank hands its rows on and goes
+    on (an asynchronous output, :class:`enkflow.output.analysis_output.AnalysisOutput`)."""
+
+    def add(self, cycle: int, row_start: int, rows: dict[str, np.ndarray]) -> None: ...
 
 
 class ArrayStore:
@@ -176,6 +189,7 @@ def analyse(
     before_update: Callable[[np.ndarray, dict[str, float]], None] | None = None,
     balance: bool | None = None,
     balance_stride: int = 64,
+    stats: StatsSink | None = None,
 ) -> tuple[np.ndarray, dict[str, float]]:
     """The analysis of ``cycle``: gather, apply H, assimilate, scatter. Collective over ``store.comm``.
 
@@ -205,10 +219,19 @@ def analyse(
     ``rank_analysis_s``, ``rank_cpu_s``, ``rank_est_work`` (share of the total), ``rank_rows``,
     ``rank_search_s`` and ``rank_kernel_s`` (the local filter's split), the same on every rank.
     With ``localization.max_obs`` a domain's estimated observations are capped at it.
+
+    ``stats`` receives this rank's rows of the forecast mean, the analysis mean and spread (of
+    the analysis as stored: after the scatter, which may round it to the files' type) and the
+    increment (:class:`StatsSink`), computed as :func:`enkflow.io.meanspread.ensemble_mean_spread`
+    computes them (so the values equal those of the mean and spread files, bitwise);
+    ``stats_s`` is the time they took on this rank.
     """
     comm = store.comm
     X = store.gather(cycle)
     t0 = time.perf_counter()
+    # The forecast mean before the in-place analysis overwrites X.
+    fmean = ensemble_mean_spread(X)[0] if stats is not None else None
+    t_stats = time.perf_counter() - t0
     y = obs.observations(cycle)
     HX = obs.apply(cycle, X, store.row_start, comm)
     omb = float(np.sqrt(np.mean((y.values - HX.mean(axis=1)) ** 2))) if y.n_obs else 0.0
@@ -238,6 +261,12 @@ def analyse(
         before_update(Xa, diag)
     diag.update(per_rank)  # type: ignore[arg-type]
     store.scatter(cycle, Xa)
+    if stats is not None:
+        t1 = time.perf_counter()
+        amean, aspread = ensemble_mean_spread(Xa)
+        stats.add(cycle, store.row_start, {"forecast_mean": fmean, "analysis_mean": amean, "analysis_spread": aspread,
+                                           "analysis_increment": amean - fmean})
+        diag["stats_s"] = t_stats + time.perf_counter() - t1
     return Xa, diag
 
 

@@ -22,7 +22,7 @@ from enkflow.analysis import LocalDomains
 from enkflow.analysis.factory import make_filter
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, FileFormatError, MemberError
 from enkflow.experiment.config import ExperimentConfig, experiment_from_json
-from enkflow.experiment.cycling import LocalGeometry
+from enkflow.experiment.cycling import LocalGeometry, NoOutput
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.obs.obsfile import load_for_state
@@ -170,7 +170,7 @@ def _carried_io(cfg: ExperimentConfig, store: MemoryStore, write: bool) -> None:
     store.comm.barrier()
 
 
-def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None) -> tuple[Problem, StateLayout]:
+def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> tuple[Problem, StateLayout]:
     """The server's :class:`Problem` for ``cfg``; every check of the configuration and files first."""
     from enkflow.io import EnsembleFiles
 
@@ -197,7 +197,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None) -> tuple[Problem
     steps = cfg.steps_per_cycle
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
                       make_filter(cfg.analysis), local=local, sink=sink or MeanSpreadOutput(cfg, layout, comm),
-                      balance=balance)
+                      balance=balance, stats=stats)
     return problem, layout
 
 
@@ -229,14 +229,28 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     curve = (odir / "curve.key").read_text().strip() if cfg.online.curve else None
     events = EventLog(cfg.expdir / "events.jsonl")
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
-    sink = MeanSpreadOutput(cfg, layout, comm)
+    ao = cfg.analysis_output
+    sink = MeanSpreadOutput(cfg, layout, comm) if ao.mean_spread_files else NoOutput()
     if cfg.archive.dir is not None:
         sink = ArchivingOutput(sink, cfg, comm, events, progress)
-    problem, layout = build_problem(cfg, comm, sink)
-    server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
-    diag = server.run(cfg.cycle_numbers)
-    if isinstance(sink, ArchivingOutput):
-        sink.finish(cfg.cycle_numbers[-1])
+    stats = None
+    if ao.statistics_for("online"):
+        from enkflow.output.analysis_output import AnalysisOutput
+
+        # One writer for the whole study: the ranks add their rows each cycle and go on.
+        stats = AnalysisOutput(layout, cfg.expdir / "cycles", comm, compression=ao.compression, complevel=ao.complevel)
+    try:
+        problem, layout = build_problem(cfg, comm, sink, stats)
+        server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
+        diag = server.run(cfg.cycle_numbers)
+        if isinstance(sink, ArchivingOutput):
+            sink.finish(cfg.cycle_numbers[-1])
+        if stats is not None:
+            stats, s = None, stats
+            s.close()
+    finally:
+        if stats is not None:
+            stats.abandon()
     write_final_restarts(cfg, layout, server.store)
     return diag
 

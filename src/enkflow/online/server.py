@@ -34,7 +34,8 @@ import zmq
 
 from enkflow.analysis import Filter
 from enkflow.errors import EnkflowError, MemberError
-from enkflow.experiment.cycling import LocalGeometry, NoOutput, ObservationSpace, OutputSink, analyse, run_cycles
+from enkflow.experiment.cycling import (LocalGeometry, NoOutput, ObservationSpace, OutputSink, StatsSink, analyse,
+                                       run_cycles)
 from enkflow.jobs.events import EventLog
 from enkflow.online import checkpoint as ckpt
 from enkflow.online.fields import Field, Ownership, describe_mismatch
@@ -85,7 +86,8 @@ class Problem:
     ``nsteps(cycle)`` the model steps of a cycle's forecast; ``local(store)`` the
     local filters' domains of this rank's rows (None for a global filter);
     ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None; ``balance``: the local
-    analysis on rows of equal estimated work per rank (see :func:`~enkflow.experiment.cycling.analyse`).
+    analysis on rows of equal estimated work per rank (see :func:`~enkflow.experiment.cycling.analyse`);
+    ``stats``: receives each rank's rows of the cycle's ensemble statistics (an asynchronous output).
     """
 
     fields: tuple[Field, ...]
@@ -98,6 +100,7 @@ class Problem:
     sink: OutputSink = field(default_factory=NoOutput)
     truth: Callable[[int], np.ndarray | None] = lambda cycle: None
     balance: bool | None = None  # see analyse(); True needs LocalGeometry.row_coords
+    stats: StatsSink | None = None
 
 
 # Bus operations between server ranks.
@@ -294,7 +297,7 @@ class Server:
             self.ckpt.flush()  # the forecast checkpoints read the shares the analysis overwrites
         t_flush = time.perf_counter() - t0
         Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k),
-                           balance=self.p.balance)
+                           balance=self.p.balance, stats=self.p.stats)
         self.p.sink.write(k, Xa, self.store.row_start, diag)
         transfer = self.comm.allgather_obj(self.stats.get("transfer_s", 0.0))
         diag = {**diag, **{k2: v for k2, v in self.stats.items() if k2 != "transfer_s"}, "transfer_s": float(max(transfer)),

@@ -1,0 +1,108 @@
+"""The analysis's statistics through the asynchronous output server: forecast mean, analysis mean and spread,
+increment; bitwise the values of the mean/spread files and of a recomputation, offline under mpiexec (2 ranks,
+rows added as regions) and online (one writer for the study)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+from enkflow.experiment import Experiment, load_experiment
+from enkflow.experiment.cycling import ArrayStore, analyse
+from enkflow.io.meanspread import ensemble_mean_spread
+from enkflow.jobs.events import iter_events
+from enkflow_testing.experiments import STATE_VARIABLE, synth_problem, write_builtin_experiment
+
+N = 4
+STATS = ("forecast_mean", "analysis_mean", "analysis_spread", "analysis_increment")
+
+
+def _var(path: Path, name: str) -> np.ndarray:
+    with netCDF4.Dataset(path) as ds:
+        return np.asarray(ds[name][:], dtype=np.float64)
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.got: dict[str, np.ndarray] = {}
+
+    def add(self, cycle: int, row_start: int, rows: dict[str, np.ndarray]) -> None:
+        self.got = {k: np.array(v) for k, v in rows.items()}
+
+
+def test_analyse_hands_on_the_forecast_and_analysis_statistics() -> None:
+    from enkflow.analysis import ETKF
+    from enkflow.obs import ObsSet
+
+    rng = np.random.default_rng(3)
+    X = np.asfortranarray(rng.standard_normal((50, 8)))
+    prior = X.copy(order="F")  # the same memory order: the same summation order, the same bits
+
+    class Obs:
+        def observations(self, cycle):
+            return ObsSet(np.zeros(10), np.ones(10), np.arange(10.0)[:, None])
+
+        def apply(self, cycle, X, row_start, comm):
+            return X[:10].copy()
+
+        def apply_mean(self, cycle, x, row_start, comm):
+            return x[:10].copy()
+
+    sink = _Rows()
+    Xa, diag = analyse(ArrayStore(X), Obs(), ETKF(), 1, stats=sink)
+    fm, _ = ensemble_mean_spread(prior)
+    am, asp = ensemble_mean_spread(Xa)
+    assert np.array_equal(sink.got["forecast_mean"], fm)
+    assert np.array_equal(sink.got["analysis_mean"], am) and np.array_equal(sink.got["analysis_spread"], asp)
+    assert np.array_equal(sink.got["analysis_increment"], am - fm)
+    assert not np.array_equal(am, fm) and diag["stats_s"] >= 0
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_problem(tmp_path_factory.mktemp("synth"), N)
+
+
+def test_offline_two_ranks_statistics_equal_the_mean_spread_files_and_the_forecasts(
+        tmp_path: Path, problem: Path, mpiexec: str, subprocess_env: dict) -> None:
+    toml = write_builtin_experiment(tmp_path, problem, members=N, cycles=1, analysis_launcher=f"{mpiexec} -n 2",
+                                    extra="\n[analysis_output]\nstatistics = true\n")
+    # The forecasts the analysis starts from: the model run by hand on copies of the members.
+    fc = tmp_path / "forecasts"
+    fc.mkdir()
+    for m in range(1, N + 1):
+        shutil.copyfile(tmp_path / "members" / f"member_{m:04d}.nc", fc / f"m{m}.nc")
+        subprocess.run([sys.executable, "-m", "enkflow.cli.model", str(fc / f"m{m}.nc"), "--length", "6", "--cycle", "1"],
+                       check=True, env=subprocess_env)
+    fmean, _ = ensemble_mean_spread(np.stack([_var(fc / f"m{m}.nc", STATE_VARIABLE) for m in range(1, N + 1)], axis=1))
+    cfg = load_experiment(toml)
+    Experiment(cfg).run()
+    c = cfg.cycle_dir(1)
+    got = {s: _var(c / f"{STATE_VARIABLE}_{s}.nc", f"{STATE_VARIABLE}_{s}")[0] for s in STATS}
+    assert np.array_equal(got["analysis_mean"], _var(c / "analysis_mean.nc", STATE_VARIABLE))
+    assert np.array_equal(got["analysis_spread"], _var(c / "analysis_spread.nc", STATE_VARIABLE))
+    assert np.array_equal(got["forecast_mean"], fmean)
+    assert np.array_equal(got["analysis_increment"], got["analysis_mean"] - got["forecast_mean"])
+    timings = [e for e in iter_events(cfg.expdir / "events.jsonl") if e["event"] == "task_end" and e["task"] == N + 1]
+    assert timings and {"stats_s", "stats_wait_s", "stats_start_s"} <= set(timings[0]["timings"])
+    assert not [p for p in c.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_online_statistics_equal_the_mean_spread_files(tmp_path: Path) -> None:
+    from enkflow.experiment.demo import DemoSettings, run_demo
+
+    run_demo(tmp_path / "d", DemoSettings(members=N, cycles=2, mode="online"), say=lambda m: None)
+    for k in (1, 2):
+        c = tmp_path / "d" / "run" / "cycles" / f"{k:04d}"
+        got = {s: _var(c / f"{STATE_VARIABLE}_{s}.nc", f"{STATE_VARIABLE}_{s}")[0] for s in STATS}
+        assert np.array_equal(got["analysis_mean"], _var(c / "analysis_mean.nc", STATE_VARIABLE))
+        assert np.array_equal(got["analysis_spread"], _var(c / "analysis_spread.nc", STATE_VARIABLE))
+        assert np.array_equal(got["analysis_increment"], got["analysis_mean"] - got["forecast_mean"])
+        with netCDF4.Dataset(c / f"{STATE_VARIABLE}_analysis_spread.nc") as ds:
+            assert ds.Conventions.startswith("CF-") and float(ds["time"][0]) == k
