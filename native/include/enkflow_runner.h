@@ -72,9 +72,9 @@ typedef struct enkflow_runner enkflow_runner;
 /* The generic text of an error code ("unknown error code" for others); never NULL, static storage. */
 ENKFLOW_API const char *enkflow_strerror(int code);
 
-/* The detail of the last error of r (the generic text completed with names, sizes, the server's
- * refusal...); "" when the last call succeeded. Valid until the next call on r. r may be NULL: then
- * a generic message. */
+/* What went wrong in the last call on r, in full (the field, the sizes, the server's own refusal text...;
+ * enkflow_strerror(code) is the generic text of its code); "" when the last call succeeded. Valid until
+ * the next call on r. r may be NULL: then a fixed message. */
 ENKFLOW_API const char *enkflow_runner_errmsg(const enkflow_runner *r);
 
 /* The library's version "MAJOR.MINOR" and its protocol version. */

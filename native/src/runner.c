@@ -87,12 +87,12 @@ const char *enkflow_runner_errmsg(const enkflow_runner *r) {
 const char *enkflow_runner_version(void) { return "0.1"; }
 
 static int set_err(enkflow_runner *r, int code, const char *fmt, ...) {
-    char detail[ERRSIZE - 64];
+    char detail[ERRSIZE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
-    snprintf(r->err, sizeof r->err, "%s: %s", enkflow_strerror(code), detail);
+    memcpy(r->err, detail, sizeof detail);
     return code;
 }
 

@@ -1,0 +1,112 @@
+/* A C runner for tests/native/test_native_bad_input.py: the ring model of tests/online/test_online_bad_input
+ * (one float64 field "x" of 40), well behaved or misbehaving:
+ *
+ *   bad_runner ADDRESS TOKEN MODE
+ *
+ * MODE good: runs members until the study is over. unknown-field, wrong-dtype, wrong-shape, carried-int:
+ * declares fields the server does not expect. bind-checks: binds arrays of the wrong type, size and name.
+ * nan: its first forecast holds a NaN (the server rejects it), then it behaves. Every library error is
+ * printed as "rc=CODE NAME: MESSAGE" on stdout; the exit status is 0 when the mode's expectations held
+ * on the runner's side (the test checks the messages). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "enkflow_runner.h"
+
+#define N 40
+
+static void model(double *x, int64_t nsteps, int64_t cycle) {
+    double y[N];
+    for (int64_t s = 0; s < nsteps; s++) {
+        for (int i = 0; i < N; i++) y[i] = x[i] + 0.2 * ((x[(i + N - 1) % N] - 2 * x[i]) + x[(i + 1) % N]);
+        for (int i = 0; i < N; i++) x[i] = y[i] + 0.01 * (double)cycle;
+    }
+}
+
+static int report(enkflow_runner *r, int rc) {
+    printf("rc=%d %s: %s\n", rc, enkflow_strerror(rc), enkflow_runner_errmsg(r));
+    fflush(stdout);
+    return rc;
+}
+
+static int serve(enkflow_runner *r, double *x, int spoil) {
+    int64_t nsteps;
+    int rc = enkflow_runner_expose(r, &nsteps);
+    while (rc == ENKFLOW_OK && nsteps > 0) {
+        model(x, nsteps, enkflow_runner_cycle(r));
+        if (spoil) {
+            x[0] = NAN;
+            spoil = 0;
+            rc = enkflow_runner_expose(r, &nsteps);
+            if (rc != ENKFLOW_EREFUSED) return 10;
+            report(r, rc);
+            rc = enkflow_runner_expose(r, &nsteps); /* the task was dropped: ask for the next */
+            continue;
+        }
+        rc = enkflow_runner_expose(r, &nsteps);
+    }
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    const char *mode = argv[3];
+    enkflow_runner *r;
+    int64_t n = N, n41 = N + 1;
+    double x[N] = {0};
+    int rc = enkflow_runner_create(&r, argv[1], argv[2]);
+    if (rc) return report(r, rc);
+    enkflow_runner_set_timeouts(r, 20.0, 5.0);
+    enkflow_runner_set_name(r, mode);
+    if (!strcmp(mode, "good") || !strcmp(mode, "nan") || !strcmp(mode, "bind-checks")) {
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
+    } else if (!strcmp(mode, "unknown-field")) {
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
+        if (!rc) rc = enkflow_runner_add_field(r, "salinity", ENKFLOW_FLOAT64, 1, &n, 1);
+    } else if (!strcmp(mode, "wrong-dtype")) {
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT32, 1, &n, 1);
+    } else if (!strcmp(mode, "wrong-shape")) {
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n41, 1);
+    } else if (!strcmp(mode, "carried-int")) {
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_INT32, 1, &n, 1); /* assimilated int: refused locally */
+        if (rc != ENKFLOW_EINVAL) return 11;
+        report(r, rc);
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_INT32, 1, &n, 0);
+    } else {
+        return 2;
+    }
+    if (rc) return report(r, rc);
+    if (!strcmp(mode, "bind-checks")) {
+        float xf[N];
+        double small[N - 1];
+        int want[3] = {ENKFLOW_ETYPE, ENKFLOW_ESIZE, ENKFLOW_EFIELD};
+        int got[3] = {enkflow_runner_bind(r, "x", ENKFLOW_FLOAT32, xf, N), 0, 0};
+        report(r, got[0]);
+        got[1] = enkflow_runner_bind(r, "x", ENKFLOW_FLOAT64, small, N - 1);
+        report(r, got[1]);
+        got[2] = enkflow_runner_bind(r, "y", ENKFLOW_FLOAT64, x, N);
+        report(r, got[2]);
+        int64_t nsteps;
+        rc = enkflow_runner_expose(r, &nsteps); /* before init */
+        report(r, rc);
+        if (rc != ENKFLOW_ESTATE) return 12;
+        for (int k = 0; k < 3; k++)
+            if (got[k] != want[k]) return 13;
+        enkflow_runner_finalize(r);
+        return 0;
+    }
+    rc = enkflow_runner_init(r);
+    if (rc) {
+        report(r, rc);
+        enkflow_runner_finalize(r);
+        return rc == ENKFLOW_EREFUSED ? 0 : 14;
+    }
+    if (strcmp(mode, "good") && strcmp(mode, "nan")) return 15; /* the server took fields it should refuse */
+    rc = enkflow_runner_bind(r, "x", ENKFLOW_FLOAT64, x, N);
+    if (!rc) rc = serve(r, x, !strcmp(mode, "nan"));
+    if (rc) report(r, rc);
+    enkflow_runner_finalize(r);
+    return rc;
+}
