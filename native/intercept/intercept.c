@@ -132,8 +132,12 @@ static int fail(int code, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof msg - 40)
-        snprintf(msg + n, sizeof msg - (size_t)n, " (%s)", nc_strerror(code));
+    /* The real nc_strerror: a libnetcdf outside the global scope leaves the direct symbol unresolved. */
+    static const char *(*strerror_fn)(int);
+    if (!strerror_fn)
+        strerror_fn = (const char *(*)(int))next_symbol("nc_strerror");
+    if (n >= 0 && (size_t)n < sizeof msg - 40 && strerror_fn)
+        snprintf(msg + n, sizeof msg - (size_t)n, " (%s)", strerror_fn(code));
     record(msg);
     return code;
 }
