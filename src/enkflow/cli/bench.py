@@ -85,8 +85,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _online_run_options(s)
     s.set_defaults(func=_online_scale)
     from enkflow.io.bench import add_parser as add_io
+    from enkflow.output.bench import add_parser as add_output
 
     add_io(bsub)
+    add_output(bsub)
 
 
 def _online_run_options(p: argparse.ArgumentParser) -> None:

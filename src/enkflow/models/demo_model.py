@@ -32,6 +32,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,8 +65,12 @@ class DemoModel:
         if self.sleep < 0:
             raise InputError(f"sleep must be >= 0 s, got {self.sleep}", item="sleep")
 
-    def advance(self, u: np.ndarray, land: np.ndarray, pattern: np.ndarray) -> np.ndarray:
-        """Advance the gridded field ``u`` ((n_y, n_x), NaN-free) on the cells where ``land`` is True."""
+    def advance(self, u: np.ndarray, land: np.ndarray, pattern: np.ndarray,
+                on_step: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
+        """Advance the gridded field ``u`` ((n_y, n_x), NaN-free) on the cells where ``land`` is True.
+
+        ``on_step(k, u)``, if given, is called after each step of ``dt`` hours (k = 1, 2, ...) with the
+        field at that time: the hook that writes model output (``enkflow bench output``)."""
         n_steps = max(1, int(round(self.length / DT_HOURS)))
         dt = DT_HOURS / self.substeps
         u = np.where(land, u, 0.0)
@@ -87,6 +92,8 @@ class DemoModel:
                 tend += DIFFUSION * np.where(mm, np.roll(u, s, axis=a) - u, 0.0)
             tend += FORCING * math.sin(2.0 * math.pi * t / PERIOD_HOURS) * pattern
             u = np.where(land, u + dt * tend, 0.0)
+            if on_step is not None and (k + 1) % self.substeps == 0:
+                on_step((k + 1) // self.substeps, u)
         return u
 
 

@@ -90,7 +90,7 @@ class OutputConfig(Strict):
         default="shm", description="shm: arrays copied into a shared-memory ring on this node, ZeroMQ carries "
                                    "the notices; ipc/tcp: arrays sent as ZeroMQ frames")
     bind: str = Field(default="127.0.0.1", description="interface the writers listen on with transport = 'tcp'")
-    buffer_mb: float = Field(default=256.0, gt=0, description="bytes in flight per writer (MiB, 2**20) before add blocks")
+    buffer_mb: float = Field(default=64.0, gt=0, description="bytes in flight per writer (MiB, 2**20) before add blocks")
     compression: Literal["none", "zlib", "zstd"] = "zlib"
     complevel: int = Field(default=1, ge=1, le=9)
     nan: Literal["error", "warn", "allow"] = Field(

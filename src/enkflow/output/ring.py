@@ -40,6 +40,9 @@ class Ring:
         finally:
             os.close(fd)
         self.buf = np.frombuffer(self._map, dtype=np.uint8)
+        # Touch every page now: the first write to a page of shared memory faults, which would
+        # otherwise double the cost of each add until the ring has wrapped once.
+        self.buf[:: mmap.PAGESIZE] = 0
         self._slots: deque[tuple[int, int]] = deque()  # (offset, bytes reserved incl. a skipped tail)
         self._head = 0
 

@@ -1,0 +1,207 @@
+"""``enkflow bench output``: the demo model writing its field every step, three ways in one run.
+
+1. no output: the model alone;
+2. synchronous output: the model appends the field to one NetCDF-4 file each step with netCDF4
+   (same dtype and compression as the server's files): the baseline a user would write;
+3. through :class:`~enkflow.output.Output`: ``add`` each step, the writer process does the rest.
+
+Timed: the model's wall time from its first to its last step (``model_s_*``). The server's
+start-up and its final ``close`` (which waits for the writer to drain) are reported apart
+(``server_start_s``, ``server_drain_s``); the largest backlog shows whether the writer keeps up.
+The three runs alternate ``--repeat`` times; the figures are the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "output",
+        help="model time with no output, synchronous NetCDF output, and output through the asynchronous server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nx", type=int, default=720, help="grid cells in longitude (default 720)")
+    p.add_argument("--ny", type=int, default=360, help="grid cells in latitude (default 360)")
+    p.add_argument("--steps", type=int, default=40, help="model steps, one output each (default 40)")
+    p.add_argument("--substeps", type=int, default=4, help="demo model substeps per step: its cost (default 4)")
+    p.add_argument("--dtype", choices=["float32", "float64", "int16"], default="float32")
+    p.add_argument("--compression", choices=["none", "zlib", "zstd"], default="zlib")
+    p.add_argument("--complevel", type=int, default=1, help="compression level of both writers (default 1)")
+    p.add_argument("--transport", choices=["shm", "ipc", "tcp"], default="shm")
+    p.add_argument("--repeat", type=int, default=3, help="rounds of the three runs (default 3; medians reported)")
+    p.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
+    p.add_argument("--keep", action="store_true", help="keep the files")
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.set_defaults(func=main)
+
+
+def _problem(nx: int, ny: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from enkflow.models.demo_model import _pattern
+    from enkflow.models.synthetic_land import LonLatGrid, land_mask, member_field
+
+    grid = LonLatGrid(nx, ny)
+    land = land_mask(grid)
+    jj, ii = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+    u0 = np.where(land, member_field(grid, ii, jj, 0.3), 0.0)
+    return u0, land, _pattern(nx, ny), grid.lon, grid.lat
+
+
+def _output_config(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    f: dict[str, Any] = {"dims": ["lat", "lon"], "ensemble": False, "units": "1", "long_name": "demo model state",
+                         "dtype": args.dtype}
+    if args.dtype == "int16":
+        f["pack_range"] = [-10.0, 10.0]
+    return {"directory": str(directory), "members": 0, "transport": args.transport,
+            "dims": {"lat": {"size": args.ny, "units": "degrees_north", "standard_name": "latitude", "axis": "Y"},
+                     "lon": {"size": args.nx, "units": "degrees_east", "standard_name": "longitude", "axis": "X"}},
+            "fields": {"u": f}, "compression": args.compression, "complevel": args.complevel, "diagnostics": False,
+            "time_units": "hours since 2000-01-01 00:00:00", "title": "enkflow bench output"}
+
+
+def _sync_writer(path: Path, args: argparse.Namespace, lon: np.ndarray, lat: np.ndarray) -> tuple[Any, Any]:
+    """The baseline: one NetCDF-4 file, one time appended per step (what a model's own output does)."""
+    import netCDF4
+
+    ds = netCDF4.Dataset(path, "w", format="NETCDF4")
+    ds.createDimension("time", None)
+    ds.createDimension("lat", args.ny)
+    ds.createDimension("lon", args.nx)
+    t = ds.createVariable("time", "f8", ("time",))
+    t.units = "hours since 2000-01-01 00:00:00"
+    ds.createVariable("lat", "f8", ("lat",))[:] = lat
+    ds.createVariable("lon", "f8", ("lon",))[:] = lon
+    comp = {} if args.compression == "none" else {"compression": args.compression, "complevel": args.complevel}
+    kind = {"float32": "f4", "float64": "f8", "int16": "i2"}[args.dtype]
+    v = ds.createVariable("u", kind, ("time", "lat", "lon"), chunksizes=(1, args.ny, args.nx), **comp)
+    if args.dtype == "int16":
+        v.scale_factor, v.add_offset = 20.0 / 65534, 0.0
+    return ds, (t, v)
+
+
+def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from enkflow.models.demo_model import DemoModel
+    from enkflow.output import Output
+
+    u0, land, pattern, lon, lat = _problem(args.nx, args.ny)
+    model = DemoModel(length=float(args.steps), substeps=args.substeps)
+    res: dict[str, list[float]] = {k: [] for k in ("none", "sync", "server", "start", "drain", "blocked", "add")}
+    backlog, backlog_bytes = 0, 0
+    halves = [0, 0]  # the largest backlog in the first and in the second half of the steps: growing?
+    write_s: list[float] = []
+    checksum = None
+    for r in range(args.repeat):
+        t0 = time.perf_counter()
+        ref = model.advance(u0, land, pattern)
+        res["none"].append(time.perf_counter() - t0)
+
+        path = root / f"sync_{r}.nc"
+        ds, (tv, var) = _sync_writer(path, args, lon, lat)
+
+        def write_sync(k: int, u: np.ndarray) -> None:
+            tv[k - 1] = float(k)
+            var[k - 1] = u
+
+        t0 = time.perf_counter()
+        got = model.advance(u0, land, pattern, on_step=write_sync)
+        ds.close()
+        res["sync"].append(time.perf_counter() - t0)
+        path.unlink()
+
+        d = root / f"server_{r}"
+        t0 = time.perf_counter()
+        out = Output(_output_config(args, d), coords={"lat": lat, "lon": lon})
+        res["start"].append(time.perf_counter() - t0)
+
+        samples: list[int] = []
+
+        def write_server(k: int, u: np.ndarray) -> None:
+            out.add("u", u, time=float(k))
+            samples.append(out.backlog()[0])
+
+        t0 = time.perf_counter()
+        got = model.advance(u0, land, pattern, on_step=write_server)
+        res["server"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        out.close()
+        res["drain"].append(time.perf_counter() - t0)
+        s = out.stats()
+        res["blocked"].append(s["blocked_s"])
+        res["add"].append(s["add_s"])
+        backlog = max(backlog, s["backlog_max_messages"])
+        half = len(samples) // 2
+        halves[0] = max(halves[0], max(samples[:half], default=0))
+        halves[1] = max(halves[1], max(samples[half:], default=0))
+        write_s.append(s["writers"][0]["write_s"])
+        backlog_bytes = max(backlog_bytes, s["backlog_max_bytes"])
+        files = sorted(d.glob("u_*.nc"))
+        if len(files) != args.steps:
+            raise RuntimeError(f"the server wrote {len(files)} files, expected {args.steps}")
+        if checksum is None:
+            import netCDF4
+
+            with netCDF4.Dataset(d / f"u_{args.steps}.nc") as nc:
+                last = np.asarray(nc["u"][0], dtype=np.float64)
+            tol = 20.0 / 65534 if args.dtype == "int16" else (1e-6 * np.abs(ref).max() if args.dtype == "float32" else 0)
+            checksum = float(np.abs(last - ref).max())
+            if checksum > tol:
+                raise RuntimeError(f"the last file differs from the model's field by {checksum} (> {tol})")
+        np.testing.assert_array_equal(got, ref)
+        shutil.rmtree(d)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    field_mb = args.nx * args.ny * np.dtype("float64").itemsize / 1e6
+    return {
+        "bench": "output", "nx": args.nx, "ny": args.ny, "steps": args.steps, "substeps": args.substeps,
+        "dtype": args.dtype, "compression": args.compression, "complevel": args.complevel, "transport": args.transport,
+        "repeat": args.repeat, "field_mb_float64": field_mb,
+        "model_s_no_output": med["none"], "model_s_sync_output": med["sync"], "model_s_server_output": med["server"],
+        "sync_overhead": med["sync"] / med["none"] - 1.0, "server_overhead": med["server"] / med["none"] - 1.0,
+        "server_add_fraction": med["add"] / med["none"],
+        "server_start_s": med["start"], "server_drain_s": med["drain"], "blocked_s": med["blocked"],
+        "writer_backlog_max": backlog, "writer_backlog_max_bytes": backlog_bytes,
+        "writer_backlog_max_first_half": halves[0], "writer_backlog_max_second_half": halves[1],
+        "writer_busy_s": statistics.median(write_s),
+        "runs": {k: v for k, v in res.items()}, "max_abs_diff_last_file": checksum,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    from enkflow.errors import InputError
+
+    for name in ("nx", "ny", "steps", "substeps", "repeat"):
+        if getattr(args, name) < 1 or (name in ("nx", "ny") and getattr(args, name) < 2):
+            raise InputError(f"--{name} is too small: {getattr(args, name)}", item=name)
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="enkflow-bench-output-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"bench output: {args.nx}x{args.ny} field, {args.steps} steps x {args.substeps} substeps, "
+          f"{args.dtype} {args.compression}, {args.repeat} round(s), in {root} ...", file=sys.stderr)
+    try:
+        r = run(args, root)
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"model time, no output        {r['model_s_no_output']:8.3f} s\n"
+          f"synchronous NetCDF output    {r['model_s_sync_output']:8.3f} s  (+{100 * r['sync_overhead']:.1f}%)\n"
+          f"through the output server    {r['model_s_server_output']:8.3f} s  (+{100 * r['server_overhead']:.1f}%; "
+          f"in add {100 * r['server_add_fraction']:.2f}%, blocked {r['blocked_s']:.3f} s)\n"
+          f"writer backlog max {r['writer_backlog_max']} field(s) ({r['writer_backlog_max_bytes'] / 1e6:.1f} MB; "
+          f"first half of the steps {r['writer_backlog_max_first_half']}, second half "
+          f"{r['writer_backlog_max_second_half']}); writer busy {r['writer_busy_s']:.3f} s; "
+          f"drain after the last step {r['server_drain_s']:.3f} s; start {r['server_start_s']:.2f} s "
+          f"(pid {os.getpid()})")
+    if args.json:
+        print(json.dumps(r))
+    return 0

@@ -1,0 +1,21 @@
+"""`enkflow bench output` runs end to end at a tiny size (no timing assertion: figures are the bench's job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_output_smoke(tmp_path, subprocess_env) -> None:  # type: ignore[no-untyped-def]
+    r = subprocess.run([sys.executable, "-m", "enkflow", "bench", "output", "--nx", "36", "--ny", "18", "--steps", "4",
+                        "--substeps", "1", "--repeat", "1", "--dtype", "int16", "--json", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=subprocess_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("model_s_no_output", "model_s_sync_output", "model_s_server_output", "writer_backlog_max"):
+        assert res[key] >= 0
+    assert res["steps"] == 4 and res["writer_backlog_max"] <= 4
+    assert res["max_abs_diff_last_file"] <= 20.0 / 65534  # the server's last file holds the model's last field
+    assert "through the output server" in r.stdout
+    assert not list(tmp_path.rglob("*.nc"))  # the bench removes what it wrote
