@@ -58,11 +58,11 @@ def interpolate_counts(rows: np.ndarray, counts: np.ndarray, n_rows: int) -> np.
 
 
 #: The fixed cost of a domain in units of N**3, against one unit per local observation x N**2.
-#: Fitted to the per-rank CPU seconds of the compiled kernel and search on the medium land problem
-#: (N = 40, 8 ranks balanced with 1.0: ranks of 19k rows, ~2,000 obs per point, took 29 s; ranks of
-#: 860k rows, ~100 obs per point, 49 s): 2.9. The eigendecomposition is ~9 N**3 flops against
-#: 2 N**2 per observation for the local matrix, which gives 4.5 in flops.
-FIXED_COST = 3.0
+#: The eigendecomposition is ~9 N**3 flops against 2 N**2 per observation for the local matrix: 4.5
+#: in flops. Fitted to the per-rank CPU seconds on the medium land problem (N = 40, 8 ranks, equal
+#: estimated work; ranks of 23k rows at ~3,800 obs per point to 607k rows at ~50): 4.4 with the
+#: blocked local search (2.9 before it, when the search's cost per observation was 2.5x higher).
+FIXED_COST = 4.5
 
 
 def domain_cost(n_local_obs: np.ndarray, n_members: int, fixed: float = FIXED_COST) -> np.ndarray:

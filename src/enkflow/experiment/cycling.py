@@ -205,7 +205,7 @@ def analyse(
     ``balance`` (local filters with ``local``): None (default) analyses this rank's rows as
     they come, and reports nothing more. False does the same and reports the balance (below).
     True gives every rank a contiguous range of rows of equal estimated cost (local
-    observations x N^2 + 3 N^3, the local observations counted every ``balance_stride``-th row
+    observations x N^2 + 4.5 N^3, the local observations counted every ``balance_stride``-th row
     and interpolated; :mod:`enkflow.analysis.balance`), moves the forecast rows there from the
     store's row blocks with ``comm.alltoallv_rows``, analyses them with domains built by
     location from ``local.row_coords``, and moves the analysis back before the scatter; H X
