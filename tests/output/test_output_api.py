@@ -267,3 +267,14 @@ def test_experiment_file_takes_an_output_table(tmp_path: Path) -> None:
     toml.write_text(toml.read_text().replace("members = 2\ndims", "membres = 2\ndims"))
     with pytest.raises(ConfigError, match="unknown key output.membres, did you mean members"):
         load_experiment(toml)
+
+
+def test_two_times_in_one_file_name_is_an_error(tmp_path: Path) -> None:
+    cfg = config(tmp_path, members=1, file="{field}_{time:.0f}.nc")
+    out = Output(cfg)
+    out.add("t2m", np.zeros((NY, NX)), time=0.2, member=1)
+    out.add("t2m", np.ones((NY, NX)), time=0.4, member=1)
+    with pytest.raises(OutputError, match=r"times 0.2 and 0.4 give the same file name t2m_0.nc"):
+        out.close()
+    with netCDF4.Dataset(tmp_path / "out" / "t2m_0.nc") as ds:
+        assert float(ds["time"][0]) == 0.2 and not ds["t2m"][0].any()

@@ -487,10 +487,13 @@ class Output:
             shutil.rmtree(self._runtime, ignore_errors=True)
 
     def _kill_all(self) -> None:
+        """Stop writers still running (an error in start-up, or an Output never closed): their
+        temporary files go with them."""
         for proc, _ in getattr(self, "_procs", {}).values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+                self._remove_temporaries(proc.pid)
 
     def backlog(self) -> tuple[int, int]:
         """(pieces, bytes) added and not yet written, over all writers, as of the last add/sync."""

@@ -113,6 +113,7 @@ class Writer:
         self.open: dict[tuple[str, float], OpenTime] = {}
         self.done: dict[tuple[str, float], str] = {}  # written or failed, with the reason
         self.latest: dict[str, float] = {}
+        self.paths: dict[Path, float] = {}  # file -> its time: two times must not share a file
         self.rings: dict[bytes, RingView | None] = {}
         self.stats = Stats()
         self.parent = os.getppid()
@@ -124,6 +125,10 @@ class Writer:
 
     def _start(self, name: str, t: float) -> OpenTime:
         path = self._file_path(name, t)
+        other = self.paths.setdefault(path, t)
+        if other != t:
+            raise PieceError(f"field {name}: times {other!r} and {t!r} give the same file name {path.name} "
+                             f"(output.file = {self.cfg.file!r}); write the time with more digits, e.g. {{time:.6f}}")
         path.parent.mkdir(parents=True, exist_ok=True)
         cm = atomic_output(path)
         tmp = cm.__enter__()
