@@ -177,7 +177,8 @@ static void init(void) {
                "`python -m enkflow.online.intercept`)");
         return;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Populated at once: the wrapper has filled it, and one fault per page would cost more. */
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
         record("cannot map the segment of ENKFLOW_INTERCEPT_FD");
         return;

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import mmap
 import os
 import signal
@@ -150,6 +151,18 @@ def experiment_fields_of(expdir: Path) -> tuple[list[Field], "object"]:
     cfg = experiment_from_json(data, file=str(path))
     template = cfg.restart_path(1)
     return list(experiment_fields(cfg, StateLayout.from_config(template, cfg.state), template)), cfg
+
+
+def parse_field(spec: str) -> Field:
+    """``NAME:DTYPE:SHAPE[:carried]`` (SHAPE ``AxBxC``, empty for a scalar) as a :class:`Field`."""
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "carried"):
+        raise InputError(f"--field {spec!r}: expected NAME:DTYPE:SHAPE or NAME:DTYPE:SHAPE:carried", item="field")
+    try:
+        shape = tuple(int(v) for v in parts[2].split("x")) if parts[2] else ()
+    except ValueError:
+        raise InputError(f"--field {spec!r}: the shape must be extents joined by x, e.g. 40x60", item="field") from None
+    return Field(parts[0], parts[1], shape, assimilated=len(parts) == 3)
 
 
 def check_template(argv: Sequence[str]) -> None:
@@ -277,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--address", required=True, help="the server's control address, tcp://HOST:PORT")
     p.add_argument("--token-file", required=True, help="file holding the shared token")
-    p.add_argument("--expdir", required=True, type=Path, help="the experiment's run directory ({expdir}): its fields "
+    p.add_argument("--expdir", type=Path, default=None, help="the experiment's run directory ({expdir}): its fields "
                                                               "and restart paths")
+    p.add_argument("--field", action="append", default=[], metavar="NAME:DTYPE:SHAPE[:carried]",
+                   help="instead of --expdir (with --path): a field of the server, in its order, e.g. x:float64:40x60")
     p.add_argument("--shim", default=os.environ.get("ENKFLOW_INTERCEPT_LIB"),
                    help="path of libenkflow_intercept.so (default $ENKFLOW_INTERCEPT_LIB)")
     p.add_argument("--steps", type=int, default=None, help="the steps the model command runs per forecast: a task "
@@ -288,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cwd", type=Path, default=None, help="directory to run the model in")
     p.add_argument("--curve-key", default="", help="the server's CURVE public key (Z85), when it encrypts")
     p.add_argument("--name", default=None, help="the runner's name in the server's events")
+    p.add_argument("--timings", type=Path, default=None, help="write each task's timings (JSON lines: model_s, the "
+                                                              "shim's get_s/put_s, exchange_s) here at the end")
     o = p.parse_args(opts)
     if not model:
         p.error("no model command after --")
@@ -295,13 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--shim (or $ENKFLOW_INTERCEPT_LIB) is needed: the path of libenkflow_intercept.so")
     if o.steps is not None and o.steps < 1:
         p.error(f"--steps must be >= 1, got {o.steps}")
+    if (o.expdir is None) == (not o.field):
+        p.error("give either --expdir (the experiment's fields and restarts) or --field ... with --path")
+    if o.field and not o.path:
+        p.error("--field needs --path (the restart path the model opens)")
     try:
-        fields, cfg = experiment_fields_of(o.expdir)
+        if o.expdir is not None:
+            fields, cfg = experiment_fields_of(o.expdir)
+            restart_path = cfg.restart_path
+        else:
+            fields = [parse_field(spec) for spec in o.field]
         if o.path:
             check_template([o.path])
             restart_path = lambda m: Path(o.path.format(member=m, cycle=0, steps=0, task=0, restart=""))  # noqa: E731
-        else:
-            restart_path = cfg.restart_path
         token = Path(o.token_file).read_text().strip()
         runner = Runner(o.address, token, curve_server_key=o.curve_key or None, name=o.name)
         loop = InterceptRunner(runner, fields, model, Path(o.shim), restart_path, steps=o.steps, cwd=o.cwd)
@@ -321,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         loop.stop_model()
         runner.close()
         signal.signal(signal.SIGTERM, previous)
+        if o.timings is not None:
+            o.timings.write_text("".join(json.dumps(t) + "\n" for t in loop.timings))
 
 
 def _leave(signum: int, frame: object) -> None:
