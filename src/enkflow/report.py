@@ -87,7 +87,7 @@ class CycleTiming:
     failures: int
     requeues: int
     members: dict[int, dict[str, Any]] = field(default_factory=dict)
-    analysis: dict[str, float] = field(default_factory=dict)
+    analysis: dict[str, Any] = field(default_factory=dict)  # seconds, ratios; per-rank lists
 
 
 @dataclass
@@ -194,7 +194,7 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
     open_: dict[tuple[int, str], float] = {}
     task_iv: list[tuple[float, float]] = []
     members: dict[int, dict[str, Any]] = {}
-    analysis: dict[str, float] = {}
+    analysis: dict[str, Any] = {}
     failures = requeues = 0
     for e in sorted(ev, key=lambda x: x["t"]):
         name = e["event"]
@@ -218,7 +218,8 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
                     m = members.setdefault(e["member"], {"attempts": 1, "first_start": e.get("t_start", e["t"])})
                     m.update(run_s=e.get("run_s", 0.0), io_s=e.get("io_s", 0.0), worker=e.get("worker"), end=e["t"])
                 else:
-                    analysis = {kk: float(v) for kk, v in (e.get("timings") or {}).items()}
+                    analysis = {kk: [float(x) for x in v] if isinstance(v, list) else float(v)
+                                for kk, v in (e.get("timings") or {}).items()}
                     analysis["run_s"] = float(e.get("run_s", 0.0))
     for m in members.values():
         m["wait_s"] = m.pop("first_start") - lo
@@ -485,11 +486,19 @@ def render_report(rep: Report, *, members: bool = False) -> str:
     lines = [f"experiment {rep.expdir}  (strategy {rep.strategy or '?'}, launcher {rep.launcher or '?'})", ""]
     if not rep.cycles:
         return "\n".join(lines + ["no finished cycle yet"] + [f"warning: {w}" for w in rep.warnings])
-    hdr = f"{'cycle':>5} {'total':>8} {'queuing':>8} {'running':>8} {'I/O':>7} {'overhead':>8} {'memberI/O':>9} {'an.comp':>8} {'jobs':>4} {'fail':>4} {'requeue':>7}"
-    lines += ["per cycle, seconds:", hdr]
+    hdr = (f"{'cycle':>5} {'total':>8} {'queuing':>8} {'running':>8} {'I/O':>7} {'overhead':>8} {'memberI/O':>9} "
+           f"{'an.comp':>8} {'an.imbal':>8} {'jobs':>4} {'fail':>4} {'requeue':>7}")
+    lines += ["per cycle, seconds (an.imbal: the analysis ranks' max / mean local-filter CPU seconds):", hdr]
     for c in rep.cycles:
+        imbal = c.analysis.get("imbalance_cpu")
+        imbal_s = f"{imbal:8.2f}" if isinstance(imbal, float) else f"{'-':>8}"
         lines.append(f"{c.cycle:>5} {c.total:8.2f} {c.queuing:8.2f} {c.running:8.2f} {c.io:7.2f} {c.overhead:8.2f} "
-                     f"{c.member_io:9.2f} {c.analysis_compute:8.2f} {c.jobs:>4} {c.failures:>4} {c.requeues:>7}")
+                     f"{c.member_io:9.2f} {c.analysis_compute:8.2f} {imbal_s} {c.jobs:>4} {c.failures:>4} {c.requeues:>7}")
+        if members and isinstance(c.analysis.get("rank_cpu_s"), list):
+            for r, cpu in enumerate(c.analysis["rank_cpu_s"]):
+                work = c.analysis.get("rank_est_work", [])
+                share = f", est. work {100 * work[r]:.1f}%" if r < len(work) else ""
+                lines.append(f"        analysis rank {r:>3}: local filter {cpu:7.2f} s CPU{share}")
         if members:
             for m, r in sorted(c.members.items()):
                 lines.append(f"        member {m:>3}: wait {r.get('wait_s', 0):7.2f}  run {r.get('run_s', 0):7.2f}  "

@@ -16,6 +16,7 @@ from pathlib import Path
 from enkflow.errors import DETERMINISTIC_ERROR_RC, EnkflowError, RecoveryError, StorageError
 from enkflow.experiment.config import experiment_from_json
 from enkflow.jobs.files import read_json, write_json_atomic
+from enkflow.jobs.worker import timing_record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         timings = run_analysis(cfg, cycle, expdir)
         out = os.environ.get("ENKFLOW_TIMING_FILE")
         if out and get_comm().rank == 0:
-            write_json_atomic(out, {k: float(v) for k, v in dict(timings or {}).items()
-                                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            write_json_atomic(out, timing_record(timings or {}))
     except (StorageError, RecoveryError) as exc:
         # May pass once the cause is fixed or on another attempt: the job scheme retries.
         print(f"enkflow analysis (cycle {cycle}): error: {exc}", file=sys.stderr)

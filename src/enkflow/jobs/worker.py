@@ -116,12 +116,26 @@ def _member(table: TaskTable, task: int) -> int | None:
     return task if task <= table.n_members else None
 
 
-def read_timings(path: Path) -> dict[str, float]:
-    """The numeric entries of a timing JSON file a step wrote (empty if none)."""
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def timing_record(timings: dict[str, Any]) -> dict[str, float | list[float]]:
+    """The entries of ``timings`` that a timing file keeps: numbers (seconds, counts, ratios) and
+    lists of numbers (one per MPI rank, e.g. ``rank_cpu_s``)."""
+    out: dict[str, float | list[float]] = {}
+    for k, v in timings.items():
+        if _number(v):
+            out[k] = float(v)
+        elif isinstance(v, (list, tuple)) and v and all(_number(x) for x in v):
+            out[k] = [float(x) for x in v]
+    return out
+
+
+def read_timings(path: Path) -> dict[str, float | list[float]]:
+    """The entries of a timing JSON file a step wrote (:func:`timing_record`; empty if none)."""
     d = read_json(path, {})
-    if not isinstance(d, dict):
-        return {}
-    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return timing_record(d) if isinstance(d, dict) else {}
 
 
 # Timing keys (seconds) that count as restart/output I/O; ``update_s`` is the in-place restart update.
@@ -287,7 +301,7 @@ class Worker:
         prot_fp = self._protect(task, prot, who) if prot is not None else None
         before = fingerprint(task.restart) if task.restart else None
         run_s = 0.0
-        timings: dict[str, float] = {}
+        timings: dict[str, float | list[float]] = {}
         for step in task.steps:
             tfile = self.cycle_dir / "timing" / f"task_{task.id:03d}.a{attempt}.{step.name}.json"
             t1 = time.time()
@@ -322,8 +336,8 @@ class Worker:
                         report["reason"] = f"the model exited 0 but left its restart {task.restart} unchanged (model.unchanged = 'error')"
                         self._fail(task, who, attempt, report, fatal=True)
                         return
-            for k, v in read_timings(tfile).items():
-                timings[k] = timings.get(k, 0.0) + v
+            for k, v in read_timings(tfile).items():  # steps' seconds add up; per-rank lists are the step's own
+                timings[k] = v if isinstance(v, list) else timings.get(k, 0.0) + v
         t_end = time.time()
         rec = {
             "cycle": cyc, "task": task.id, "member": task.member, "worker": who.worker, "job": self.job_id,
