@@ -230,7 +230,7 @@ def analyse(
     X = store.gather(cycle)
     t0 = time.perf_counter()
     # The forecast mean before the in-place analysis overwrites X.
-    fmean = ensemble_mean_spread(X)[0] if stats is not None else None
+    fmean = _ensemble_mean(X) if stats is not None else None
     t_stats = time.perf_counter() - t0
     y = obs.observations(cycle)
     HX = obs.apply(cycle, X, store.row_start, comm)
@@ -337,6 +337,15 @@ def _decomposed_analysis(
                 "rank_rows": rows.tolist(), "rank_search_s": [float(r[2]) for r in ranks],
                 "rank_kernel_s": [float(r[3]) for r in ranks]}
     return X, diag, per_rank
+
+
+def _ensemble_mean(X: np.ndarray, block: int = 65536) -> np.ndarray:
+    """The row-wise mean of ``X`` (n_rows, N) as :func:`~enkflow.io.meanspread.ensemble_mean_spread`
+    computes it (the same blocks, the same bits), without the spread."""
+    mean = np.empty(X.shape[0])
+    for r0 in range(0, X.shape[0], block):
+        mean[r0:r0 + block] = X[r0:r0 + block].mean(axis=1)
+    return mean
 
 
 def run_cycles(
