@@ -165,17 +165,17 @@ def parse_field(spec: str) -> Field:
     return Field(parts[0], parts[1], shape, assimilated=len(parts) == 3)
 
 
-def check_template(argv: Sequence[str]) -> None:
-    """Refuse a model command with placeholders other than :data:`MODEL_FIELDS` before anything runs."""
+def check_template(argv: Sequence[str], allowed: Sequence[str] = MODEL_FIELDS) -> None:
+    """Refuse a model command with placeholders other than ``allowed`` before anything runs."""
     for tok in argv:
         try:
             names = {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(tok) if name}
         except ValueError as exc:
             raise InputError(f"model argument {tok!r}: {exc}", item="model") from None
-        unknown = sorted(names - set(MODEL_FIELDS))
+        unknown = sorted(names - set(allowed))
         if unknown:
-            raise InputError(f"model argument {tok!r}: unknown placeholder(s) {unknown}; valid: "
-                             f"{', '.join('{' + f + '}' for f in MODEL_FIELDS)}", item="model")
+            raise InputError(f"{tok!r}: unknown placeholder(s) {unknown}; valid: "
+                             f"{', '.join('{' + f + '}' for f in allowed)}", item="model")
 
 
 class _Tail:
@@ -323,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             fields = [parse_field(spec) for spec in o.field]
         if o.path:
-            check_template([o.path])
-            restart_path = lambda m: Path(o.path.format(member=m, cycle=0, steps=0, task=0, restart=""))  # noqa: E731
+            check_template([o.path], ("member",))
+            restart_path = lambda m: Path(o.path.format(member=m))  # noqa: E731
         token = Path(o.token_file).read_text().strip()
         runner = Runner(o.address, token, curve_server_key=o.curve_key or None, name=o.name)
         loop = InterceptRunner(runner, fields, model, Path(o.shim), restart_path, steps=o.steps, cwd=o.cwd)
