@@ -81,8 +81,11 @@ def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(
     off, on = analyses(tmp_path / "offline", MEMBERS, CYCLES), analyses(tmp_path / "online", MEMBERS, CYCLES)
     for key in off:
         assert off[key] == on[key], key
-    requeues = {(e["cycle"], e["member"]): e for e in _events(tmp_path / "online") if e["event"] == "task_requeue"}
-    assert set(requeues) == {(1, 2), (2, 3), (3, 1)}, requeues
+    events = [e for e in _events(tmp_path / "online") if e["event"] == "task_requeue"]
+    requeues = {(e["cycle"], e["member"]): e for e in events}
+    assert {(1, 2), (2, 3), (3, 1)} <= set(requeues), events
+    # Nothing else, unless the shared machine delayed a healthy runner's heartbeats past 2 s.
+    assert all(e["reason"] in ("lost", "late") for k, e in requeues.items() if k not in {(1, 2), (2, 3), (3, 1)}), events
     assert requeues[(1, 2)]["reason"] == "failed" and "signal 9" in requeues[(1, 2)]["error"]
     assert requeues[(2, 3)]["reason"] == "lost"
     assert requeues[(3, 1)]["reason"] == "failed" and "must tile the variable" in requeues[(3, 1)]["error"]
@@ -153,6 +156,20 @@ def test_bad_calls_on_an_intercepted_variable_get_netcdf_codes_and_clear_message
     assert seg.verdict(str(restart)).startswith("nc_get_var_float on variable x")
     assert np.array_equal(seg.arrays["x"][:12], 100.0 + np.arange(12))  # the rows written
     assert np.array_equal(netCDF4.Dataset(restart)["x"][:].ravel(), np.arange(24.0))  # the file untouched
+    seg.close()
+
+
+def test_a_restart_created_anew_is_diskless_and_its_fields_go_to_the_segment(native_build, tmp_path):
+    restart = _restart(tmp_path / "restart.nc")
+    before = restart.read_bytes()
+    exe = _bad_calls(tmp_path)
+    seg = Segment([Field("x", "float64", (4, 6))])
+    seg.reset(1, 1, 6, 1)
+    r = _under_shim(native_build, [str(exe), str(restart), "create"], seg, restart)
+    assert r.stdout.split("\n")[:4] == ["create 0 No error", "create_put_other 0 No error", "create_put_x 0 No error",
+                                        "create_close 0 No error"], r.stdout + r.stderr
+    assert np.array_equal(seg.arrays["x"], -1.0 - np.arange(24)) and seg.records[0]["complete"] == 1
+    assert restart.read_bytes() == before  # NC_CLOBBER did not reach the file
     seg.close()
 
 

@@ -17,6 +17,21 @@ int main(int argc, char **argv) {
         report("open_missing_field", nc_open(path, NC_NOWRITE, &ncid));
         return 0;
     }
+    if (argc > 2 && strcmp(argv[2], "create") == 0) {  /* a model that writes its restart anew */
+        int dims[2], k;
+        report("create", nc_create(path, NC_CLOBBER | NC_NETCDF4, &ncid));
+        nc_def_dim(ncid, "y", 4, &dims[0]);
+        nc_def_dim(ncid, "x", 6, &dims[1]);
+        nc_def_dim(ncid, "k", 3, &k);
+        nc_def_var(ncid, "x", NC_DOUBLE, 2, dims, &x);
+        nc_def_var(ncid, "other", NC_DOUBLE, 1, &k, &other);
+        nc_enddef(ncid);
+        for (int i = 0; i < 24; i++) buf[i] = -1.0 - i;
+        report("create_put_other", nc_put_var_double(ncid, other, buf));
+        report("create_put_x", nc_put_var_double(ncid, x, buf));
+        report("create_close", nc_close(ncid));
+        return 0;
+    }
     report("open", nc_open(path, NC_WRITE, &ncid));
     nc_inq_varid(ncid, "x", &x);
     nc_inq_varid(ncid, "other", &other);
