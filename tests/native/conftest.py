@@ -77,3 +77,12 @@ def native_build(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
     _run(["cmake", "--build", str(b.build), "-j", str(min(4, os.cpu_count() or 1))], log)
     _run(["cmake", "--install", str(b.build)], log)
     return b
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The outputs of the Python demo model's offline run (demo_study), made once per session."""
+    from demo_study import offline_reference, outputs
+
+    d = offline_reference(tmp_path_factory.mktemp("offline"))
+    return outputs(d, d / "run")

@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from demo_study import differences, make_forcing, offline_reference, online_study, outputs, run_study
+from demo_study import differences, make_forcing, online_study, outputs, run_study
 
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    d = offline_reference(tmp_path_factory.mktemp("offline"))
-    return outputs(d, d / "run")
 
 
 @pytest.mark.parametrize("program", ["enkflow_demo_c", "enkflow_demo_f"])
