@@ -27,7 +27,7 @@ from enkflow.errors import EnkflowError, InputError, StorageError
 from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
-from enkflow.output.ring import Ring
+from enkflow.output.ring import Ring, queue_supported
 
 log = logging.getLogger("enkflow.output")
 
@@ -138,6 +138,9 @@ class Output:
         n_writers = min(self.cfg.writers, max(1, len(names)))
         self._owner = {f: i % n_writers for i, f in enumerate(names)}
         self._limit = int(self.cfg.buffer_mb * (1 << 20))
+        self._use_ring = self.cfg.transport == "shm" and queue_supported()
+        if self.cfg.transport == "shm" and not self._use_ring:
+            log.info("output: shared-memory notices need x86-64; the arrays go over ZeroMQ ipc instead")
         self._closed = False
         self._failures: list[str] = []
         self._stats: dict[str, Any] = {"adds": 0, "bytes": 0, "blocked_s": 0.0, "add_s": 0.0, "backlog_max_bytes": 0,
@@ -207,7 +210,7 @@ class Output:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoint)
         proc, logf = getattr(self, "_procs", {}).get(pid, (None, None))
-        ring = Ring(self._limit) if self.cfg.transport == "shm" else None
+        ring = Ring(self._limit) if self._use_ring else None
         ch = _Channel(i, pid, proc, logf, sock, ring, self._limit,
                       fields=[f for f, w in self._owner.items() if w == i])
         self._channels.append(ch)
@@ -278,11 +281,8 @@ class Output:
 
     def _handle(self, ch: _Channel, msg: dict[str, Any]) -> None:
         kind = msg["kind"]
-        if kind in (P.ACK, P.ERROR) and "seq" in msg and ch.pending and ch.pending[0].seq == msg["seq"]:
-            p = ch.pending.popleft()
-            ch.outstanding -= p.nbytes
-            if p.ring and ch.ring is not None:
-                ch.ring.free_oldest()
+        if ch.ring is None and kind in (P.ACK, P.ERROR) and ch.pending and ch.pending[0].seq == msg.get("seq"):
+            ch.outstanding -= ch.pending.popleft().nbytes
         if msg.get("warning"):
             self._stats["warnings"] += 1
             warnings.warn(f"enkflow.output: {msg['warning']}", RuntimeWarning, stacklevel=4)
@@ -295,6 +295,16 @@ class Output:
         # EVENTS, not recv(NOBLOCK): raising zmq.Again on every add costs more than the add itself.
         while ch.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._handle(ch, P.decode(ch.sock.recv()))
+        self._release(ch)
+
+    def _release(self, ch: _Channel) -> None:
+        """Free the ring slots of the pieces the writer has finished with (read from the ring, no call)."""
+        if ch.ring is None or not ch.pending:
+            return
+        done = ch.ring.consumed()
+        while ch.pending and ch.pending[0].seq <= done:
+            ch.outstanding -= ch.pending.popleft().nbytes
+            ch.ring.free_oldest()
 
     def _wait(self, ch: _Channel, until: Any, timeout: float | None = None) -> dict[str, Any] | None:
         """Handle replies until ``until(msg)`` (None: until the condition is re-checked false); checks liveness."""
@@ -378,20 +388,21 @@ class Output:
             self._stats["lost_adds"] += 1
             self._stats["lost_bytes"] += nbytes
             return
-        ch.seq += 1
-        meta = {"seq": ch.seq, "field": name, "time": t, "member": member,
+        meta = {"field": name, "time": t, "member": member,
                 "region": [list(r) for r in reg] if reg is not None else None,
                 "dtype": a.dtype.str, "shape": list(a.shape)}
         if ch.ring is not None:
             assert slot is not None
             np.copyto(ch.ring.buf[slot : slot + nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
-            ch.sock.send(P.encode(P.PUT, slot=[slot, nbytes], **meta))
+            seq = ch.ring.publish(P.encode(P.PUT, slot=[slot, nbytes], **meta))
             keep = None
         else:
+            ch.seq += 1
+            seq = ch.seq
             keep = np.array(a, order="C", copy=True)
-            ch.sock.send_multipart([P.encode(P.PUT, slot=None, **meta), memoryview(keep.reshape(-1).view(np.uint8))],
+            ch.sock.send_multipart([P.encode(P.PUT, seq=seq, **meta), memoryview(keep.reshape(-1).view(np.uint8))],
                                    copy=False)
-        ch.pending.append(_Pending(ch.seq, nbytes, keep, ch.ring is not None))
+        ch.pending.append(_Pending(seq, nbytes, keep, ch.ring is not None))
         ch.outstanding += nbytes
         s = self._stats
         s["adds"] += 1
@@ -403,16 +414,30 @@ class Output:
     def _room(self, ch: _Channel, nbytes: int) -> int | None:
         """Wait (back-pressure) until ``nbytes`` fit; the ring slot's offset with shm."""
         t0 = None
+        checked = 0.0
         while True:
             if ch.outstanding + nbytes <= ch.limit:
-                slot = ch.ring.alloc(nbytes) if ch.ring is not None else 0
+                if ch.ring is None:
+                    slot: int | None = 0
+                    break
+                slot = ch.ring.alloc(nbytes) if ch.ring.notice_room() else None
                 if slot is not None:
                     break
             if t0 is None:
                 t0 = _now()
             if not ch.pending:  # cannot happen: an empty ring fits any nbytes <= limit
                 raise OutputError(f"output writer {ch.index}: no room for {nbytes} bytes in an empty buffer")
-            self._wait(ch, lambda m: True)
+            if ch.ring is None:
+                self._wait(ch, lambda m: True)
+            else:  # the writer frees slots without a message: look again soon
+                if ch.sock.poll(1, zmq.POLLIN):
+                    self._drain(ch)
+                self._release(ch)
+                if _now() - checked > POLL_MS / 1000:
+                    checked = _now()
+                    why = self._dead(ch)
+                    if why is not None:
+                        self._writer_lost(ch, why)
             if not ch.alive:
                 slot = None
                 break
@@ -433,11 +458,12 @@ class Output:
             if not ch.alive:
                 continue
             ch.seq += 1
-            seq = ch.seq
-            ch.sock.send(P.encode(kind, seq=seq, **extra))
+            upto = ch.ring.published if ch.ring is not None else 0
+            ch.sock.send(P.encode(kind, seq=ch.seq, upto=upto, **extra))
         for ch in self._channels:
             if ch.alive:
                 self._wait(ch, lambda m: m["kind"] == reply)
+                self._release(ch)
 
     def close(self, finish_windows: bool = False) -> None:
         """Write everything, stop the writers (collective with ``comm``). ``finish_windows``: also write

@@ -1,22 +1,43 @@
-"""A shared-memory ring of bytes between one sender and one writer on the same node.
+"""A shared-memory ring between one sender and one writer on the same node: notices and bytes.
 
-The sender allocates contiguous slots in FIFO order and copies arrays into them; the writer
-reads each slot in place (no copy) and acknowledges it; acknowledgements arrive in the order
-of the allocations, so freeing is popping the oldest slot. The ring is a file in /dev/shm
-(or the temporary directory) that both map; the sender unlinks it as soon as the writer has
-mapped it, so a ``kill -9`` of either leaves nothing behind.
+The file (in /dev/shm, or the temporary directory) holds three parts::
+
+    header   one page: published (u64, notices the sender has written), consumed (u64, notices
+             the writer has finished with)
+    notices  NOTICE_SLOTS slots of NOTICE_BYTES: u32 length + the JSON metadata of one piece
+    data     the bytes of the pieces, allocated contiguously in FIFO order
+
+The sender copies an array into a data slot, writes its notice, then bumps ``published``; the
+writer reads notices up to ``published``, writes each piece straight from the data slot (no
+copy) and bumps ``consumed``, which frees the oldest slots. Neither side makes a system call
+per piece: the sender does not wake the writer (it looks for work every few milliseconds), so
+a model on a crowded node is not preempted by its own output. The order of the stores (data,
+notice, counter) is what the reader sees on x86-64 (total store order); elsewhere the
+notices go through ZeroMQ instead (:func:`queue_supported`). The sender unlinks the file as
+soon as the writer has mapped it, so a ``kill -9`` of either leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import platform
 import secrets
+import struct
 import tempfile
 from collections import deque
 from pathlib import Path
 
 import numpy as np
+
+HEADER_BYTES = 4096
+NOTICE_SLOTS = 1024
+NOTICE_BYTES = 1024
+
+
+def queue_supported() -> bool:
+    """Whether the counters may be published by plain stores (x86-64's total store order)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _shm_dir() -> Path:
@@ -24,27 +45,38 @@ def _shm_dir() -> Path:
     return d if d.is_dir() and os.access(d, os.W_OK) else Path(tempfile.gettempdir())
 
 
+def _layout(total: int) -> int:
+    """Bytes of the data area of a file of ``total`` bytes."""
+    return total - HEADER_BYTES - NOTICE_SLOTS * NOTICE_BYTES
+
+
 class Ring:
-    """The sender's side: ``alloc(n)`` -> offset or None (full); ``free_oldest()`` after each acknowledgement."""
+    """The sender's side: ``alloc(n)`` -> data offset or None (full); ``publish(notice)``; ``consumed()``
+    and ``free_oldest()`` as the writer finishes pieces."""
 
     def __init__(self, nbytes: int) -> None:
         self.size = int(nbytes)
+        total = HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES + self.size
         self.path = _shm_dir() / f"enkflow-output-{os.getpid()}-{secrets.token_hex(4)}"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, self.size)
-            self._map = mmap.mmap(fd, self.size)
+            os.ftruncate(fd, total)
+            self._map = mmap.mmap(fd, total)
         except BaseException:
             os.unlink(self.path)
             raise
         finally:
             os.close(fd)
-        self.buf = np.frombuffer(self._map, dtype=np.uint8)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
         # Touch every page now: the first write to a page of shared memory faults, which would
         # otherwise double the cost of each add until the ring has wrapped once.
-        self.buf[:: mmap.PAGESIZE] = 0
-        self._slots: deque[tuple[int, int]] = deque()  # (offset, bytes reserved incl. a skipped tail)
+        whole[:: mmap.PAGESIZE] = 0
+        self._counters = whole[:16].view(np.uint64)
+        self._notices = whole[HEADER_BYTES : HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES].reshape(NOTICE_SLOTS, NOTICE_BYTES)
+        self.buf = whole[HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES :]
+        self._slots: deque[tuple[int, int]] = deque()  # (offset, bytes reserved)
         self._head = 0
+        self.published = 0
 
     def unlink(self) -> None:
         """Remove the name (both sides keep their mappings)."""
@@ -54,12 +86,11 @@ class Ring:
             pass
 
     def alloc(self, n: int) -> int | None:
-        """Offset of ``n`` free contiguous bytes, or None while the ring is too full."""
+        """Offset of ``n`` free contiguous data bytes, or None while the ring is too full."""
         if n > self.size:
             raise ValueError(f"{n} bytes do not fit a ring of {self.size}")
         n = max(n, 1)
         if not self._slots:
-            self._head = 0
             self._slots.append((0, n))
             self._head = n
             return 0
@@ -82,14 +113,31 @@ class Ring:
     def free_oldest(self) -> None:
         self._slots.popleft()
 
+    def notice_room(self) -> bool:
+        return self.published - self.consumed() < NOTICE_SLOTS
+
+    def publish(self, notice: bytes) -> int:
+        """Write the next notice and make it (and the data it names) visible; returns its number (1, 2, ...)."""
+        if len(notice) > NOTICE_BYTES - 4:
+            raise ValueError(f"a notice of {len(notice)} bytes, more than {NOTICE_BYTES - 4}")
+        slot = self._notices[self.published % NOTICE_SLOTS]
+        slot[:4] = np.frombuffer(struct.pack("<I", len(notice)), dtype=np.uint8)
+        slot[4 : 4 + len(notice)] = np.frombuffer(notice, dtype=np.uint8)
+        self.published += 1
+        self._counters[0] = self.published  # last: the writer reads nothing before it sees this
+        return self.published
+
+    def consumed(self) -> int:
+        return int(self._counters[1])
+
     @property
     def in_use(self) -> int:
-        """Slots allocated and not yet acknowledged."""
+        """Data slots allocated and not yet freed."""
         return len(self._slots)
 
     def close(self) -> None:
         self.unlink()
-        self.buf = None  # type: ignore[assignment]
+        self.buf = self._notices = self._counters = None  # type: ignore[assignment]
         try:
             self._map.close()
         except BufferError:  # a view is still alive (an array in flight); the mapping goes with the process
@@ -97,16 +145,36 @@ class Ring:
 
 
 class RingView:
-    """The writer's side: the sender's ring mapped read-only; ``view(offset, n)`` is a zero-copy slice."""
+    """The writer's side: ``pending()`` yields (number, notice) not yet consumed; ``view(offset, n)`` is
+    a zero-copy slice of the data; ``consume(number)`` frees everything up to that notice."""
 
     def __init__(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDWR)
         try:
-            size = os.fstat(fd).st_size
-            self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            total = os.fstat(fd).st_size
+            self._map = mmap.mmap(fd, total)
         finally:
             os.close(fd)
-        self.buf = np.frombuffer(self._map, dtype=np.uint8)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
+        self._counters = whole[:16].view(np.uint64)
+        self._notices = whole[HEADER_BYTES : HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES].reshape(NOTICE_SLOTS, NOTICE_BYTES)
+        self.buf = whole[HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES :]
+        self.read = int(self._counters[1])
+
+    def published(self) -> int:
+        return int(self._counters[0])
+
+    def next(self) -> tuple[int, bytes] | None:
+        """The next unread notice (number, bytes), or None."""
+        if self.read >= self.published():
+            return None
+        slot = self._notices[self.read % NOTICE_SLOTS]
+        (n,) = struct.unpack("<I", slot[:4].tobytes())
+        self.read += 1
+        return self.read, slot[4 : 4 + n].tobytes()
+
+    def consume(self, number: int) -> None:
+        self._counters[1] = number
 
     def view(self, offset: int, n: int) -> np.ndarray:
         return self.buf[offset : offset + n]

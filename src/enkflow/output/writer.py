@@ -290,6 +290,51 @@ class Writer:
 
     # -- the loop -------------------------------------------------------------------------
 
+    def _put_reply(self, msg: dict[str, Any], raw: np.ndarray) -> dict[str, Any]:
+        """Write one piece; the reply: ack (with a warning) or error."""
+        seq = msg.get("seq", 0)
+        t0 = time.perf_counter()
+        try:
+            data = raw.view(np.dtype(msg["dtype"])).reshape(msg["shape"])
+            warning = self.put(msg, data)
+            reply: dict[str, Any] = {"kind": P.ACK, "seq": seq}
+            if warning:
+                reply["warning"] = warning
+        except PieceError as exc:
+            self.stats.errors += 1
+            reply = {"kind": P.ERROR, "seq": seq, "error": str(exc), "fatal": exc.fatal}
+        except Exception as exc:  # a bug: report it with its traceback, keep serving
+            self.stats.errors += 1
+            reply = {"kind": P.ERROR, "seq": seq, "fatal": True,
+                     "error": f"writer {self.index} failed on field {msg.get('field')}: "
+                              f"{''.join(traceback.format_exception(exc))}"}
+        self.stats.puts += 1
+        self.stats.bytes += raw.nbytes
+        self.stats.write_s += time.perf_counter() - t0
+        return reply
+
+    def _serve_ring(self, sock: Any, ident: bytes, upto: int | None = None) -> int:
+        """Write the pieces noticed in ``ident``'s ring (all, or at least up to notice ``upto``);
+        only errors and warnings are answered. Returns the count written."""
+        ring = self.rings.get(ident)
+        if ring is None:
+            return 0
+        n = 0
+        while True:
+            item = ring.next()
+            if item is None:
+                if upto is None or ring.read >= upto:
+                    return n
+                time.sleep(0.0005)  # published before the sync was sent: visible in a moment
+                continue
+            number, notice = item
+            msg = P.decode(notice)
+            reply = self._put_reply(msg, ring.view(*msg["slot"]))
+            ring.consume(number)
+            n += 1
+            if reply["kind"] == P.ERROR or reply.get("warning"):
+                sock.send_multipart([ident, P.encode(**reply)])
+
     def serve(self, endpoint: str) -> None:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
@@ -299,12 +344,21 @@ class Writer:
         print(f"READY {endpoint}", flush=True)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        last_check = time.monotonic()
+        idle_ms = 1
         while True:
-            if not poller.poll(1000):
-                if os.getppid() != self.parent:
-                    self.finish(False)  # the model is gone: no temporary file is left behind
-                    return
+            worked = sum(self._serve_ring(sock, ident) for ident in list(self.rings))
+            # Senders with a ring do not wake the writer: it looks again after a short sleep,
+            # longer while nothing comes (up to 20 ms, well within any buffer's worth of steps).
+            idle_ms = 0 if worked else min(max(1, 2 * idle_ms), 20)
+            if not poller.poll(idle_ms if self.rings else 1000):
+                if time.monotonic() - last_check > 1.0:
+                    last_check = time.monotonic()
+                    if os.getppid() != self.parent:
+                        self.finish(False)  # the model is gone: no temporary file is left behind
+                        return
                 continue
+            idle_ms = 0
             frames = sock.recv_multipart(copy=False)
             ident, meta = frames[0].bytes, frames[1].bytes
             msg = P.decode(meta)
@@ -314,31 +368,9 @@ class Writer:
                 self.rings[ident] = RingView(msg["ring"]) if msg.get("ring") else None
                 reply = {"kind": P.WELCOME}
             elif kind == P.PUT:
-                t0 = time.perf_counter()
-                try:
-                    if msg.get("slot") is not None:
-                        ring = self.rings[ident]
-                        assert ring is not None
-                        raw = ring.view(*msg["slot"])
-                    else:
-                        raw = np.frombuffer(frames[2].buffer, dtype=np.uint8)
-                    data = raw.view(np.dtype(msg["dtype"])).reshape(msg["shape"])
-                    warning = self.put(msg, data)
-                    reply = {"kind": P.ACK, "seq": seq}
-                    if warning:
-                        reply["warning"] = warning
-                except PieceError as exc:
-                    self.stats.errors += 1
-                    reply = {"kind": P.ERROR, "seq": seq, "error": str(exc), "fatal": exc.fatal}
-                except Exception as exc:  # a bug: report it with its traceback, keep serving
-                    self.stats.errors += 1
-                    reply = {"kind": P.ERROR, "seq": seq, "fatal": True,
-                             "error": f"writer {self.index} failed on field {msg.get('field')}: "
-                                      f"{''.join(traceback.format_exception(exc))}"}
-                self.stats.puts += 1
-                self.stats.bytes += int(np.prod(msg["shape"])) * np.dtype(msg["dtype"]).itemsize
-                self.stats.write_s += time.perf_counter() - t0
+                reply = self._put_reply(msg, np.frombuffer(frames[2].buffer, dtype=np.uint8))
             elif kind in (P.SYNC, P.BYE):
+                self._serve_ring(sock, ident, int(msg.get("upto", 0)))
                 reply = {"kind": P.SYNCED if kind == P.SYNC else P.BYE, "seq": seq}
                 try:
                     self.flush()
