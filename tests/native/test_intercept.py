@@ -173,14 +173,21 @@ def test_a_restart_created_anew_is_diskless_and_its_fields_go_to_the_segment(nat
     seg.close()
 
 
-def test_a_field_missing_from_the_restart_fails_the_open_naming_it(native_build, tmp_path):
+@pytest.mark.parametrize("fields, code, message", [
+    ([Field("x", "float64", (4, 6)), Field("snow", "float32", (3,), assimilated=False)], -49,  # NC_ENOTVAR
+     "the online field snow is not a variable of {path}"),
+    ([Field("x", "float64", (4, 5))], -36, "variable x of {path}: dimension 1 has 6 elements, the online field 5"),
+    ([Field("x", "float32", (4, 6))], -45, "variable x of {path} is double in the file, the online field is float"),
+])
+def test_a_restart_that_does_not_hold_the_fields_fails_the_open_naming_them(native_build, tmp_path, fields, code, message):
     restart = _restart(tmp_path / "restart.nc")
     exe = _bad_calls(tmp_path)
-    seg = Segment([Field("x", "float64", (4, 6)), Field("snow", "float32", (3,), assimilated=False)])
+    seg = Segment(fields)
     seg.reset(1, 1, 6, 1)
     r = _under_shim(native_build, [str(exe), str(restart), "missing"], seg, restart)
-    assert "open_missing_field -49 " in r.stdout  # NC_ENOTVAR
-    assert f"the online field snow is not a variable of {restart.resolve()}" in r.stderr
+    assert f"open_missing_field {code} " in r.stdout, r.stdout
+    assert message.format(path=restart.resolve()) in r.stderr
+    assert seg.verdict(str(restart)).startswith(message.format(path=restart.resolve()))
     seg.close()
 
 
