@@ -1,7 +1,7 @@
 /* A C runner for tests/native/test_native_bad_input.py: the ring model of tests/online/test_online_bad_input
  * (one float64 field "x" of 40), well behaved or misbehaving:
  *
- *   bad_runner ADDRESS TOKEN MODE
+ *   bad_runner ADDRESS TOKEN MODE [CURVE_SERVER_KEY]
  *
  * MODE good: runs members until the study is over. unknown-field, wrong-dtype, wrong-shape, carried-int:
  * declares fields the server does not expect. bind-checks: binds arrays of the wrong type, size and name.
@@ -51,7 +51,7 @@ static int serve(enkflow_runner *r, double *x, int spoil) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) return 2;
+    if (argc != 4 && argc != 5) return 2;
     const char *mode = argv[3];
     enkflow_runner *r;
     int64_t n = N, n41 = N + 1;
@@ -60,6 +60,7 @@ int main(int argc, char **argv) {
     if (rc) return report(r, rc);
     enkflow_runner_set_timeouts(r, 20.0, 5.0);
     enkflow_runner_set_name(r, mode);
+    if (argc == 5 && (rc = enkflow_runner_set_curve_key(r, argv[4]))) return report(r, rc);
     if (!strcmp(mode, "good") || !strcmp(mode, "nan") || !strcmp(mode, "bind-checks")) {
         rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
     } else if (!strcmp(mode, "unknown-field")) {

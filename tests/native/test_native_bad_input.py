@@ -102,3 +102,33 @@ def test_bad_input_from_native_runners(bad_runner: Path, tmp_path: Path) -> None
     rejects = [e for e in ev if e["event"] == "online_reject"]
     assert len(rejects) >= 6, rejects  # four field mismatches, the wrong token, the NaN forecast
     assert [e["reason"] for e in ev if e["event"] == "task_requeue"] == ["rejected"]
+
+
+def test_a_native_runner_talks_to_an_encrypting_server(bad_runner: Path) -> None:
+    """``[online] curve = true``: the C runners, given the server's public key, serve the whole study through
+    CURVE-encrypted sockets (control, data and heartbeats)."""
+    import zmq
+
+    public, secret = zmq.curve_keypair()
+    server = Server(ring.problem(), ring.server_config(curve_secret_key=secret.decode()))
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(ring.CYCLES)
+        except BaseException as exc:  # noqa: BLE001
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    plain = subprocess.Popen([str(bad_runner), server.address, ring.TOKEN, "good"], stdout=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen([str(bad_runner), server.address, ring.TOKEN, "good", public.decode()],
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    thread.join(60)
+    outs = [p.communicate(timeout=30)[0] for p in procs]
+    assert not thread.is_alive() and not failure, (failure, outs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    # Without the key the handshake never completes: nothing is served, the runner gives up after reconnect_s.
+    out = plain.communicate(timeout=30)[0]
+    assert plain.returncode != 0 and "rc=8 the server went away: no enkflow server answered" in out, out
+    np.testing.assert_array_equal(np.array(server.store.parts[0]), ring.offline_result())
