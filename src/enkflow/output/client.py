@@ -27,7 +27,7 @@ from enkflow.errors import EnkflowError, InputError, StorageError
 from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
-from enkflow.output.ring import Ring, queue_supported
+from enkflow.output.ring import NOTICE_BYTES, Ring, queue_supported
 
 log = logging.getLogger("enkflow.output")
 
@@ -382,15 +382,18 @@ class Output:
             self._stats["lost_adds"] += 1
             self._stats["lost_bytes"] += nbytes
             return
+        meta = {"field": name, "time": t, "member": member,
+                "region": [list(r) for r in reg] if reg is not None else None,
+                "dtype": a.dtype.str, "shape": list(a.shape)}
+        if ch.ring is not None and len(P.encode(P.PUT, slot=[self._limit, self._limit], **meta)) > NOTICE_BYTES - 4:
+            raise InputError(f"{what}: the piece's metadata exceeds {NOTICE_BYTES - 4} bytes (a very long field name?)",
+                             item=name)
         slot = self._room(ch, nbytes)
         if not ch.alive:
             self._raise_failures()
             self._stats["lost_adds"] += 1
             self._stats["lost_bytes"] += nbytes
             return
-        meta = {"field": name, "time": t, "member": member,
-                "region": [list(r) for r in reg] if reg is not None else None,
-                "dtype": a.dtype.str, "shape": list(a.shape)}
         if ch.ring is not None:
             assert slot is not None
             np.copyto(ch.ring.buf[slot : slot + nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
