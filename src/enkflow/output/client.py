@@ -149,12 +149,24 @@ class Output:
         self._ctx = zmq.Context()
         self._channels: list[_Channel] = []
         try:
-            info = self._start_writers(n_writers) if self.rank == 0 else None
+            info: Any = None
+            if self.rank == 0:
+                try:
+                    info = self._start_writers(n_writers)
+                except EnkflowError as exc:
+                    if comm is None:
+                        raise
+                    info = str(exc)  # every rank raises it, none waits for writers that never came
             if comm is not None:
                 info = comm.bcast(info, root=0)
-            assert info is not None
+            if isinstance(info, str):
+                raise OutputError(info)
+            here = socket.gethostname()
             for i, (endpoint, pid, host) in enumerate(info):
-                self._connect(i, endpoint, pid if host == socket.gethostname() else 0)
+                if host != here and self.cfg.transport != "tcp":
+                    raise OutputError(f"rank {self.rank} runs on {here}, the output writers on {host}: transport "
+                                      f"{self.cfg.transport!r} serves one node; set output.transport = 'tcp' (and bind)")
+                self._connect(i, endpoint, pid if host == here else 0)
         except BaseException:
             self._kill_all()
             raise
@@ -202,7 +214,10 @@ class Output:
             if not line.startswith("READY "):
                 proc.wait(timeout=START_TIMEOUT_S)
                 raise OutputError(f"output writer {i} did not start (exit {proc.returncode}):\n{log_tail(logf, 20)}")
-            info.append((line.split(" ", 1)[1], proc.pid, socket.gethostname()))
+            endpoint = line.split(" ", 1)[1]
+            if endpoint.startswith("tcp://0.0.0.0:"):  # bound on every interface: others reach it by name
+                endpoint = endpoint.replace("0.0.0.0", socket.getfqdn(), 1)
+            info.append((endpoint, proc.pid, socket.gethostname()))
         return info
 
     def _connect(self, i: int, endpoint: str, pid: int) -> None:
