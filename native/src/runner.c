@@ -603,7 +603,9 @@ static int join(enkflow_runner *r) {
         }
     close_data(r);
     r->epoch = epoch->u64;
+    pthread_mutex_lock(&r->mu); /* the heartbeat thread reads it */
     r->heartbeat_s = hb->num;
+    pthread_mutex_unlock(&r->mu);
     int n = (int)ranks->i64;
     r->data = calloc((size_t)n, sizeof *r->data);
     r->own = calloc((size_t)n * (size_t)(r->nfields ? r->nfields : 1) * 2, sizeof *r->own);
@@ -984,8 +986,9 @@ int enkflow_runner_finalize(enkflow_runner *r) {
         rc = ekf_conn_send(&r->control, frames, sizes, 1, 1, err, sizeof err);
     }
     close_data(r);
-    /* A second of linger lets the BYE leave before the context ends (the Python runner sleeps instead). */
-    if (r->have_control) ekf_conn_close(&r->control, 1000);
+    /* A short linger lets the BYE leave before the context ends (the Python runner sleeps 50 ms instead);
+     * a BYE that cannot leave (the server is gone) costs at most this. */
+    if (r->have_control) ekf_conn_close(&r->control, 250);
     if (r->zctx) zmq_ctx_term(r->zctx);
     for (int k = 0; k < r->nfields; k++) {
         free(r->fields[k].name);
