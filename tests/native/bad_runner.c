@@ -3,7 +3,7 @@
  *
  *   bad_runner ADDRESS TOKEN MODE [CURVE_SERVER_KEY]
  *
- * MODE good: runs members until the study is over. unknown-field, wrong-dtype, wrong-shape, carried-int:
+ * MODE good: runs members until the study is over. unknown-field, unicode-field, wrong-dtype, wrong-shape, carried-int:
  * declares fields the server does not expect. bind-checks: binds arrays of the wrong type, size and name.
  * nan: its first forecast holds a NaN (the server rejects it), then it behaves. Every library error is
  * printed as "rc=CODE NAME: MESSAGE" on stdout; the exit status is 0 when the mode's expectations held
@@ -66,6 +66,9 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "unknown-field")) {
         rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
         if (!rc) rc = enkflow_runner_add_field(r, "salinity", ENKFLOW_FLOAT64, 1, &n, 1);
+    } else if (!strcmp(mode, "unicode-field")) { /* UTF-8 out, the server's \u escapes back */
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
+        if (!rc) rc = enkflow_runner_add_field(r, "temp\xc3\xa9rature \xe2\x84\x83 \xf0\x9f\x8c\x8a", ENKFLOW_FLOAT64, 1, &n, 1);
     } else if (!strcmp(mode, "wrong-dtype")) {
         rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT32, 1, &n, 1);
     } else if (!strcmp(mode, "wrong-shape")) {

@@ -60,6 +60,7 @@ def test_bad_input_from_native_runners(bad_runner: Path, tmp_path: Path) -> None
     # Refused at HELLO, before any member is handed out: the error names the difference.
     expected = {
         "unknown-field": ["rc=7 refused by the server: ", "unknown field 'salinity'"],
+        "unicode-field": ["rc=7 refused by the server: ", "unknown field 'température ℃ 🌊'"],
         "wrong-dtype": ["rc=7 refused by the server: ", "field 'x': dtype 'float32', the server expects 'float64'"],
         "wrong-shape": ["rc=7 refused by the server: ", "field 'x': shape (41,), the server expects (40,)"],
         "carried-int": ["rc=7 refused by the server: ", "field 'x': assimilated False, the server expects True"],
@@ -100,7 +101,7 @@ def test_bad_input_from_native_runners(bad_runner: Path, tmp_path: Path) -> None
     np.testing.assert_array_equal(np.array(server.store.parts[0]), ring.offline_result())
     ev = list(iter_events(log))
     rejects = [e for e in ev if e["event"] == "online_reject"]
-    assert len(rejects) >= 6, rejects  # four field mismatches, the wrong token, the NaN forecast
+    assert len(rejects) >= 7, rejects  # five field mismatches, the wrong token, the NaN forecast
     assert [e["reason"] for e in ev if e["event"] == "task_requeue"] == ["rejected"]
 
 
