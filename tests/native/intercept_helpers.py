@@ -36,7 +36,7 @@ def make_problem(directory: Path, members: int = 4, cycles: int = 3) -> Path:
 
 def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Path | None = None, *,
                runners: int = 2, steps: int | None = None, model_steps: int | None = 6, heartbeat_timeout: float = 10.0,
-               max_failures: int = 3, online_model: str | None = None) -> Path:
+               max_failures: int = 3, online_model: str | None = None, wrapper_args: str = "") -> Path:
     """A copy of the problem in ``template`` at ``directory`` whose model is the binary ``model``: offline
     as ``[model] command``, online as the intercepted runner (the command ``online_model``, default
     ``model``). Returns the TOML path."""
@@ -48,7 +48,7 @@ def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Pa
                   text, count=1, flags=re.M)
     if mode == "online":
         text = text.replace('mode = "offline"', 'mode = "online"')
-        check = f"--steps {model_steps} " if model_steps else ""
+        check = (f"--steps {model_steps} " if model_steps else "") + (f"{wrapper_args} " if wrapper_args else "")
         text += (f'\n[online]\nrunner = "{sys.executable} -m enkflow.online.intercept --address {{address}} '
                  f'--token-file {{token_file}} --expdir {{expdir}} --shim {shim} {check}-- {online_model or model} {{{{restart}}}} '
                  f'--forcing {forcing} --length {{length}} --cycle {{{{cycle}}}}"\n'

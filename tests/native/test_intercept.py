@@ -62,8 +62,9 @@ def test_fortran_model_through_interception_is_bitwise_its_offline_run(native_bu
 
 def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(native_build, problem, tmp_path):
     """A model SIGKILLed while it reads through the shim, the runner process SIGKILLed while its model is
-    inside the interception, and a model that writes half its state and exits 0: each task is failed or
-    lost and given again, as for the Python runner, and the analyses are still bitwise the offline run's."""
+    inside the interception, a model that writes half its state and exits 0, and a hung model killed at
+    the wrapper's --timeout: each task is failed or lost and given again, as for the Python runner, and
+    the analyses are still bitwise the offline run's."""
     model = native_build.exe("c_netcdf_model")
     run(experiment(problem, tmp_path / "offline", model, "offline"))
     markers = tmp_path / "markers"
@@ -71,8 +72,8 @@ def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(
     faulty = f"{sys.executable} {DATA / 'intercept_fault_model.py'} {model} {markers}"
     # The runner's model command is the fault injector, which execs the C model when no fault is due.
     toml = experiment(problem, tmp_path / "online", model, "online", _shim(native_build), heartbeat_timeout=2.0,
-                      online_model=faulty)
-    os.environ["FAULTS"] = "1:2:kill-model,2:3:kill-runner,3:1:half-write"
+                      online_model=faulty, wrapper_args="--timeout 8")
+    os.environ["FAULTS"] = "1:2:kill-model,2:3:kill-runner,3:1:half-write,2:1:hang"
     try:
         status = run(toml)
     finally:
@@ -83,12 +84,14 @@ def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(
         assert off[key] == on[key], key
     events = [e for e in _events(tmp_path / "online") if e["event"] == "task_requeue"]
     requeues = {(e["cycle"], e["member"]): e for e in events}
-    assert {(1, 2), (2, 3), (3, 1)} <= set(requeues), events
+    faults = {(1, 2), (2, 3), (3, 1), (2, 1)}
+    assert faults <= set(requeues), events
     # Nothing else, unless the shared machine delayed a healthy runner's heartbeats past 2 s.
-    assert all(e["reason"] in ("lost", "late") for k, e in requeues.items() if k not in {(1, 2), (2, 3), (3, 1)}), events
+    assert all(e["reason"] in ("lost", "late") for k, e in requeues.items() if k not in faults), events
     assert requeues[(1, 2)]["reason"] == "failed" and "signal 9" in requeues[(1, 2)]["error"]
     assert requeues[(2, 3)]["reason"] == "lost"
     assert requeues[(3, 1)]["reason"] == "failed" and "must tile the variable" in requeues[(3, 1)]["error"]
+    assert requeues[(2, 1)]["reason"] == "failed" and "ran longer than 8 s (--timeout)" in requeues[(2, 1)]["error"]
     # The model whose runner was killed died with it (the shim's death signal), not after its 30 s sleep.
     wrapper, victim = (int(v) for v in (markers / "victim").read_text().split())
     deadline = time.monotonic() + 5

@@ -202,13 +202,14 @@ class InterceptRunner:
     """The runner loop around an unmodified model command (see the module docstring)."""
 
     def __init__(self, runner: Runner, fields: Sequence[Field], model: Sequence[str], shim: Path, restart_path,
-                 *, steps: int | None = None, cwd: Path | None = None):
+                 *, steps: int | None = None, cwd: Path | None = None, timeout_s: float | None = None):
         check_template(model)
         if not shim.is_file():
             raise InputError(f"the interception shim {shim} does not exist (build native/, see docs/intercept.md)",
                              item="shim")
         self.runner, self.fields, self.model = runner, list(fields), list(model)
         self.shim, self.restart_path, self.steps, self.cwd = shim.resolve(), restart_path, steps, cwd
+        self.timeout_s = timeout_s
         self.proc: subprocess.Popen | None = None
         self.timings: list[dict[str, float]] = []
 
@@ -256,7 +257,13 @@ class InterceptRunner:
         except OSError as exc:
             return f"cannot start the model {argv[0]!r}: {exc}"
         tail = _Tail(self.proc.stderr)
-        rc = self.proc.wait()
+        try:
+            rc = self.proc.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+            return f"the model ran longer than {self.timeout_s:g} s (--timeout) and was killed"
         self.proc = None
         h = seg.header
         self.timings.append({"member": r.member, "cycle": r.cycle, "model_s": time.perf_counter() - t0,
@@ -301,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--path", default=None, help="the restart path the model opens, {member} filled in (default: the "
                                                 "experiment's restart of the member)")
     p.add_argument("--cwd", type=Path, default=None, help="directory to run the model in")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="kill a model run after S seconds and fail "
+                                                                          "its task (default: no limit)")
     p.add_argument("--curve-key", default="", help="the server's CURVE public key (Z85), when it encrypts")
     p.add_argument("--name", default=None, help="the runner's name in the server's events")
     p.add_argument("--timings", type=Path, default=None, help="write each task's timings (JSON lines: model_s, the "
@@ -312,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--shim (or $ENKFLOW_INTERCEPT_LIB) is needed: the path of libenkflow_intercept.so")
     if o.steps is not None and o.steps < 1:
         p.error(f"--steps must be >= 1, got {o.steps}")
+    if o.timeout is not None and not o.timeout > 0:
+        p.error(f"--timeout must be > 0 s, got {o.timeout}")
     if (o.expdir is None) == (not o.field):
         p.error("give either --expdir (the experiment's fields and restarts) or --field ... with --path")
     if o.field and not o.path:
@@ -327,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             restart_path = lambda m: Path(o.path.format(member=m))  # noqa: E731
         token = Path(o.token_file).read_text().strip()
         runner = Runner(o.address, token, curve_server_key=o.curve_key or None, name=o.name)
-        loop = InterceptRunner(runner, fields, model, Path(o.shim), restart_path, steps=o.steps, cwd=o.cwd)
+        loop = InterceptRunner(runner, fields, model, Path(o.shim), restart_path, steps=o.steps, cwd=o.cwd,
+                               timeout_s=o.timeout)
     except (EnkflowError, OSError) as exc:
         print(f"enkflow intercept: error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -5,6 +5,7 @@ shim: ``intercept_fault_model.py MODEL MARKERS ARGS...``. Faults (``$FAULTS`` = 
   kill-runner  read the state, then SIGKILL the wrapper (the runner process): the shim's death signal
                takes this process with it
   half-write   read the state, write only the first half of it with nc_put_vara and exit 0
+  hang         read the state, then sleep (the wrapper's --timeout kills it)
 """
 
 import os
@@ -38,4 +39,6 @@ if kind == "half-write":
     with netCDF4.Dataset(restart, "a") as ds:
         ds["soil_moisture"][: x.size // 2] = x[: x.size // 2]
     sys.exit(0)
+if kind == "hang":
+    time.sleep(120)
 sys.exit(f"unknown fault {kind}")
