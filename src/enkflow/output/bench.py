@@ -102,6 +102,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     backlog, backlog_bytes = 0, 0
     halves = [0, 0]  # the largest backlog in the first and in the second half of the steps: growing?
     write_s: list[float] = []
+    cpu_s: list[float] = []  # the writer process's CPU time, start-up included
     checksum = None
     for r in range(args.repeat):
         t0 = time.perf_counter()
@@ -146,6 +147,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         halves[0] = max(halves[0], max(samples[:half], default=0))
         halves[1] = max(halves[1], max(samples[half:], default=0))
         write_s.append(s["writers"][0]["write_s"])
+        cpu_s.append(s["writers"][0]["cpu_s"])
         backlog_bytes = max(backlog_bytes, s["backlog_max_bytes"])
         files = sorted(d.glob("u_*.nc"))
         if len(files) != args.steps:
@@ -173,7 +175,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "server_start_s": med["start"], "server_drain_s": med["drain"], "blocked_s": med["blocked"],
         "writer_backlog_max": backlog, "writer_backlog_max_bytes": backlog_bytes,
         "writer_backlog_max_first_half": halves[0], "writer_backlog_max_second_half": halves[1],
-        "writer_busy_s": statistics.median(write_s),
+        "writer_busy_s": statistics.median(write_s), "writer_cpu_s": statistics.median(cpu_s),
         "runs": {k: v for k, v in res.items()}, "max_abs_diff_last_file": checksum,
     }
 
@@ -199,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
           f"in add {100 * r['server_add_fraction']:.2f}%, blocked {r['blocked_s']:.3f} s)\n"
           f"writer backlog max {r['writer_backlog_max']} field(s) ({r['writer_backlog_max_bytes'] / 1e6:.1f} MB; "
           f"first half of the steps {r['writer_backlog_max_first_half']}, second half "
-          f"{r['writer_backlog_max_second_half']}); writer busy {r['writer_busy_s']:.3f} s; "
+          f"{r['writer_backlog_max_second_half']}); writer busy {r['writer_busy_s']:.3f} s, CPU {r['writer_cpu_s']:.3f} s; "
           f"drain after the last step {r['server_drain_s']:.3f} s; start {r['server_start_s']:.2f} s "
           f"(pid {os.getpid()})")
     if args.json:
