@@ -452,6 +452,10 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     }
     if (!h->writable)
         return fail(NC_EPERM, "%s on variable %s: %s was opened read-only", fn, f->name, S.path);
+    if (n == 0) {  /* an empty hyperslab writes nothing, and starts no new write of the variable */
+        S.hdr->put_ns += now_ns() - t0;
+        return NC_NOERR;
+    }
     if (f->complete) {  /* a new write of the variable (a model that rewrites its restart) */
         f->complete = 0;
         f->elements_written = 0;
@@ -460,7 +464,7 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     }
     if (n == S.elements[k] && f->elements_written == 0) {
         runs(f, st0, ct, copy_put, &r);  /* the whole variable at once: no bookkeeping per element */
-    } else if (n) {
+    } else {
         if (!S.bitmap[k] && !(S.bitmap[k] = calloc((S.elements[k] + 7) / 8, 1)))
             return fail(NC_ENOMEM, "%s on variable %s: no memory for the write map", fn, f->name);
         r.bits = S.bitmap[k];
