@@ -25,6 +25,7 @@
 #ifndef ENKFLOW_RUNNER_H
 #define ENKFLOW_RUNNER_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,7 +65,8 @@ enum {
     ENKFLOW_ELOST = 8,     /* the server went away and did not come back within the reconnect time */
     ENKFLOW_EPROTOCOL = 9, /* a malformed reply, or a server speaking another protocol version */
     ENKFLOW_EZMQ = 10,     /* a ZeroMQ call failed (bad address, no CURVE support...) */
-    ENKFLOW_EIO = 11       /* reading a token file failed */
+    ENKFLOW_EIO = 11,      /* reading a token file failed */
+    ENKFLOW_EINTR = 12     /* the caller's stop flag was set while the runner waited (enkflow_runner_set_stop_flag) */
 };
 
 typedef struct enkflow_runner enkflow_runner;
@@ -97,6 +99,12 @@ ENKFLOW_API int enkflow_runner_set_timeouts(enkflow_runner *r, double timeout_s,
 ENKFLOW_API int enkflow_runner_set_name(enkflow_runner *r, const char *name);
 /* The server's CURVE public key (40 Z85 characters) when it encrypts ([online] curve = true). */
 ENKFLOW_API int enkflow_runner_set_curve_key(enkflow_runner *r, const char *server_key);
+
+/* A flag the library watches while it waits for the server (at least once a second, and at once when a
+ * signal interrupts the wait): once *flag is non-zero, the call in progress returns ENKFLOW_EINTR. Meant
+ * for a SIGTERM handler that sets the flag: the model then calls enkflow_runner_finalize, whose BYE gives
+ * the member held back to the server at once (reason "left", not counted as a failure). NULL: none. */
+ENKFLOW_API int enkflow_runner_set_stop_flag(enkflow_runner *r, const volatile sig_atomic_t *flag);
 
 /* Declare a field of a member's state, before init, in the server's order: name, element type, the
  * whole field's shape (ndim extents, C order; ndim 0 is a scalar), assimilated (1) or carried (0;

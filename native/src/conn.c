@@ -159,6 +159,10 @@ int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const voi
     double deadline = ekf_now() + timeout_s;
     memset(out, 0, sizeof *out);
     while (1) {
+        if (c->stop && *c->stop) {
+            snprintf(err, errsize, "interrupted: the stop flag was set while waiting for the server at %s", c->address);
+            return ENKFLOW_EINTR;
+        }
         drain_monitor(c);
         if (c->lost) {
             snprintf(err, errsize, "the server at %s went away", c->address);

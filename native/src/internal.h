@@ -2,6 +2,7 @@
 #ifndef ENKFLOW_INTERNAL_H
 #define ENKFLOW_INTERNAL_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -84,6 +85,7 @@ typedef struct ekf_msg {
 typedef struct ekf_conn {
     void *sock;
     void *mon;
+    const volatile sig_atomic_t *stop; /* the caller's stop flag, or NULL */
     int connected;
     int lost;
     char *address;
@@ -101,7 +103,7 @@ int ekf_conn_send(ekf_conn *c, const void *const *data, const size_t *sizes, siz
                   size_t errsize);
 /* The next reply accept() takes, within timeout_s; stale replies are skipped. ENKFLOW_ELOST (server gone,
  * or no reply in time), ENKFLOW_EREFUSED (ERROR, with the server's text), ENKFLOW_EPROTOCOL (another
- * protocol version). The caller frees out with ekf_msg_free. */
+ * protocol version), ENKFLOW_EINTR (the stop flag was set). The caller frees out with ekf_msg_free. */
 int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const void *actx, ekf_msg *out,
                   char *err, size_t errsize);
 void ekf_msg_free(ekf_msg *m);

@@ -46,6 +46,7 @@ struct enkflow_runner {
     uint64_t task;
     int64_t member, cycle, nsteps, waited_us;
     unsigned monitors;
+    const volatile sig_atomic_t *stop;
     /* MPI-style ranks, coordinated by the caller's collectives */
     int rank, size;
     enkflow_bcast_fn bcast;
@@ -72,6 +73,7 @@ static const char *const MESSAGES[] = {
     "protocol error",
     "ZeroMQ error",
     "cannot read the token file",
+    "interrupted",
 };
 
 const char *enkflow_strerror(int code) {
@@ -244,6 +246,14 @@ int enkflow_runner_set_curve_key(enkflow_runner *r, const char *key) {
     free(r->curve);
     r->curve = NULL;
     if (key && *key && !(r->curve = strdup(key))) return set_err(r, ENKFLOW_ENOMEM, "CURVE key");
+    return ok(r);
+}
+
+int enkflow_runner_set_stop_flag(enkflow_runner *r, const volatile sig_atomic_t *flag) {
+    if (!r) return ENKFLOW_EINVAL;
+    r->stop = flag;
+    if (r->have_control) r->control.stop = flag;
+    for (int k = 0; k < r->ndata; k++) r->data[k].stop = flag;
     return ok(r);
 }
 
@@ -451,7 +461,9 @@ static int open_conn(enkflow_runner *r, ekf_conn *c, const char *address) {
     snprintf(endpoint, sizeof endpoint, "inproc://enkflow-monitor-%p-%u", (void *)r, r->monitors++);
     char err[1024];
     int rc = ekf_conn_open(c, r->zctx, address, r->curve, endpoint, err, sizeof err);
-    return rc ? set_err_detail(r, rc, err) : ENKFLOW_OK;
+    if (rc) return set_err_detail(r, rc, err);
+    c->stop = r->stop;
+    return ENKFLOW_OK;
 }
 
 static int welcome_accept(const ekf_header *h, const void *ctx) {
@@ -523,6 +535,11 @@ static int hello(enkflow_runner *r, ekf_buf *payload) {
         }
         ekf_conn_close(&r->control, 0);
         r->have_control = 0;
+        if (r->stop && *r->stop) {
+            rc = set_err(r, ENKFLOW_EINTR, "interrupted: the stop flag was set while greeting the server at %s",
+                         r->address);
+            break;
+        }
         if (ekf_now() > deadline) {
             rc = set_err(r, ENKFLOW_ELOST, "no enkflow server answered at %s within %g s", r->address, r->reconnect_s);
             break;
@@ -778,6 +795,7 @@ static int put(enkflow_runner *r) {
     int rc = sent ? put_rank(r, sent) : set_err(r, ENKFLOW_ENOMEM, "PUT");
     free(sent);
     rc = collective(r, rc);
+    if (rc == ENKFLOW_EINTR) return rc; /* the task stays held: finalize's BYE gives it back */
     set_task(r, 0, 0, 0, 0);
     if (rc == ENKFLOW_ELOST) return join(r);
     if (rc) {
@@ -916,6 +934,7 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
             if ((rc = join(r))) return rc;
             continue;
         }
+        if (rc == ENKFLOW_EINTR) return rc; /* the task stays held: finalize's BYE gives it back */
         if (rc) {
             /* The state did not arrive: give the member back at once rather than at its due date. */
             char detail[ERRSIZE];

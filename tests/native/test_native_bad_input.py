@@ -133,3 +133,36 @@ def test_a_native_runner_talks_to_an_encrypting_server(bad_runner: Path) -> None
     out = plain.communicate(timeout=30)[0]
     assert plain.returncode != 0 and "rc=8 the server went away: no enkflow server answered" in out, out
     np.testing.assert_array_equal(np.array(server.store.parts[0]), ring.offline_result())
+
+
+def test_sigterm_ends_a_wait_for_the_server(bad_runner: Path) -> None:
+    """A runner waiting for a task (the server hands none out before 3 runners joined) gets SIGTERM: its stop
+    flag ends the wait (ENKFLOW_EINTR), it says BYE and exits; the server goes on with the next runners."""
+    import signal
+    import time
+
+    server = Server(ring.problem(), ring.server_config(min_runners=3))
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(ring.CYCLES)
+        except BaseException as exc:  # noqa: BLE001
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    waiter = subprocess.Popen([str(bad_runner), server.address, ring.TOKEN, "wait-sigterm"], stdout=subprocess.PIPE,
+                              text=True)
+    assert waiter.stdout.readline().strip() == "waiting"
+    time.sleep(0.5)  # into its wait for a task
+    waiter.send_signal(signal.SIGTERM)
+    out = waiter.communicate(timeout=10)[0]  # a wait for a task is otherwise unbounded
+    assert waiter.returncode == 0, out
+    assert "rc=12 interrupted: interrupted: the stop flag was set while waiting for the server" in out, out
+    procs = [subprocess.Popen([str(bad_runner), server.address, ring.TOKEN, "good"], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    thread.join(60)
+    outs = [p.communicate(timeout=30)[0] for p in procs]
+    assert not thread.is_alive() and not failure and [p.returncode for p in procs] == [0, 0, 0], (failure, outs)
+    np.testing.assert_array_equal(np.array(server.store.parts[0]), ring.offline_result())

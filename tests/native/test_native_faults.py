@@ -44,15 +44,16 @@ def _finish(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str]:
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("fault", ["kill-9", "crashes"])
+@pytest.mark.parametrize("fault", ["kill-9", "crashes", "sigterm"])
 def test_a_native_runner_fault_requeues_its_member_only(native_build, reference, tmp_path: Path, fault: str) -> None:
     """kill-9: SIGKILL mid-forecast (member 3 of cycle 2). crashes: in one study, a runner that crashes inside
     the library (SIGSEGV writing the first member it receives, in cycle 1) and, later, one whose model calls
-    abort() right after receiving a member of cycle 2."""
+    abort() right after receiving a member of cycle 2. sigterm: SIGTERM mid-forecast (member 3 of cycle 2): the
+    runner leaves cleanly (BYE), the member is requeued at once (reason ``left``), as the Python runner does."""
     exe = native_build.exe("enkflow_demo_c")
     forcing = tmp_path / "forcing.nc"
     markers = tmp_path / "crashed-in-library", tmp_path / "aborted"
-    extra = {"kill-9": "--sleep 0.3",
+    extra = {"kill-9": "--sleep 0.3", "sigterm": "--sleep 0.3",
              "crashes": f"--crash-in-library {markers[0]} --abort-in-cycle 2 --marker {markers[1]}"}[fault]
     study = online_study(tmp_path / "study", f"{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
                                              f"--forcing {forcing} --length {{length}} {extra}", online=FAST_FAULTS)
@@ -60,7 +61,7 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
     events = study.run_dir / "events.jsonl"
     proc = start_study(study)
     victim = None
-    if fault == "kill-9":
+    if fault in ("kill-9", "sigterm"):
         deadline = time.monotonic() + 90
         while victim is None and time.monotonic() < deadline and proc.poll() is None:
             victim = next((e for e in _events(events) if e.get("event") == "task_assign" and e.get("cycle") == 2
@@ -68,13 +69,13 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
             time.sleep(0.01)
         assert victim is not None, "member 3 of cycle 2 was never assigned"
         time.sleep(0.1)  # into its 0.3 s forecast
-        os.kill(int(str(victim["runner"]).rsplit(":", 1)[1]), signal.SIGKILL)
+        os.kill(int(str(victim["runner"]).rsplit(":", 1)[1]), signal.SIGKILL if fault == "kill-9" else signal.SIGTERM)
     rc, log = _finish(proc)
     assert rc == 0, f"enkflow run failed ({rc}):\n{log}\n{study.runner_logs()}"
     ev = _events(events)
     lost = [e for e in ev if e.get("event") == "task_requeue"]
-    assert all(e["reason"] == "lost" for e in lost), lost
-    if fault == "kill-9":
+    assert all(e["reason"] == ("left" if fault == "sigterm" else "lost") for e in lost), lost
+    if fault in ("kill-9", "sigterm"):
         assert [(e["cycle"], e["member"], e["task"]) for e in lost] == [(2, 3, victim["task"])], (lost, victim)
     else:
         assert all(m.exists() for m in markers), "a fault was never injected"
@@ -86,6 +87,8 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
     assert len(assigned) == 8 * 3 + checks + len(lost), (len(assigned), checks)
     assert all(assigned.count((e["cycle"], e["member"])) >= 2 for e in lost)
     assert sum(e.get("event") == "runner_exit" for e in ev) == len(lost), "the dead runners were not replaced"
+    if fault == "sigterm":
+        assert any(e.get("event") == "runner_leave" for e in ev), "the runner left without a BYE"
     bad = differences(reference, outputs(study.directory, study.run_dir))
     assert not bad, f"{fault}: not bitwise the offline run: {bad}"
 

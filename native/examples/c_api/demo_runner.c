@@ -10,7 +10,8 @@
  * Fault injection for the tests, once per MARKER file (the replacement runner then works normally):
  * --crash-in-library binds the state to an invalid address before the first expose, so the library
  * crashes (SIGSEGV) writing the first member it receives; --abort-in-cycle K calls abort() right after
- * receiving a member of cycle K. SIGTERM makes the runner leave cleanly (BYE) after the current step.
+ * receiving a member of cycle K. SIGTERM makes the runner leave cleanly (BYE), from a forecast or from a
+ * wait for the server (enkflow_runner_set_stop_flag), with exit status 143 as the Python runner.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
@@ -206,6 +207,7 @@ int main(int argc, char **argv) {
     int64_t n = (int64_t)g.nland, nsteps = 0;
     rc = enkflow_runner_create(&r, address, token);
     if (!rc) rc = enkflow_runner_set_curve_key(r, curve);
+    if (!rc) rc = enkflow_runner_set_stop_flag(r, &leave); /* SIGTERM also ends a wait for the server */
     if (!rc) rc = enkflow_runner_add_field(r, variable, dtype, 1, &n, 1);
     if (!rc) rc = enkflow_runner_init(r);
     if (!rc && once(crash_marker)) rc = enkflow_runner_bind(r, variable, dtype, (void *)(uintptr_t)16, n);
@@ -230,10 +232,11 @@ int main(int argc, char **argv) {
         if (leave) break; /* SIGTERM mid-forecast: BYE below gives the member back at once */
         rc = enkflow_runner_expose(r, &nsteps);
     }
-    if (rc) fprintf(stderr, "enkflow_demo_c: error %d: %s\n", rc, enkflow_runner_errmsg(r));
-    enkflow_runner_finalize(r);
+    if (rc && !(rc == ENKFLOW_EINTR && leave)) fprintf(stderr, "enkflow_demo_c: error %d: %s\n", rc, enkflow_runner_errmsg(r));
+    enkflow_runner_finalize(r); /* BYE: a member held (SIGTERM mid-forecast) goes to another runner at once */
     free(u);
     free(tend);
     free(x);
+    if (leave) return 128 + SIGTERM;
     return rc ? 1 : 0;
 }
