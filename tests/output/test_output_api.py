@@ -278,3 +278,33 @@ def test_two_times_in_one_file_name_is_an_error(tmp_path: Path) -> None:
         out.close()
     with netCDF4.Dataset(tmp_path / "out" / "t2m_0.nc") as ds:
         assert float(ds["time"][0]) == 0.2 and not ds["t2m"][0].any()
+
+
+def test_add_needs_no_writer_until_the_buffer_is_full_then_waits(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+
+    nbytes = NY * NX * 8
+    out = Output(config(tmp_path, members=1, buffer_mb=3 * nbytes / 2**20))
+    pid = out._channels[0].pid
+    X = ensemble(8, 4)[:, 0]
+    done = threading.Event()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for k in range(3):  # they fit the buffer: add returns with the writer stopped
+            out.add("t2m", X[k], time=float(k), member=1)
+        assert out.backlog() == (3, 3 * nbytes)
+        th = threading.Thread(target=lambda: (out.add("t2m", X[3], time=3.0, member=1), done.set()))
+        th.start()
+        assert not done.wait(1.0), "the fourth add should wait for room (back-pressure), not drop or overflow"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    th.join(60)
+    assert done.is_set()
+    out.close()
+    s = out.stats()
+    assert s["blocked_s"] > 0.5 and s["lost_adds"] == 0 and s["backlog_max_messages"] == 3
+    for k in range(4):
+        with netCDF4.Dataset(tmp_path / "out" / f"t2m_{k}.nc") as ds:
+            np.testing.assert_array_equal(ds["t2m"][0, 0], X[k])
