@@ -45,7 +45,8 @@ def _run(exe: Path, address: str, mode: str, token: str = ring.TOKEN) -> tuple[i
 
 def test_bad_input_from_native_runners(bad_runner: Path, tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
-    server = Server(ring.problem(), ring.server_config(), events=EventLog(log))
+    # No member before the three runners started below have joined: none may find the study over already.
+    server = Server(ring.problem(), ring.server_config(min_runners=3), events=EventLog(log))
     failure: list[BaseException] = []
 
     def serve() -> None:
@@ -111,7 +112,7 @@ def test_a_native_runner_talks_to_an_encrypting_server(bad_runner: Path) -> None
     import zmq
 
     public, secret = zmq.curve_keypair()
-    server = Server(ring.problem(), ring.server_config(curve_secret_key=secret.decode()))
+    server = Server(ring.problem(), ring.server_config(curve_secret_key=secret.decode(), min_runners=2))
     failure: list[BaseException] = []
 
     def serve() -> None:

@@ -65,7 +65,8 @@ def python_model(s: dict[str, np.ndarray], member: int, cycle: int, nsteps: int)
 
 
 def serve(start_runners) -> list[np.ndarray]:
-    server = Server(problem(), ServerConfig(token=TOKEN, heartbeat_s=0.2, heartbeat_timeout_s=10.0,
+    # min_runners: both runners join before the first member, so that neither finds the study over.
+    server = Server(problem(), ServerConfig(token=TOKEN, heartbeat_s=0.2, heartbeat_timeout_s=10.0, min_runners=2,
                                             scheduler=SchedulerConfig(due_floor=60.0)))
     errors: list[BaseException] = []
 
