@@ -53,7 +53,7 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
     exe = native_build.exe("enkflow_demo_c")
     forcing = tmp_path / "forcing.nc"
     markers = tmp_path / "crashed-in-library", tmp_path / "aborted"
-    extra = {"kill-9": "--sleep 0.3", "sigterm": "--sleep 0.3",
+    extra = {"kill-9": "--sleep 0.5", "sigterm": "--sleep 0.5",
              "crashes": f"--crash-in-library {markers[0]} --abort-in-cycle 2 --marker {markers[1]}"}[fault]
     study = online_study(tmp_path / "study", f"{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
                                              f"--forcing {forcing} --length {{length}} {extra}", online=FAST_FAULTS)
@@ -68,7 +68,7 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
                            and e.get("member") == 3), None)
             time.sleep(0.01)
         assert victim is not None, "member 3 of cycle 2 was never assigned"
-        time.sleep(0.1)  # into its 0.3 s forecast
+        time.sleep(max(0.0, float(victim["t"]) + 0.15 - time.time()))  # into its 0.5 s forecast
         os.kill(int(str(victim["runner"]).rsplit(":", 1)[1]), signal.SIGKILL if fault == "kill-9" else signal.SIGTERM)
     rc, log = _finish(proc)
     assert rc == 0, f"enkflow run failed ({rc}):\n{log}\n{study.runner_logs()}"
