@@ -322,6 +322,7 @@ int enkflow_runner_set_slice(enkflow_runner *r, const char *name, int64_t offset
                        (long long)offset, (long long)count, (long long)f->size);
     f->off = offset;
     f->cnt = count;
+    f->data = NULL; /* an array bound before was checked against the old count: bind again */
     return ok(r);
 }
 
