@@ -103,6 +103,7 @@ def test_writer_exits_and_cleans_up_when_the_model_is_killed(tmp_path: Path) -> 
     model = subprocess.Popen(["python", "-c", script], stdout=subprocess.PIPE, text=True)
     assert model.stdout is not None
     wpid = int(model.stdout.readline())
+    model.stdout.close()
     assert list(d.glob(".u_0.nc.*.tmp"))  # the half-written time, under its temporary name only
     model.kill()
     model.wait()
@@ -146,3 +147,41 @@ def test_full_disk_is_a_clear_error_and_no_corrupted_file(small_tmpfs: Path) -> 
     except EnkflowError:
         pass
     assert check_whole(small_tmpfs) >= 1
+
+
+def test_window_means_survive_a_kill_9_of_the_writer(tmp_path: Path) -> None:
+    """Run 1 adds times 0..8 (hours) and its writer is killed before any sync; run 2 (a restarted
+    study) adds the times whose files are missing, then the rest. The window means equal offline
+    recomputation: every time whose file exists was counted (checkpointed before its rename), the
+    others are counted once."""
+    d = tmp_path / "out"
+    cfg = config(d, windows=[{"name": "half", "length": 12.0}], write_members=False, compression="none",
+                 on_writer_failure="continue")
+    times = [float(k) for k in range(0, 24, 2)]
+    means = {t: np.mean([field(int(t), m) for m in range(1, N + 1)], axis=0) for t in times}
+    out = Output(cfg)
+    for t in times[:5]:
+        for m in range(1, N + 1):
+            out.add("u", field(int(t), m), time=t, member=m)
+    # Wait until the writer has finished 3 times (their files renamed), then kill it with no sync.
+    deadline = time.monotonic() + 30
+    while len(list(d.glob("u_*.nc"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(writer_pid(out), signal.SIGKILL)
+    with pytest.warns(RuntimeWarning, match="OUTPUT LOST"):
+        out.close()
+    assert (d / ".checkpoint" / "u.h5").exists()
+    written = {float(p.stem.split("_")[1]) for p in d.glob("u_*.nc")}
+    assert len(written) >= 3
+    out = Output(cfg)
+    for t in [t for t in times if t not in written]:  # a restart from the files that exist
+        for m in range(1, N + 1):
+            out.add("u", field(int(t), m), time=t, member=m)
+    out.close(finish_windows=True)  # the second window has seen no later time: written as it is
+    assert not (d / ".checkpoint" / "u.h5").exists()
+    for start in (0, 12):
+        with netCDF4.Dataset(d / f"u_half_{start}.nc") as ds:
+            ts = [t for t in times if start <= t < start + 12]
+            assert ds.number_of_times == len(ts)
+            np.testing.assert_allclose(ds["u_mean"][0], np.mean([means[t] for t in ts], axis=0), rtol=1e-12, atol=1e-12)
+    assert not list(d.glob(".*tmp"))

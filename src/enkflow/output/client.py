@@ -211,6 +211,7 @@ class Output:
         for i, (proc, logf) in enumerate(procs):
             assert proc.stdout is not None
             line = proc.stdout.readline().decode().strip()  # READY <endpoint>, or EOF when it failed
+            proc.stdout.close()  # the writer prints nothing more
             if not line.startswith("READY "):
                 proc.wait(timeout=START_TIMEOUT_S)
                 raise OutputError(f"output writer {i} did not start (exit {proc.returncode}):\n{log_tail(logf, 20)}")

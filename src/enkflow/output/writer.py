@@ -229,6 +229,11 @@ class Writer:
         except Exception as exc:
             self._abandon(key, f"write failed: {exc}")
             raise PieceError(f"cannot write {ot.path}: {exc}{_space_note(ot.path)}", fatal=True) from None
+        if mean is not None and self.cfg.windows:
+            # Counted and checkpointed before the file is renamed: after a crash in between, a restarted
+            # run that adds this time again finds it counted (not twice) and writes its file.
+            self.windows[name].add(mean, t)
+            self._checkpoint_field(name)
         try:
             ot.cm.__exit__(None, None, None)
         except OSError as exc:
@@ -239,11 +244,13 @@ class Writer:
         self.done[key] = "written"
         self.stats.files += 1
         if mean is not None and self.cfg.windows:
-            self.windows[name].add(mean, t)
             self.latest[name] = max(self.latest.get(name, t), t)
             busy = [bt for (f, bt) in self.open if f == name]
-            for wname, length, w in self.windows[name].pop_done(self.latest[name], busy):
+            done = self.windows[name].pop_done(self.latest[name], busy)
+            for wname, length, w in done:
                 self._write_window(name, wname, length, w, complete=True)
+            if done:
+                self._checkpoint_field(name)
 
     def _write_window(self, name: str, wname: str, length: float, w: Any, complete: bool) -> None:
         start = w.index * length
@@ -257,18 +264,21 @@ class Writer:
         self.stats.window_files += 1
 
     def checkpoint(self) -> None:
-        if not self.cfg.windows:
+        if self.cfg.windows:
+            for f in self.windows:
+                self._checkpoint_field(f)
+
+    def _checkpoint_field(self, f: str) -> None:
+        ws = self.windows[f]
+        cp = checkpoint_path(self.directory, f)
+        if ws.empty():
+            remove_checkpoint(cp)
             return
-        for f, ws in self.windows.items():
-            cp = checkpoint_path(self.directory, f)
-            if ws.empty():
-                remove_checkpoint(cp)
-                continue
-            cp.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                ws.save(cp, f, self.cfg.shape(f))
-            except OSError as exc:
-                raise PieceError(f"cannot write the checkpoint {cp}: {exc}{_space_note(cp)}", fatal=True) from None
+        cp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            ws.save(cp, f, self.cfg.shape(f))
+        except OSError as exc:
+            raise PieceError(f"cannot write the checkpoint {cp}: {exc}{_space_note(cp)}", fatal=True) from None
 
     def flush(self) -> None:
         for ot in self.open.values():
