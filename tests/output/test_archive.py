@@ -82,11 +82,11 @@ def test_a_corrupted_file_is_named_and_nothing_is_written(tmp_path: Path) -> Non
 
 
 def test_kill_9_of_the_archiver_mid_copy_leaves_nothing_under_a_final_name(tmp_path: Path) -> None:
-    # Large enough (4 x 48 MB of noise) that the archiver is caught mid-copy.
-    src = _files(tmp_path / "restarts", n=4, size=48 << 20)
+    # Large enough (3 x 16 MB, compressed at the slowest level) that the archiver is caught mid-copy.
+    src = _files(tmp_path / "restarts", n=3, size=16 << 20)
     staging, root = tmp_path / "staging", tmp_path / "archive"
     A.stage(staging, 1, src, {})
-    proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.archive", str(staging), str(root), "--level", "6"])
+    proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.archive", str(staging), str(root), "--level", "9"])
     tmpdir = root / f".cycle_0001.tmp.{proc.pid}"
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -109,7 +109,7 @@ def test_kill_9_of_the_archiver_mid_copy_leaves_nothing_under_a_final_name(tmp_p
     assert rc.returncode == 0
     assert not tmpdir.exists()
     assert A.listed_cycles(root) == [1, 2]
-    assert len(A.verify(root, 1)["files"]) == 4 and len(A.verify(root, 2)["files"]) == 1
+    assert len(A.verify(root, 1)["files"]) == 3 and len(A.verify(root, 2)["files"]) == 1
 
 
 def test_the_archiver_process_reports_an_unwritable_archive(tmp_path: Path) -> None:

@@ -119,3 +119,22 @@ def test_a_failing_archive_is_reported_loudly_or_stops(tmp_path: Path, problem: 
         assert "archiving of cycle" in render_report(load_report(cfg.expdir))
         # The study itself went on.
         assert [e["cycle"] for e in iter_events(cfg.expdir / "events.jsonl") if e["event"] == "cycle_end"] == [1, 2]
+
+
+def test_from_archive_refuses_a_missing_cycle_or_archive_before_writing(archived, tmp_path: Path) -> None:
+    from enkflow.errors import ConfigError
+
+    root, _, after3 = archived
+    run = tmp_path / "copy"
+    shutil.copytree(root, run, symlinks=True)
+    shutil.rmtree(A.cycle_dir(run / "backup", 1))
+    cfg = load_experiment(run / "exp.toml")
+    with pytest.raises(A.ArchiveError, match=r"no complete archive of cycle 1 \(archived cycles: 2, 3\)"):
+        Experiment(cfg).run(from_archive=1)
+    with pytest.raises(ConfigError, match="cycle 9 is not a cycle of this experiment"):
+        Experiment(cfg).run(from_archive=9)
+    toml = run / "exp.toml"
+    toml.write_text(toml.read_text().replace('dir = "backup"', ""))
+    with pytest.raises(ConfigError, match=r"set \[archive\] dir"):
+        Experiment(load_experiment(toml)).run(from_archive=2)
+    assert restart_bytes(run, N) == after3
