@@ -73,6 +73,10 @@ def test_kill_9_of_the_writer_mid_run(tmp_path: Path, policy: str) -> None:
     if policy == "stop":
         assert caught is not None and f"pid {pid}" in str(caught) and "killed by signal 9" in str(caught)
         assert k < killed_at + 5, "the model should have been stopped at its next add"
+        with pytest.raises(OutputError, match="killed by signal 9.*on_writer_failure = 'stop'"):
+            out.add("u", field(0, 1), time=0.0, member=1)  # and at every later one: nothing is dropped silently
+        with pytest.raises(OutputError, match="killed by signal 9"):
+            out.close()
     else:
         assert caught is None and k == 400, "the model should have gone on"
         s = out.stats()

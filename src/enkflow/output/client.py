@@ -65,6 +65,7 @@ class _Channel:
     pending: deque = field(default_factory=deque)
     outstanding: int = 0
     alive: bool = True
+    lost_why: str = ""  # how it was lost, for every later call under on_writer_failure = "stop"
     fields: list[str] = field(default_factory=list)
     writer_stats: dict[str, Any] = field(default_factory=dict)
 
@@ -255,6 +256,7 @@ class Output:
 
     def _writer_lost(self, ch: _Channel, why: str) -> None:
         ch.alive = False
+        ch.lost_why = f"output writer {ch.index} (pid {ch.pid}, fields {', '.join(ch.fields)}) {why}"
         lost = len(ch.pending)
         lost_bytes = ch.outstanding
         self._stats["lost_adds"] += lost
@@ -395,8 +397,7 @@ class Output:
                 self._writer_lost(ch, why)
         self._raise_failures()
         if not ch.alive:
-            self._stats["lost_adds"] += 1
-            self._stats["lost_bytes"] += nbytes
+            self._lost_add(ch, nbytes)
             return
         meta = {"field": name, "time": t, "member": member,
                 "region": [list(r) for r in reg] if reg is not None else None,
@@ -407,8 +408,7 @@ class Output:
         slot = self._room(ch, nbytes)
         if not ch.alive:
             self._raise_failures()
-            self._stats["lost_adds"] += 1
-            self._stats["lost_bytes"] += nbytes
+            self._lost_add(ch, nbytes)
             return
         if ch.ring is not None:
             assert slot is not None
@@ -429,6 +429,13 @@ class Output:
         s["backlog_max_bytes"] = max(s["backlog_max_bytes"], ch.outstanding)
         s["backlog_max_messages"] = max(s["backlog_max_messages"], len(ch.pending))
         s["add_s"] += _now() - t0
+
+    def _lost_add(self, ch: _Channel, nbytes: int) -> None:
+        """An add for a writer that is gone: an error under "stop" (every time), counted under "continue"."""
+        if self.cfg.on_writer_failure == "stop":
+            raise OutputError(f"{ch.lost_why}: this output cannot be written (on_writer_failure = 'stop')")
+        self._stats["lost_adds"] += 1
+        self._stats["lost_bytes"] += nbytes
 
     def _room(self, ch: _Channel, nbytes: int) -> int | None:
         """Wait (back-pressure) until ``nbytes`` fit; the ring slot's offset with shm."""
@@ -517,6 +524,9 @@ class Output:
             if lost:
                 log.error("OUTPUT LOST: %d add(s), %d bytes, were not written (a writer failed)", lost,
                           self._stats["lost_bytes"])
+            if self.cfg.on_writer_failure == "stop":
+                self._failures += [f"{ch.lost_why}: its output since the last sync is lost"
+                                   for ch in self._channels if not ch.alive]
             self._raise_failures()
         finally:
             self._shutdown()
