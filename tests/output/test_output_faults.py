@@ -48,10 +48,10 @@ def writer_pid(out: Output) -> int:
     return out._channels[0].pid
 
 
-@pytest.mark.parametrize("policy", ["stop", "continue"])
-def test_kill_9_of_the_writer_mid_run(tmp_path: Path, policy: str) -> None:
+@pytest.mark.parametrize("policy, transport", [("stop", "shm"), ("continue", "shm"), ("continue", "ipc")])
+def test_kill_9_of_the_writer_mid_run(tmp_path: Path, policy: str, transport: str) -> None:
     d = tmp_path / "out"
-    out = Output(config(d, on_writer_failure=policy, buffer_mb=1.0))
+    out = Output(config(d, on_writer_failure=policy, buffer_mb=1.0, transport=transport))
     pid = writer_pid(out)
     killed_at = None
     caught: EnkflowError | None = None
