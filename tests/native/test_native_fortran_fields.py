@@ -1,6 +1,6 @@
 """The Fortran module with fields of every type and several ranks: real(8) (4, 5), real(4) (2, 3, 4),
 integer(4) (6,) carried and integer(8) (2, 2) carried, bound as they are (assumed rank). Two Fortran
-runners (built against the installed module and libraries) serve a 2-cycle ETKF study; its final
+runners (built with ``pkg-config enkflow_runner_f`` against the installed module and libraries) serve a 2-cycle ETKF study; its final
 ensemble is bitwise that of the same study served by Python runners running the same model on the
 server's row-major arrays: the shapes are declared reversed and the memory is the same."""
 
@@ -88,9 +88,11 @@ def serve(start_runners) -> list[np.ndarray]:
 
 def test_fortran_fields_of_every_type_and_rank(native_build, tmp_path: Path) -> None:
     exe = tmp_path / "fields_runner"
-    cc = subprocess.run(["gfortran", "-std=f2018", f"-I{native_build.include}", str(HERE / "fields_runner.f90"),
-                         "-o", str(exe), f"-L{native_build.lib}", "-lenkflow_runner_f", "-lenkflow_runner",
-                         f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True)
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner_f"], env=native_build.env(),
+                           capture_output=True, text=True)
+    assert flags.returncode == 0, f"pkg-config does not find the installed enkflow_runner_f.pc: {flags.stderr}"
+    cc = subprocess.run(["gfortran", "-std=f2018", str(HERE / "fields_runner.f90"), "-o", str(exe),
+                         *flags.stdout.split(), f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True)
     assert cc.returncode == 0, cc.stderr
 
     def fortran(address: str):
