@@ -90,6 +90,19 @@ class InflationConfig(Strict):
     posterior: float = Field(default=1.0, ge=1.0, description="multiplicative factor on analysis anomalies")
     rtpp: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior perturbations, alpha")
     rtps: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior spread, alpha")
+    # Adaptive prior inflation (local filters): enkflow.analysis.adaptive_inflation, docs/analysis.md.
+    adaptive: str = Field(default="none", pattern="^(none|miyoshi2011)$", description="none | miyoshi2011")
+    adaptive_initial: float = Field(default=1.0, gt=0.0, description="covariance inflation factor at the first cycle")
+    adaptive_sd: float = Field(default=0.04, gt=0.0, description="error standard deviation of the prior estimate")
+    adaptive_minimum: float = Field(default=1.0, gt=0.0, description="lower bound of the estimate")
+    adaptive_maximum: float = Field(default=10.0, gt=0.0, description="upper bound of the estimate")
+    adaptive_relax: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation towards adaptive_initial per cycle")
+
+    @model_validator(mode="after")
+    def _adaptive_bounds(self) -> "InflationConfig":
+        if self.adaptive != "none" and not self.adaptive_minimum <= self.adaptive_initial <= self.adaptive_maximum:
+            raise ValueError("adaptive_initial must lie in [adaptive_minimum, adaptive_maximum]")
+        return self
 
 
 class AnalysisConfig(Strict):
@@ -105,6 +118,9 @@ class AnalysisConfig(Strict):
     def _local_needs_radius(self) -> "AnalysisConfig":
         if self.method.is_local and self.localization is None:
             raise ValueError(f"method '{self.method.value}' needs an [analysis.localization] table with 'radius'")
+        if self.inflation.adaptive != "none" and not self.method.is_local:
+            raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive}' needs a local filter (letkf, lestkf), "
+                             f"not '{self.method.value}'")
         return self
 
 

@@ -24,7 +24,7 @@ _i64, _int, _dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_double
 
 _SIGNATURES = {
     "enk_local_analysis": [_f64f, _i64, _int, _i64, _i64p, _i64p, _i64p, _i64p, _f64c, _f64c, _f64c,
-                           _dbl, _dbl, _dbl, _dbl, _int, _i64p],
+                           _dbl, ctypes.c_void_p, _dbl, _dbl, _dbl, _int, _i64p],
     "enk_domain_blocks": [_i64, _int, _f64c, _dbl, _dbl, _i64, _i64p],
     "enk_block_pairs": [_i64, _i64p, _int, _f64c, _f64c, _dbl, _i64p, _i64p, _dbl, _i64, _i64p, _i64p, _f64c],
 }

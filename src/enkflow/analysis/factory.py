@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enkflow.analysis.adaptive_inflation import from_config as adaptive_from_config
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation
 from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel
@@ -16,7 +17,8 @@ def make_filter(cfg: AnalysisConfig) -> Filter:
     match cfg.method:
         case Method.LETKF | Method.LESTKF:
             cls = LETKF if cfg.method is Method.LETKF else LESTKF
-            return cls(inflation=infl, localization=Localization.from_config(cfg.localization), kernel=Kernel(cfg.kernel))
+            return cls(inflation=infl, localization=Localization.from_config(cfg.localization), kernel=Kernel(cfg.kernel),
+                       adaptive=adaptive_from_config(i))
         case Method.ENKF:
             return EnKF(inflation=infl, seed=cfg.seed)
         case Method.DENKF:

@@ -20,6 +20,7 @@ from enum import Enum
 
 import numpy as np
 
+from enkflow.analysis.adaptive_inflation import Miyoshi2011, domain_values
 from enkflow.analysis.domains import LocalDomains
 from enkflow.analysis.geometry import Geometry
 from enkflow.analysis.global_filters import Filter
@@ -58,6 +59,8 @@ class _LocalFilter(Filter):
     chunk: int = 8192  # domains per local-search + kernel call, at most
     max_pairs: int = 2_000_000  # (domain, observation) pairs per call, about (bounds memory)
     stats: LocalStats = field(default_factory=LocalStats, compare=False, repr=False)
+    # Adaptive prior inflation per domain (on top of inflation.prior); analyze() then needs infl_field.
+    adaptive: Miyoshi2011 | None = None
 
     _weights = staticmethod(letkf_weights)
 
@@ -71,14 +74,24 @@ class _LocalFilter(Filter):
         out: np.ndarray | None = None,
         geometry: Geometry | None = None,
         cycle: int = 0,
+        infl_field: np.ndarray | None = None,
     ) -> np.ndarray:
         """Local analysis of the rows in ``domains`` (deterministic: ``cycle`` is not used).
 
         ``X`` (n_rows, N) prior rows of this rank; ``HX`` (n_obs, N) the full
         observation-space ensemble; ``out`` (n_rows, N) F-order may be ``X``
         itself for an in-place update. Rows in no domain are copied unchanged.
+        ``infl_field`` (n_rows,) float64, with ``adaptive`` only: the prior covariance inflation
+        factor of every row, replaced in place by the posterior estimate that inflated this analysis
+        (:mod:`enkflow.analysis.adaptive_inflation`).
         """
         self._check(X, HX, obs)
+        if self.adaptive is not None:
+            if infl_field is None or infl_field.shape != (X.shape[0],) or infl_field.dtype != np.float64:
+                raise InputError(f"adaptive inflation needs the inflation field of the rows, float64 ({X.shape[0]},)",
+                                 item="infl_field")
+            if not (np.isfinite(infl_field).all() and (infl_field > 0).all()):
+                raise InputError("the inflation field holds values that are not finite and > 0", item="infl_field")
         if domains.rows.size and (domains.rows.min() < 0 or domains.rows.max() >= X.shape[0]):
             raise InputError(f"domain rows must lie in [0, {X.shape[0]})", item="domains")
         # Every check runs before the first row is written.
@@ -98,19 +111,27 @@ class _LocalFilter(Filter):
         rho = self.inflation.forgetting_factor
         N = X.shape[1]
         st = self.stats
+        yvar = np.einsum("ij,ij->i", Yp, Yp) / (N - 1) if self.adaptive is not None else None
         for sub, offsets, idx, wt in self._local_obs(geometry, domains):
             t1 = time.perf_counter()
+            rho_k, gamma_dom = rho, None
+            if self.adaptive is not None:
+                post = self.adaptive.update(domain_values(infl_field, sub.offsets, sub.rows), offsets, idx, wt, rinv,
+                                            dy, yvar)
+                infl_field[sub.rows] = np.repeat(post, np.diff(sub.offsets))
+                rho_k = rho / post
+                gamma_dom = rho_k * (N - 1)
             if self.kernel is Kernel.COMPILED:
                 failed = local_analysis(
                     out, sub.offsets, sub.rows, offsets, idx, np.sqrt(wt * rinv[idx]), Yp, dy, rho * (N - 1),
-                    self.inflation.posterior, self.inflation.rtpp, self.inflation.rtps,
+                    self.inflation.posterior, self.inflation.rtpp, self.inflation.rtps, gamma_dom=gamma_dom,
                 )
                 if failed.size:
                     # QL did not converge for these domains (not seen in practice): redo them exactly.
                     st.fallbacks += int(failed.size)
-                    self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho, domains=failed)
+                    self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho_k, domains=failed)
             else:
-                self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho)
+                self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho_k)
             st.kernel_s += time.perf_counter() - t1
             st.n_domains += sub.n_domains
             st.n_local_obs += int(idx.size)
@@ -146,7 +167,7 @@ class _LocalFilter(Filter):
             rows = sub.rows[sub.offsets[k] : sub.offsets[k + 1]]
             sl = slice(offsets[k], offsets[k + 1])
             o = idx[sl]
-            w, W = self._weights(dy[o], Yp[o], rinv_w[sl], rho)
+            w, W = self._weights(dy[o], Yp[o], rinv_w[sl], rho[k] if np.ndim(rho) else rho)
             Xf = out[rows]
             xbar = Xf.mean(axis=1, keepdims=True)
             Xa = xbar + (Xf - xbar) @ (w[:, None] + W)

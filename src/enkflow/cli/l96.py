@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cycles", type=int, default=10_000, help="cycles after the burn-in (default 10000)")
     p.add_argument("--burn-in", type=int, default=400, help="cycles discarded first (default 400)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adaptive", choices=["none", "miyoshi2011"], default="none",
+                   help="adaptive prior inflation of the local methods (Miyoshi 2011), on top of --inflation")
     p.add_argument("--json", action="store_true", help="end with one line: a JSON object of the scores")
     p.add_argument("--online", type=int, default=0, metavar="RUNNERS",
                    help="advance the members in RUNNERS online runner processes through the assimilation server "
@@ -38,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
     s = L96Setup(
         method=args.method, members=args.members, inflation=args.inflation, radius=args.radius,
-        domain_size=args.domain_size, cycles=args.cycles, burn_in=args.burn_in, seed=args.seed,
+        domain_size=args.domain_size, cycles=args.cycles, burn_in=args.burn_in, seed=args.seed, adaptive=args.adaptive,
     )
     if args.online:
         from enkflow.online.l96 import run_online
@@ -47,7 +49,9 @@ def main(args: argparse.Namespace) -> int:
     else:
         res = run(s, progress=lambda c, t: print(f"  cycle {c}/{t}", file=sys.stderr))
     print(
-        f"{s.method.value} N={s.members} inflation={s.inflation}: rmse_a {res.rmse_a:.4f}  "
+        f"{s.method.value} N={s.members} inflation={s.inflation}"
+        + (f" adaptive {s.adaptive} (mean factor {res.inflation_mean:.4f})" if s.adaptive != "none" else "")
+        + f": rmse_a {res.rmse_a:.4f}  "
         f"spread_a {res.spread_a:.4f}  rmse_f {res.rmse_f:.4f}  ({res.seconds_per_cycle * 1e3:.3f} ms/cycle, {res.cycles} cycles)"
     )
     if args.json:

@@ -190,6 +190,7 @@ def analyse(
     balance: bool | None = None,
     balance_stride: int = 64,
     stats: StatsSink | None = None,
+    infl_field: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, float]]:
     """The analysis of ``cycle``: gather, apply H, assimilate, scatter. Collective over ``store.comm``.
 
@@ -225,6 +226,10 @@ def analyse(
     increment (:class:`StatsSink`), computed as :func:`enkflow.io.meanspread.ensemble_mean_spread`
     computes them (so the values equal those of the mean and spread files, bitwise);
     ``stats_s`` is the time they took on this rank.
+
+    ``infl_field`` (row_stop - row_start,): this rank's rows of the adaptive inflation field of a
+    local filter with ``adaptive`` set, updated in place (:mod:`enkflow.analysis.adaptive_inflation`);
+    the diagnostics add ``inflation_mean``, ``inflation_min`` and ``inflation_max`` over all rows.
     """
     comm = store.comm
     X = store.gather(cycle)
@@ -238,12 +243,15 @@ def analyse(
     prior_mean = X.mean(axis=1) if truth is not None else None
     per_rank: dict[str, list[float]] = {}
     if balance is not None and local is not None and isinstance(flt, (LETKF, LESTKF)):
-        Xa, bdiag, per_rank = _decomposed_analysis(store, flt, X, HX, y, cycle, local, bool(balance), balance_stride)
+        Xa, bdiag, per_rank = _decomposed_analysis(store, flt, X, HX, y, cycle, local, bool(balance), balance_stride,
+                                                   infl_field)
     else:
         bdiag = {}
         kw: dict = {}
         if local is not None:
             kw = {**local.kwargs(store.row_start, store.row_stop), "out": X}
+        if infl_field is not None:
+            kw["infl_field"] = infl_field
         Xa = flt.analyze(X, HX, y, cycle=cycle, **kw)
     hxa = obs.apply_mean(cycle, np.ascontiguousarray(Xa.mean(axis=1)), store.row_start, comm)
     oma = float(np.sqrt(np.mean((y.values - hxa) ** 2))) if y.n_obs else 0.0
@@ -255,6 +263,11 @@ def analyse(
         sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
         diag["rmse_prior"] = float(np.sqrt(sq[0] / store.n_rows))
         diag["rmse_analysis"] = float(np.sqrt(sq[1] / store.n_rows))
+    if infl_field is not None:
+        ext = np.array(comm.allgather_obj((float(infl_field.sum()), float(infl_field.min(initial=np.inf)),
+                                           float(infl_field.max(initial=-np.inf)))), dtype=np.float64).reshape(-1, 3)
+        diag.update(inflation_mean=float(ext[:, 0].sum() / store.n_rows), inflation_min=float(ext[:, 1].min()),
+                    inflation_max=float(ext[:, 2].max()))
     diag["analysis_s"] = time.perf_counter() - t0
     Xa = np.asfortranarray(Xa)
     if before_update is not None:
@@ -272,7 +285,7 @@ def analyse(
 
 def _decomposed_analysis(
     store: EnsembleStore, flt: LETKF | LESTKF, X: np.ndarray, HX: np.ndarray, y: ObsSet, cycle: int,
-    local: LocalGeometry, balance: bool, stride: int,
+    local: LocalGeometry, balance: bool, stride: int, infl_field: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, float], dict[str, list[float]]]:
     """The local analysis of :func:`analyse` with ``balance`` set: estimate every row's cost,
     analyse the rows of the equal-cost range (``balance``) or of the store's block, and time it.
@@ -312,7 +325,10 @@ def _decomposed_analysis(
     c0 = time.process_time()
     w0 = time.perf_counter()
     s0, k0 = flt.stats.search_s, flt.stats.kernel_s
-    Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb)
+    fkw: dict = {}
+    if infl_field is not None:  # the field's rows travel with the rows of X
+        fkw["infl_field"] = comm.alltoallv_rows(infl_field[:, None], send, recv)[:, 0].copy() if balance else infl_field
+    Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb, **fkw)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     search, kernel = flt.stats.search_s - s0, flt.stats.kernel_s - k0
     t3 = time.perf_counter()
@@ -320,6 +336,8 @@ def _decomposed_analysis(
     t3b = time.perf_counter()
     if balance:
         X[...] = comm.alltoallv_rows(Xb, recv, send)
+        if infl_field is not None:
+            infl_field[...] = comm.alltoallv_rows(fkw["infl_field"][:, None], recv, send)[:, 0]
     t4 = time.perf_counter()
     work = _balance.part_costs(cost, bounds)
     total = float(work.sum()) or 1.0

@@ -41,6 +41,7 @@ class L96Setup:
     burn_in: int = 400
     obs_std: float = 1.0
     seed: int = 0
+    adaptive: str = "none"  # "miyoshi2011": adaptive prior inflation (local methods), Miyoshi (2011) defaults
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -51,6 +52,10 @@ class L96Setup:
             raise InputError(f"--radius must be > 0, got {self.radius}", item="radius")
         if self.domain_size < 1 or l96.N_VARS % self.domain_size:
             raise InputError(f"--domain-size must divide {l96.N_VARS}, got {self.domain_size}", item="domain_size")
+        if self.adaptive not in ("none", "miyoshi2011"):
+            raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive")
+        if self.adaptive != "none" and not self.method.is_local:
+            raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class L96Result:
     rmse_f: float
     seconds_per_cycle: float
     cycles: int
+    inflation_mean: float = 1.0  # adaptive: time mean of the field's mean covariance factor after the burn-in
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +74,7 @@ class L96Result:
 def make_filter(s: L96Setup) -> Filter:
     """The filter of ``s``: posterior inflation (DAPPER's convention), GC half-width
     ``radius`` on the ring of 40 points for the local methods."""
-    cfg = {"method": s.method.value, "seed": s.seed, "inflation": {"posterior": s.inflation}}
+    cfg = {"method": s.method.value, "seed": s.seed, "inflation": {"posterior": s.inflation, "adaptive": s.adaptive}}
     if s.method.is_local:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
     return build(AnalysisConfig.model_validate(cfg))
@@ -127,10 +133,15 @@ def run(s: L96Setup, progress=None) -> L96Result:
         local = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres),
                               Geometry(Metric.PERIODIC, nature.coords, float(n)))
     total = s.burn_in + s.cycles
-    sums = np.zeros(3)
+    sums = np.zeros(4)
+    adaptive = getattr(f, "adaptive", None)
+    field = adaptive.initial_field(n) if adaptive is not None else None  # carried in memory from cycle to cycle
 
     def analysis(c: int) -> dict[str, float]:
-        Xa, diag = analyse(store, nature, f, c, local=local, truth=nature.truth)
+        nonlocal field
+        if adaptive is not None:
+            field = adaptive.forecast(field).copy()
+        Xa, diag = analyse(store, nature, f, c, local=local, truth=nature.truth, infl_field=field)
         if not np.isfinite(Xa).all():
             raise InputError(f"the ensemble diverged (NaN/Inf) at cycle {c}; try more inflation", item="ensemble")
         if c >= s.burn_in:
@@ -140,7 +151,7 @@ def run(s: L96Setup, progress=None) -> L96Result:
     def cycle_end(c: int, diag: dict[str, float]) -> None:
         nonlocal sums
         if c >= s.burn_in:
-            sums += (diag["rmse_analysis"], diag["spread"], diag["rmse_prior"])
+            sums += (diag["rmse_analysis"], diag["spread"], diag["rmse_prior"], diag.get("inflation_mean", 1.0))
         if progress and (c + 1) % 1000 == 0:
             progress(c + 1, total)
 
@@ -150,4 +161,4 @@ def run(s: L96Setup, progress=None) -> L96Result:
     run_cycles(range(s.burn_in, total), forecast, analysis, on_cycle_end=cycle_end)
     dt = time.perf_counter() - t0
     m = sums / s.cycles
-    return L96Result(float(m[0]), float(m[1]), float(m[2]), dt / s.cycles, s.cycles)
+    return L96Result(float(m[0]), float(m[1]), float(m[2]), dt / s.cycles, s.cycles, float(m[3]))

@@ -251,6 +251,9 @@ static void finish_row(double *restrict X, int64_t ldx, int N, int64_t row, doub
  * Domain k owns rows dom_rows[dom_off[k]:dom_off[k+1]] and observations
  * ob_idx/ob_sw[ob_off[k]:ob_off[k+1]] (sw = sqrt(taper weight / error var)).
  * Yp: (n_obs, N) C order; dy: (n_obs,). stage: 3 full, 1 build only, 2 + eigen.
+ * gamma = rho (N-1) for every domain, or gamma_dom[k] for domain k when gamma_dom
+ * is not NULL (a per-domain prior inflation, e.g. adaptive); the same value gives
+ * the same bits either way.
  * failed_out receives indices of domains to redo with LAPACK; returns their count,
  * or -1 if memory could not be allocated.
  */
@@ -258,8 +261,8 @@ int64_t enk_local_analysis(double *restrict X, int64_t ldx, int N,
                            int64_t n_dom, const int64_t *restrict dom_off, const int64_t *restrict dom_rows,
                            const int64_t *restrict ob_off, const int64_t *restrict ob_idx,
                            const double *restrict ob_sw, const double *restrict Yp,
-                           const double *restrict dy, double gamma, double post, double rtpp,
-                           double rtps, int stage, int64_t *restrict failed_out)
+                           const double *restrict dy, double gamma, const double *restrict gamma_dom,
+                           double post, double rtpp, double rtps, int stage, int64_t *restrict failed_out)
 {
     int64_t pmax = 1, rmax = 1;
     for (int64_t k = 0; k < n_dom; ++k) {
@@ -287,7 +290,8 @@ int64_t enk_local_analysis(double *restrict X, int64_t ldx, int N,
     double *rot_c = W + nmax * L, *rot_s = rot_c + (size_t)cap * L;
     double *B = rot_s + (size_t)cap * L, *Xd = B + (size_t)nmax * nvmax * L;
     double *xbar = Xd + (size_t)rmax * N * L, *wv = xbar + rmax * L, *Xa = wv + (size_t)N * L;
-    const double sq_nm1 = sqrt(N - 1.0), g_isq = 1.0 / sqrt(gamma), sqg = sqrt(gamma);
+    const double sq_nm1 = sqrt(N - 1.0);
+    lane_t gam, g_isq, sqg;
     int64_t nfail = 0;
     int pl[L], rl[L], failed[L];
 
@@ -300,6 +304,9 @@ int64_t enk_local_analysis(double *restrict X, int64_t ldx, int N,
             if (pl[ln] > pm) pm = pl[ln];
             if (rl[ln] > rm) rm = rl[ln];
             failed[ln] = 0;
+            gam[ln] = gamma_dom != NULL && ln < nl ? gamma_dom[k0 + ln] : gamma;
+            g_isq[ln] = 1.0 / sqrt(gam[ln]);
+            sqg[ln] = sqrt(gam[ln]);
         }
         const int obs_space = pm < N;
         const int n = obs_space ? pm : N;
@@ -448,9 +455,9 @@ int64_t enk_local_analysis(double *restrict X, int64_t ldx, int N,
             double *restrict b0 = AT(B, a, 0, nvmax);
             VEC {
                 double lam = d[a * L + ln] > 0.0 ? d[a * L + ln] : 0.0; /* Gram: < 0 only by rounding */
-                double sgl = sqrt(gamma + lam);
-                b0[ln] /= gamma + lam;
-                h[ln] = obs_space ? -1.0 / (sgl * sqg * (sgl + sqg)) : 1.0 / sgl;
+                double sgl = sqrt(gam[ln] + lam);
+                b0[ln] /= gam[ln] + lam;
+                h[ln] = obs_space ? -1.0 / (sgl * sqg[ln] * (sgl + sqg[ln])) : 1.0 / sgl;
             }
             for (int col = 1; col < nv; ++col) {
                 double *restrict bc = AT(B, a, col, nvmax);
@@ -480,7 +487,7 @@ int64_t enk_local_analysis(double *restrict X, int64_t ldx, int N,
             VEC incr[ln] = 0.0;
             for (int j = 0; j < N; ++j) { VEC incr[ln] += xd[j * L + ln] * wv[j * L + ln]; }
             if (obs_space) {
-                for (int j = 0; j < N; ++j) { VEC Xa[j * L + ln] = g_isq * xd[j * L + ln]; }
+                for (int j = 0; j < N; ++j) { VEC Xa[j * L + ln] = g_isq[ln] * xd[j * L + ln]; }
                 for (int q = 0; q < pm; ++q) {
                     const double *restrict sq = S + (size_t)q * N * L, *restrict bq = AT(B, q, 1 + c, nvmax);
                     for (int j = 0; j < N; ++j) { VEC Xa[j * L + ln] += sq[j * L + ln] * bq[ln]; }
