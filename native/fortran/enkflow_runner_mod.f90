@@ -37,7 +37,7 @@ module enkflow_runner_mod
   end type enkflow_runner
 
   public :: enkflow_create, enkflow_set_timeouts, enkflow_set_name, enkflow_set_curve_key, enkflow_add_field, &
-            enkflow_set_slice, enkflow_init, enkflow_bind, enkflow_expose, enkflow_fail, enkflow_finalize, &
+            enkflow_set_slice, enkflow_set_comm, enkflow_init, enkflow_bind, enkflow_expose, enkflow_fail, enkflow_finalize, &
             enkflow_errmsg, enkflow_strerror, enkflow_member, enkflow_cycle, enkflow_nsteps, enkflow_read_token_file
 
   interface enkflow_add_field
@@ -81,6 +81,12 @@ module enkflow_runner_mod
       type(c_ptr), value :: r
       character(kind=c_char), intent(in) :: name(*)
       integer(c_int64_t), value :: offset, count
+    end function
+    integer(c_int) function c_set_comm(r, rank, size, bcast, allmax, ctx) bind(c, name="enkflow_runner_set_comm")
+      import :: c_int, c_ptr, c_funptr
+      type(c_ptr), value :: r, ctx
+      integer(c_int), value :: rank, size
+      type(c_funptr), value :: bcast, allmax
     end function
     integer(c_int) function c_init(r) bind(c, name="enkflow_runner_init")
       import :: c_int, c_ptr
@@ -256,6 +262,22 @@ contains
     integer, intent(out) :: ierr
     ierr = c_set_slice(r%ptr, cstr(name), offset, count)
   end subroutine enkflow_set_slice
+
+  !> An MPI model's collectives (before init): rank (0-based) of size runner processes, and c_funloc of two
+  !> bind(c) functions of the caller, as enkflow_runner_set_comm in C:
+  !>   integer(c_int) function bcast(buf, nbytes, ctx) bind(c)      ! rank 0's nbytes bytes at buf to all ranks
+  !>     type(c_ptr), value :: buf, ctx;  integer(c_size_t), value :: nbytes
+  !>   integer(c_int) function allreduce_max(value, ctx) bind(c)    ! the maximum of value over the ranks
+  !>     integer(c_int), intent(inout) :: value;  type(c_ptr), value :: ctx
+  !> each returning 0 on success; ctx is passed back to them unchanged.
+  subroutine enkflow_set_comm(r, rank, size, bcast, allreduce_max, ctx, ierr)
+    type(enkflow_runner), intent(in) :: r
+    integer, intent(in) :: rank, size
+    type(c_funptr), intent(in) :: bcast, allreduce_max
+    type(c_ptr), intent(in) :: ctx
+    integer, intent(out) :: ierr
+    ierr = c_set_comm(r%ptr, int(rank, c_int), int(size, c_int), bcast, allreduce_max, ctx)
+  end subroutine enkflow_set_comm
 
   !> Join the server (HELLO); it checks the fields.
   subroutine enkflow_init(r, ierr)

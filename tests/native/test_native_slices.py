@@ -1,8 +1,9 @@
 """N-to-M with the C library: one runner of 3 ranks (threads of one process, each its own runner
 handle, coordinated by enkflow_runner_set_comm callbacks; uneven slices, one empty) with a 2-rank
-server (mpiexec), and 2 ranks with a 1-rank server; every piece goes straight to the server rank owning
-it. The final ensemble is bitwise the offline result of tests/online/test_online_bad_input.py's ring
-problem."""
+server (mpiexec), and 2 ranks with a 1-rank server; the same from Fortran (OpenMP threads as ranks,
+enkflow_set_comm, sections of one array bound per rank). Every piece goes straight to the server rank
+owning it. The final ensemble is bitwise the offline result of tests/online/test_online_bad_input.py's
+ring problem."""
 
 from __future__ import annotations
 
@@ -73,3 +74,22 @@ def test_three_thread_ranks_with_a_two_rank_server(slices_runner: Path, tmp_path
             server.kill()
             server.wait()
     np.testing.assert_array_equal(np.load(tmp_path / "final.npy"), ring.offline_result())
+
+
+def test_fortran_thread_ranks_through_enkflow_set_comm(native_build, tmp_path: Path) -> None:
+    exe = tmp_path / "omp_slices_runner"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner_f"], env=native_build.env(),
+                           capture_output=True, text=True, check=True).stdout.split()
+    fc = subprocess.run(["gfortran", "-std=f2018", "-fopenmp", "-ffp-contract=off", str(HERE / "omp_slices_runner.f90"),
+                         "-o", str(exe), *flags, f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True)
+    assert fc.returncode == 0, fc.stderr
+    server = Server(ring.problem(), ring.server_config())
+    errors: list[BaseException] = []
+    t = threading.Thread(target=lambda: _run(server, errors), daemon=True)
+    t.start()
+    p = subprocess.run([str(exe), server.address, ring.TOKEN], capture_output=True, text=True, timeout=60,
+                       env={**native_build.env(), "OMP_NUM_THREADS": "3"})
+    t.join(30)
+    assert p.returncode == 0, p.stderr
+    assert not t.is_alive() and not errors, errors
+    np.testing.assert_array_equal(np.array(server.store.parts[0]), ring.offline_result())
