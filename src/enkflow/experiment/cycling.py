@@ -211,7 +211,8 @@ def analyse(
     store's row blocks with ``comm.alltoallv_rows``, analyses them with domains built by
     location from ``local.row_coords``, and moves the analysis back before the scatter; H X
     stays computed on the store's blocks. Every domain's analysis is the same computation on
-    whichever rank it runs, so the result is the same as with None (bitwise, in our tests).
+    whichever rank it runs, so the result is the same as with None, but for the last bits where the
+    compiled kernel's batches of eight domains fall differently (docs/analysis.md).
     With ``balance`` set the diagnostics add ``imbalance_est`` (max/mean of the ranks'
     estimated work), ``imbalance_cpu`` and ``imbalance_wall`` (of the ranks' seconds in the
     local filter), ``balance_s`` (estimate and split), ``redistribute_s`` (both exchanges) and
