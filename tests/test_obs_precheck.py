@@ -25,7 +25,7 @@ N = 4
 CYCLES = 3
 
 
-def _experiment(root: Path, synth: Path, *, external: bool = False) -> Path:
+def _experiment(root: Path, synth: Path, *, external: bool = False, obs_extra: str = "") -> Path:
     """``root/exp.toml``: N members of the tiny land problem, the bundled model, the built-in LETKF."""
     (root / "members").mkdir(parents=True)
     (root / "obs").mkdir()
@@ -50,7 +50,7 @@ command = "{py} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{c
 
 [observations]
 file = "obs/obs_{{cycle:03d}}.nc"
-
+{obs_extra}
 {analysis}
 [jobs]
 workers = 2
@@ -69,7 +69,6 @@ def _spoil(path: Path, variable: str, index: int, value: float) -> None:
     ("error_std", 2, 0.0, "must be > 0; index 2 has 0.0"),
     ("error_std", 4, -0.5, "must be > 0; index 4 has -0.5"),
     ("state_index", 7, 877, "must be < n_state = 877; index 7 has 877"),
-    ("lat", 3, 95.0, r"must lie in \[-90, 90\] degrees; index 3 has 95.0"),
 ])
 def test_bad_observation_file_of_cycle_3_stops_the_run_before_any_forecast(
         tmp_path: Path, synth: Path, capsys: pytest.CaptureFixture[str],
@@ -83,6 +82,54 @@ def test_bad_observation_file_of_cycle_3_stops_the_run_before_any_forecast(
     assert f"{bad}, variable '{variable}'" in err and "(observation file of cycle 3)" in err
     assert re.search(message, err), err
     # No forecast ran: the restarts are untouched, no task ended, no cycle was started.
+    for a, b in zip(restarts(tmp_path, N), before):
+        assert np.array_equal(a, b)
+    events = tmp_path / "exp" / "events.jsonl"
+    assert not events.exists() or '"task_end"' not in events.read_text()
+    assert not (tmp_path / "exp" / "cycles").exists()
+
+
+def _add_time(path: Path, times: np.ndarray) -> None:
+    with netCDF4.Dataset(path, "a") as ds:
+        ds.createVariable("time", "f8", ("obs",))[:] = times
+
+
+def _n_obs(path: Path) -> int:
+    with netCDF4.Dataset(path) as ds:
+        return len(ds.dimensions["obs"])
+
+
+# Issue 14: bad input of the new observation keys, each stopping the run before the first forecast.
+KIND_TABLE = '[observations.kinds.soil_moisture]\nerror_factor = 1.2\nqc_sigma = 5.0\n'
+NEAREST = 'interpolation = "nearest"\n'
+BILINEAR = 'interpolation = "bilinear"\n'
+
+
+@pytest.mark.parametrize("obs_extra, spoil, variable, message", [
+    # The file's kind 0 is 'soil_moisture' (flag_meanings): configured; a kind 7 is not.
+    (KIND_TABLE, lambda p: _spoil(p, "kind", 4, 7), "kind",
+     r"kind 7 of observation 4 is not a configured kind; \[observations.kinds\] has soil_moisture"),
+    # Times relative to the analysis time; the default window is [-forecast_length, 0] = [-6, 0].
+    ("", lambda p: _add_time(p, np.r_[-3.0, -1.0, 1.5, np.zeros(_n_obs(p) - 3)]), "time",
+     r"observation 2 at time 1.5 is outside the window \[-6, 0\]"),
+    ('window = [-3.0, 0.0]\n', lambda p: _add_time(p, np.r_[-4.0, np.zeros(_n_obs(p) - 1)]), "time",
+     r"observation 0 at time -4.0 is outside the window \[-3, 0\]"),
+    # Located by their coordinates: lon/lat must be on the globe, and inside the state's grid.
+    (NEAREST, lambda p: _spoil(p, "lat", 3, 95.0), "lat", r"must lie in \[-90, 90\] degrees; index 3 has 95.0"),
+    (BILINEAR, lambda p: _spoil(p, "lat", 6, 89.99), "lat",
+     r"observation 6 at \(.*, 89.99\) is outside the domain of state variable 'soil_moisture': lat must lie in"),
+])
+def test_bad_observation_settings_input_stops_the_run_before_any_forecast(
+        tmp_path: Path, synth: Path, capsys: pytest.CaptureFixture[str],
+        obs_extra: str, spoil, variable: str, message: str) -> None:
+    toml = _experiment(tmp_path, synth, obs_extra=obs_extra)
+    bad = tmp_path / "obs" / "obs_003.nc"
+    spoil(bad)
+    before = restarts(tmp_path, N)
+    assert main(["run", "--quiet", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}, variable '{variable}'" in err and "(observation file of cycle 3)" in err, err
+    assert re.search(message, err), err
     for a, b in zip(restarts(tmp_path, N), before):
         assert np.array_equal(a, b)
     events = tmp_path / "exp" / "events.jsonl"

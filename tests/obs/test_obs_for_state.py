@@ -16,7 +16,8 @@ import pytest
 
 from enkflow.config import AnalysisConfig, Metric, validate
 from enkflow.errors import ConfigError, FileFormatError
-from enkflow.obs.obsfile import load_for_state, read_obs_file
+from enkflow.obs.config import ObsSettingsConfig
+from enkflow.obs.obsfile import ObsSettings, load_for_state, read_obs_file
 from enkflow.state import StateLayout
 from enkflow.state.config import StateConfig
 
@@ -83,20 +84,27 @@ def test_builtin_analysis_with_cartesian_metric_takes_lat_beyond_90(tmp_path: Pa
         assert diag["n_obs"] == IDX.size and diag["oma_rms"] < diag["omb_rms"]
 
 
-def test_sphere_needs_lon_lat_in_range(tmp_path: Path) -> None:
+def test_sphere_index_reads_no_coordinates_nearest_needs_lon_lat_in_range(tmp_path: Path) -> None:
     layout = _layout(_grid(tmp_path / "m.nc", lonlat_coords=True))
     assert layout.coord_kind == "lonlat"
     lat = np.array([0.0, 10.0, 20.0, 30.0])
     of = load_for_state(_obs(tmp_path / "ok.nc", lat=lat), layout, Metric.SPHERE)
     np.testing.assert_array_equal(of.obs.coords, layout.coords[IDX])
+    # interpolation "index": the observation sits at its state row; lon/lat are neither needed nor read.
+    for p in (_obs(tmp_path / "nolat.nc", skip=("lat",)), _obs(tmp_path / "o.nc", lat=[0.0, 100.0, 0.0, 0.0])):
+        of = load_for_state(p, layout, Metric.SPHERE, cycle=3)
+        np.testing.assert_array_equal(of.obs.coords, layout.coords[IDX])
+    nearest = ObsSettings(ObsSettingsConfig(interpolation="nearest"))
     with pytest.raises(FileFormatError, match=r"variable missing.*\(observation file of cycle 3\)") as ei:
-        load_for_state(_obs(tmp_path / "nolat.nc", skip=("lat",)), layout, Metric.SPHERE, cycle=3)
+        load_for_state(_obs(tmp_path / "nolat.nc", skip=("lat",)), layout, Metric.SPHERE, cycle=3, settings=nearest)
     assert ei.value.variable == "lat" and ei.value.path == str(tmp_path / "nolat.nc")
     with pytest.raises(FileFormatError, match=r"must lie in \[-90, 90\] degrees; index 1 has 100.0") as ei:
-        load_for_state(_obs(tmp_path / "o.nc", lat=[0.0, 100.0, 0.0, 0.0]), layout, Metric.SPHERE, cycle=3)
+        load_for_state(_obs(tmp_path / "o.nc", lat=[0.0, 100.0, 0.0, 0.0]), layout, Metric.SPHERE, cycle=3,
+                       settings=nearest)
     assert ei.value.variable == "lat" and "cycle 3" in str(ei.value)
     with pytest.raises(FileFormatError, match=r"must lie in \[-180, 360\] degrees; index 2 has 400.0") as ei:
-        load_for_state(_obs(tmp_path / "o.nc", lat=lat, lon=[0.0, 0.0, 400.0, 0.0]), layout, Metric.SPHERE)
+        load_for_state(_obs(tmp_path / "o.nc", lat=lat, lon=[0.0, 0.0, 400.0, 0.0]), layout, Metric.SPHERE,
+                       settings=nearest)
     assert ei.value.variable == "lon"
 
 

@@ -112,7 +112,7 @@ class _LocalFilter(Filter):
         N = X.shape[1]
         st = self.stats
         yvar = np.einsum("ij,ij->i", Yp, Yp) / (N - 1) if self.adaptive is not None else None
-        for sub, offsets, idx, wt in self._local_obs(geometry, domains):
+        for sub, offsets, idx, wt in self._local_obs(geometry, domains, obs):
             t1 = time.perf_counter()
             rho_k, gamma_dom = rho, None
             if self.adaptive is not None:
@@ -137,11 +137,12 @@ class _LocalFilter(Filter):
             st.n_local_obs += int(idx.size)
         return out
 
-    def _local_obs(self, geometry: Geometry, domains: LocalDomains):
+    def _local_obs(self, geometry: Geometry, domains: LocalDomains, obs: ObsSet | None = None):
         """``(sub, offsets, idx, weight)`` for consecutive ranges ``sub`` of at most ``chunk``
         domains and about ``max_pairs`` (domain, observation) pairs, so that memory stays bounded
-        where observations crowd (near the poles of a lon-lat grid). Timed into ``search_s``."""
-        loc = self.localization
+        where observations crowd (near the poles of a lon-lat grid). Timed into ``search_s``.
+        ``obs``: the observations, for their per-kind localization radii (``ObsSet.half_width``)."""
+        loc = self.localization if obs is None else self.localization.for_obs(obs)
         for start in range(0, domains.n_domains, self.chunk):
             stop = min(start + self.chunk, domains.n_domains)
             t0 = time.perf_counter()

@@ -3,7 +3,8 @@ local-observation query that turns them into (indices, weights)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +26,9 @@ class Localization:
     period: float | None = None
     # At most this many observations per domain, the nearest (an approximation; None: all of them).
     max_obs: int | None = None
+    # Per-observation half-widths (observation kinds with their own radius, ObsSet.half_width), set by
+    # for_obs for one analysis; None: half_width for every observation.
+    obs_half_width: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.half_width) and self.half_width > 0):
@@ -43,10 +47,21 @@ class Localization:
         return cls.from_radius(cfg.radius, cfg.convention, taper=cfg.taper, metric=cfg.metric, period=cfg.period,
                                max_obs=getattr(cfg, "max_obs", None))
 
+    def for_obs(self, obs) -> "Localization":
+        """This localization for the observations ``obs`` (an ObsSet): with their own half-widths
+        (``obs.half_width``, per kind) where they have them."""
+        if getattr(obs, "half_width", None) is None:
+            return self if self.obs_half_width is None else dataclasses.replace(self, obs_half_width=None)
+        return dataclasses.replace(self, obs_half_width=obs.half_width)
+
     @property
     def support(self) -> float:
-        """Distance at and beyond which observations have zero weight."""
-        return _taper.support(self.taper, self.half_width)
+        """Distance at and beyond which observations have zero weight (the largest over the observations'
+        half-widths where they have their own)."""
+        c = self.half_width
+        if self.obs_half_width is not None and self.obs_half_width.size:
+            c = max(c, float(self.obs_half_width.max()))
+        return _taper.support(self.taper, c)
 
     def local_obs(self, geometry: Geometry, dom_coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(offsets, idx, weight)`` CSR of the observations with non-zero weight per domain
@@ -59,7 +74,8 @@ class Localization:
 
     def weights(self, nb: Neighbours) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(offsets, idx, weight)``: the taper weights of the neighbours ``nb``, pairs of zero weight dropped."""
-        wt = _taper.weights(self.taper, nb.dist, self.half_width)
+        c = self.half_width if self.obs_half_width is None else self.obs_half_width[nb.idx]
+        wt = _taper.weights(self.taper, nb.dist, c)
         keep = wt > 0.0
         nb = nb.select(keep)
         return nb.offsets, nb.idx, wt if keep.all() else wt[keep]

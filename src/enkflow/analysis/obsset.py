@@ -27,12 +27,20 @@ class ObsSet:
         degrees on the sphere, grid units in Cartesian or periodic index space.
     kinds : (n_obs,) int32
         Observation kind codes (0 when there is only one kind).
+    half_width : (n_obs,) float64 or None
+        Localization half-width of each observation (the metric's units), where observation kinds
+        have their own radius; None: the filter's localization for all.
+    vcoord : (n_obs,) float64 or None
+        Vertical coordinate of each observation (levels or the configured vertical coordinate's
+        units), for vertical localization; None: the observations have none.
     """
 
     values: np.ndarray
     error_var: np.ndarray
     coords: np.ndarray
     kinds: np.ndarray = field(default=None)  # type: ignore[assignment]
+    half_width: np.ndarray | None = None
+    vcoord: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         v = np.ascontiguousarray(self.values, dtype=np.float64).reshape(-1)
@@ -61,6 +69,18 @@ class ObsSet:
         object.__setattr__(self, "error_var", r)
         object.__setattr__(self, "coords", c)
         object.__setattr__(self, "kinds", k)
+        for name in ("half_width", "vcoord"):
+            a = getattr(self, name)
+            if a is None:
+                continue
+            a = np.ascontiguousarray(a, dtype=np.float64).reshape(-1)
+            if a.shape != (n,):
+                raise InputError(f"obs.{name} has shape {a.shape}, expected ({n},)", item=f"obs.{name}")
+            bad = ~np.isfinite(a) if name == "vcoord" else ~(np.isfinite(a) & (a > 0))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise InputError(f"obs.{name}[{i}] = {float(a[i])!r} is not valid", item=f"obs.{name}", index=i)
+            object.__setattr__(self, name, a)
 
     @property
     def n_obs(self) -> int:
@@ -68,4 +88,6 @@ class ObsSet:
 
     def subset(self, idx: np.ndarray) -> "ObsSet":
         """The observations at positions ``idx``."""
-        return ObsSet(self.values[idx], self.error_var[idx], self.coords[idx], self.kinds[idx])
+        return ObsSet(self.values[idx], self.error_var[idx], self.coords[idx], self.kinds[idx],
+                      None if self.half_width is None else self.half_width[idx],
+                      None if self.vcoord is None else self.vcoord[idx])

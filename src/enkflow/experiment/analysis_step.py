@@ -29,7 +29,7 @@ from enkflow.experiment.file_store import FileStore
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import write_mean_spread
-from enkflow.obs.obsfile import load_for_state
+from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
@@ -53,6 +53,7 @@ def analyse_files(
     balance: bool | None = None,
     stats_dir: str | Path | None = None,
     stats_compression: tuple[str, int] = ("zlib", 1),
+    obs_settings: ObsSettings | None = None,
 ) -> dict[str, float]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
 
@@ -91,7 +92,8 @@ def analyse_files(
     metric = analysis.localization.metric if analysis.localization else None
     # Every check of the file against the state and metric (enkflow run did them before the first forecast);
     # observations sit at their state rows: same coordinates as the state points.
-    obs = FileObservations(load_for_state(obs_file, layout, metric, cycle=cycle), layout.n_rows, hx_files)
+    obs = FileObservations(load_for_state(obs_file, layout, metric, cycle=cycle, settings=obs_settings), layout.n_rows,
+                           hx_files, obs_settings)
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
     out = None
     t_start = 0.0
@@ -177,6 +179,6 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
     return analyse_files(
         paths, cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io, cycle=cycle,
         mean_path=cdir / "analysis_mean.nc" if files else None, spread_path=cdir / "analysis_spread.nc" if files else None,
-        hx_files=hx, applied=cfg.applied_record(cycle),
+        hx_files=hx, applied=cfg.applied_record(cycle), obs_settings=ObsSettings.from_experiment(cfg),
         stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_compression=(ao.compression, ao.complevel),
     )

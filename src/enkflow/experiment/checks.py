@@ -13,7 +13,8 @@ from enkflow.experiment.config import ExperimentConfig
 
 def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
     """Every cycle's observation file exists and, with the built-in analysis, passes every check
-    the analysis would make of it (:func:`enkflow.obs.obsfile.load_for_state`).
+    the analysis would make of it (:func:`enkflow.obs.obsfile.load_for_state`: values, locations
+    inside the domain, kinds known to ``[observations.kinds]``, times inside the window).
 
     Run before the first forecast: a bad file of a late cycle must not be found only after the
     forecasts of the earlier cycles have rewritten the restarts. An external analysis program
@@ -29,13 +30,15 @@ def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
     template = next((p for p in (cfg.restart_path(1), cfg.source_restart_path(1)) if p.is_file()), None)
     if not builtin or not cycles or template is None:
         return
-    from enkflow.obs.obsfile import load_for_state
+    from enkflow.obs.obsfile import ObsSettings, load_for_state
     from enkflow.state import StateLayout
 
     layout = StateLayout.from_config(template, cfg.state)
     metric = cfg.analysis.localization.metric if cfg.analysis.localization else None
+    settings = ObsSettings.from_experiment(cfg)
     for k in cycles:
-        load_for_state(cfg.obs_path(k), layout, metric, cycle=k)
+        # Locations, kinds, times, and the vertical coordinate vertical localization needs.
+        load_for_state(cfg.obs_path(k), layout, metric, cycle=k, settings=settings)
 
 
 def _check_program(template: str, key: str, env_path: str | None = None) -> None:

@@ -21,6 +21,7 @@ from enkflow.config import AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
 from enkflow.io.config import IOConfig
 from enkflow.jobs.strategies import Resources, Strategy
+from enkflow.obs.config import ObsSettingsConfig
 from enkflow.output.config import OutputConfig
 from enkflow.state.config import StateConfig
 
@@ -105,8 +106,9 @@ class ModelSection(Strict):
         return v
 
 
-class ObservationsSection(Strict):
-    """``[observations]``: observation files and the optional operator stage."""
+class ObservationsSection(ObsSettingsConfig):
+    """``[observations]``: observation files and the optional operator stage; how H is built, the
+    kinds, the time window and quality control (:class:`enkflow.obs.config.ObsSettingsConfig`)."""
 
     file: str = Field(description="observation file of a cycle, template with {cycle}")
     operator: str | None = Field(default=None, description="H(x) command run after each member's forecast")

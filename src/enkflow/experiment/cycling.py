@@ -228,6 +228,12 @@ def analyse(
     computes them (so the values equal those of the mean and spread files, bitwise);
     ``stats_s`` is the time they took on this rank.
 
+    Quality control: where ``obs`` has a ``qc`` (:class:`enkflow.analysis.qc.QualityControl`, e.g.
+    :class:`enkflow.obs.space.FileObservations`), the observations it rejects (decided from the full
+    ``HX``, so the same on every rank) are left out of the analysis and of ``omb_rms``/``oma_rms``/``n_obs``;
+    the diagnostics add ``qc_rejected``, ``qc_gross``, ``qc_buddy`` and ``qc_rejected:KIND`` per kind
+    (names from ``obs.kind_names`` where it has them).
+
     ``infl_field`` (row_stop - row_start,): this rank's rows of the adaptive inflation field of a
     local filter with ``adaptive`` set, updated in place (:mod:`enkflow.analysis.adaptive_inflation`);
     the diagnostics add ``inflation_mean``, ``inflation_min`` and ``inflation_max`` over all rows.
@@ -240,6 +246,14 @@ def analyse(
     t_stats = time.perf_counter() - t0
     y = obs.observations(cycle)
     HX = obs.apply(cycle, X, store.row_start, comm)
+    # Quality control from the full HX (the same on every rank): every rank rejects the same observations.
+    qc, qc_flags, qc_keep, qc_diag = getattr(obs, "qc", None), None, None, {}
+    if qc is not None:
+        qc_res = qc.check(y, HX)
+        qc_flags, qc_diag = qc_res.flags, qc_res.counts(y.kinds, getattr(obs, "kind_names", None))
+        if qc_flags.any():
+            qc_keep = qc_res.keep
+            y, HX = y.subset(qc_keep), HX[qc_keep]
     omb = float(np.sqrt(np.mean((y.values - HX.mean(axis=1)) ** 2))) if y.n_obs else 0.0
     prior_mean = X.mean(axis=1) if truth is not None else None
     per_rank: dict[str, list[float]] = {}
@@ -255,8 +269,10 @@ def analyse(
             kw["infl_field"] = infl_field
         Xa = flt.analyze(X, HX, y, cycle=cycle, **kw)
     hxa = obs.apply_mean(cycle, np.ascontiguousarray(Xa.mean(axis=1)), store.row_start, comm)
+    if qc_keep is not None:
+        hxa = hxa[qc_keep]
     oma = float(np.sqrt(np.mean((y.values - hxa) ** 2))) if y.n_obs else 0.0
-    diag: dict[str, float] = {"n_obs": float(y.n_obs), "omb_rms": omb, "oma_rms": oma, **bdiag}
+    diag: dict[str, float] = {"n_obs": float(y.n_obs), "omb_rms": omb, "oma_rms": oma, **bdiag, **qc_diag}
     if isinstance(flt, (LETKF, LESTKF)):
         diag.update(mean_local_obs=flt.stats.mean_local_obs, search_s=flt.stats.search_s, kernel_s=flt.stats.kernel_s)
     if truth is not None:

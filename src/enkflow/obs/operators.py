@@ -104,6 +104,82 @@ class LinearObsOperator:
         H.eliminate_zeros()
         return cls(H)
 
+    @classmethod
+    def rectilinear(
+        cls,
+        axes: list[np.ndarray],
+        row_of_cell: np.ndarray,
+        obs_coords: np.ndarray,
+        n_state: int,
+        periods: list[float | None] | None = None,
+    ) -> "LinearObsOperator":
+        """Linear (1 axis) or bilinear (2 axes) interpolation on a rectilinear grid.
+
+        ``axes``: 1 or 2 ascending coordinate arrays (x first, e.g. longitude, then latitude);
+        ``row_of_cell`` (len(axes[1]), len(axes[0])) or (len(axes[0]),): the state row of each
+        grid point, -1 where the point is not in the state (masked); ``obs_coords`` (n_obs, len(axes));
+        ``periods``: per axis, the period (360 for a global longitude) or None. Corners outside the
+        state are dropped and the remaining weights renormalized. An observation beyond a
+        non-periodic axis, or with no corner in the state, is outside the domain: InputError with
+        its index. An observation on a grid point gets weight exactly 1 on it.
+        """
+        oc = np.asarray(obs_coords, dtype=np.float64)
+        oc = oc[:, None] if oc.ndim == 1 else oc
+        n_obs, nd = oc.shape
+        if nd != len(axes) or nd not in (1, 2):
+            raise InputError(f"interpolation takes 1 or 2 coordinates per observation, got {nd} for {len(axes)} axes",
+                             item="obs.coords")
+        periods = list(periods) if periods is not None else [None] * nd
+        lo, hi, frac = [], [], []
+        for k, (a, per) in enumerate(zip(axes, periods)):
+            a = np.asarray(a, dtype=np.float64)
+            x = oc[:, k]
+            n = a.size
+            if per is not None:
+                t = np.mod(x - a[0], per)
+                rel = a - a[0]
+                i0 = np.clip(np.searchsorted(rel, t, side="right") - 1, 0, n - 1)
+                wrap = i0 == n - 1
+                i1 = np.where(wrap, 0, np.minimum(i0 + 1, n - 1))
+                span = np.where(wrap, per - rel[-1], rel[np.minimum(i0 + 1, n - 1)] - rel[i0])
+                f = np.where(span > 0, (t - rel[i0]) / np.where(span > 0, span, 1.0), 0.0)
+            else:
+                out = np.flatnonzero((x < a[0]) | (x > a[-1]) | ~np.isfinite(x))
+                if out.size:
+                    j = int(out[0])
+                    raise InputError(f"observation {j} has coordinate {k} = {x[j]!r}, outside the grid's "
+                                     f"[{a[0]:g}, {a[-1]:g}] (outside the domain)", item="obs.coords", index=j)
+                if n == 1:
+                    i0 = i1 = np.zeros(n_obs, np.int64)
+                    f = np.zeros(n_obs)
+                else:
+                    i0 = np.clip(np.searchsorted(a, x, side="right") - 1, 0, n - 2)
+                    i1 = i0 + 1
+                    f = (x - a[i0]) / (a[i1] - a[i0])
+            lo.append(i0)
+            hi.append(i1)
+            frac.append(f)
+        if nd == 1:
+            cols = np.stack([row_of_cell[lo[0]], row_of_cell[hi[0]]], axis=1)
+            wts = np.stack([1 - frac[0], frac[0]], axis=1)
+        else:
+            (i0, j0), (i1, j1), (fx, fy) = lo, hi, frac
+            cols = np.stack([row_of_cell[j0, i0], row_of_cell[j0, i1], row_of_cell[j1, i0], row_of_cell[j1, i1]], axis=1)
+            wts = np.stack([(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy], axis=1)
+        wts = np.where(cols >= 0, wts, 0.0)
+        tot = wts.sum(axis=1)
+        none = np.flatnonzero(tot <= 0)
+        if none.size:
+            j = int(none[0])
+            raise InputError(f"observation {j} at {tuple(float(v) for v in oc[j])} has no grid corner in the state "
+                             "(outside the domain)", item="obs.coords", index=j)
+        # Exact 1 on a grid point: no renormalization where the weights already sum to 1.
+        wts = np.where(tot[:, None] == 1.0, wts, wts / tot[:, None])
+        rows = np.repeat(np.arange(n_obs), cols.shape[1])
+        H = sp.csr_matrix((wts.ravel(), (rows, np.where(cols >= 0, cols, 0).ravel())), shape=(n_obs, n_state))
+        H.eliminate_zeros()
+        return cls(H)
+
     def _block(self, start: int, stop: int) -> sp.csr_matrix:
         key = (start, stop)
         if key not in self._blocks:

@@ -1,10 +1,15 @@
 """The observation space of one cycle's observation file (an
 :class:`~enkflow.experiment.cycling.ObservationSpace`).
 
-H is the selection of the observed state rows (the file's ``state_index``),
-applied rank-locally and summed across ranks, unless an operator stage wrote
-H(x) per member (NetCDF files with ``hx(obs)``, see docs/formats.md), which is
-then used as given; the analysis mean is always mapped with the selection.
+H is the file's operator (``[observations] interpolation``: the selection of the
+observed state rows, the nearest rows, or bilinear interpolation), applied
+rank-locally and summed across ranks, unless an operator stage wrote H(x) per
+member (NetCDF files with ``hx(obs)``, or ``hx(slot, obs)`` with ``slot_time(slot)``
+for H(x) at several times of the window, see docs/formats.md), which is then used
+as given; the analysis mean is always mapped with the file's operator.
+
+Its ``qc`` (:class:`enkflow.analysis.qc.QualityControl` or None) is the quality control
+:func:`enkflow.experiment.cycling.analyse` applies to the cycle's observations.
 """
 
 from __future__ import annotations
@@ -15,47 +20,105 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.analysis.obsset import ObsSet
+from enkflow.analysis.qc import QualityControl
+from enkflow.config import Metric
 from enkflow.errors import FileFormatError
-from enkflow.obs.obsfile import ObsFile
-from enkflow.obs.operators import GivenHX, LinearObsOperator
+from enkflow.obs.obsfile import ObsFile, ObsSettings
+from enkflow.obs.operators import GivenHX
 from enkflow.parallel import Comm
 
+HX_VAR = "hx"
+SLOT_DIM = "slot"
+SLOT_TIME = "slot_time"
 
-def read_given_hx(paths: Sequence[Path], n_obs: int) -> np.ndarray:
-    """H(x) per member from an operator stage: each file holds ``hx(obs)``; returns (n_obs, N)."""
+
+def slot_of(obs_time: np.ndarray, slot_time: np.ndarray) -> np.ndarray:
+    """The time slot of each observation: the slot whose time is nearest (ties: the earlier slot)."""
+    st = np.asarray(slot_time, dtype=np.float64)
+    return np.argmin(np.abs(np.asarray(obs_time, dtype=np.float64)[:, None] - st[None, :]), axis=1)
+
+
+def read_given_hx(paths: Sequence[Path], n_obs: int, obs_time: np.ndarray | None = None) -> np.ndarray:
+    """H(x) per member from an operator stage, (n_obs, N). Each file holds ``hx(obs)``, or
+    ``hx(slot, obs)`` and ``slot_time(slot)`` (relative to the analysis time, like the observation
+    file's ``time``): each observation then takes the slot nearest its time (4-D / FGAT); a file
+    with slots needs the observations' times (``obs_time``)."""
     import netCDF4
 
     HX = np.empty((n_obs, len(paths)))
     for m, p in enumerate(paths):
         try:
             with netCDF4.Dataset(p, "r") as ds:
-                if "hx" not in ds.variables:
-                    raise FileFormatError("no variable 'hx' (the operator's H(x) per observation)", path=str(p), variable="hx")
-                v = np.asarray(ds.variables["hx"][:], dtype=np.float64).reshape(-1)
+                if HX_VAR not in ds.variables:
+                    raise FileFormatError("no variable 'hx' (the operator's H(x) per observation)", path=str(p), variable=HX_VAR)
+                var = ds.variables[HX_VAR]
+                v = np.asarray(var[:], dtype=np.float64)
+                if var.ndim == 2:
+                    if SLOT_TIME not in ds.variables:
+                        raise FileFormatError(f"hx has time slots {var.dimensions} but the file has no '{SLOT_TIME}'",
+                                              path=str(p), variable=SLOT_TIME)
+                    st = np.asarray(ds.variables[SLOT_TIME][:], dtype=np.float64).reshape(-1)
+                    if st.size != v.shape[0]:
+                        raise FileFormatError(f"{SLOT_TIME} has {st.size} values, hx {v.shape[0]} slots",
+                                              path=str(p), variable=SLOT_TIME)
+                    if obs_time is None:
+                        raise FileFormatError("hx has time slots, but the observation file has no 'time'",
+                                              path=str(p), variable=HX_VAR)
+                    if v.shape[1] != n_obs:
+                        raise FileFormatError(f"hx has {v.shape[1]} observations, the observation file {n_obs}",
+                                              path=str(p), variable=HX_VAR)
+                    v = v[slot_of(obs_time, st), np.arange(n_obs)]
+                else:
+                    v = v.reshape(-1)
         except OSError as exc:
-            raise FileFormatError(f"cannot read the operator output: {exc}", path=str(p), variable="hx") from None
+            raise FileFormatError(f"cannot read the operator output: {exc}", path=str(p), variable=HX_VAR) from None
         if v.size != n_obs:
-            raise FileFormatError(f"hx has {v.size} values, the observation file {n_obs}", path=str(p), variable="hx")
+            raise FileFormatError(f"hx has {v.size} values, the observation file {n_obs}", path=str(p), variable=HX_VAR)
+        if not np.isfinite(v).all():
+            raise FileFormatError(f"hx holds NaN or Inf at observation {int(np.argmax(~np.isfinite(v)))}",
+                                  path=str(p), variable=HX_VAR)
         HX[:, m] = v
     return HX
+
+
+def quality_control(obs_file: ObsFile, settings: ObsSettings | None) -> QualityControl | None:
+    """The QC ``settings`` ask for on ``obs_file``'s observations (None: none)."""
+    if settings is None:
+        return None
+    qc = settings.config.qc
+    gross = obs_file.qc_sigma
+    if gross is None and qc.gross_sigma is not None:
+        gross = np.full(obs_file.n_obs, qc.gross_sigma)
+    if gross is None and qc.buddy_radius is None:
+        return None
+    loc = settings.localization
+    if loc is not None:
+        metric, period = loc.metric, loc.period
+    else:  # a global filter: the buddies' distance in the observations' own coordinates
+        metric, period = (Metric.SPHERE if obs_file.lonlat else Metric.CARTESIAN), None
+    return QualityControl(gross, qc.buddy_radius, qc.buddy_sigma, metric, period)
 
 
 class FileObservations:
     """The observations of one cycle, from ``obs_file`` (as :func:`~enkflow.obs.obsfile.load_for_state`
     read and checked it) on a state of ``n_rows`` rows; ``hx_files`` (member 1 first) hold H(x)
-    of the cycle's forecasts, read when :meth:`apply` is called."""
+    of the cycle's forecasts, read when :meth:`apply` is called; ``settings`` give the QC."""
 
-    def __init__(self, obs_file: ObsFile, n_rows: int, hx_files: Sequence[Path] | None = None):
+    def __init__(self, obs_file: ObsFile, n_rows: int, hx_files: Sequence[Path] | None = None,
+                 settings: ObsSettings | None = None):
         self.file = obs_file
-        self.selection = LinearObsOperator.selection(obs_file.state_index, n_rows)
+        self.operator = obs_file.operator_for(n_rows)
         self.hx_files = list(hx_files) if hx_files else None
+        self.qc = quality_control(obs_file, settings)
+        self.kind_names = dict(obs_file.kind_names)
 
     def observations(self, cycle: int) -> ObsSet:
         return self.file.obs
 
     def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
-        op = GivenHX(read_given_hx(self.hx_files, self.file.obs.n_obs)) if self.hx_files else self.selection
-        return op.apply(X, row_start, comm)
+        if self.hx_files:
+            return GivenHX(read_given_hx(self.hx_files, self.file.obs.n_obs, self.file.time)).apply(X, row_start, comm)
+        return self.operator.apply(X, row_start, comm)
 
     def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
-        return self.selection.apply(x[:, None], row_start, comm)[:, 0]
+        return self.operator.apply(x[:, None], row_start, comm)[:, 0]

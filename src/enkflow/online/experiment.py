@@ -25,7 +25,7 @@ from enkflow.experiment.config import ExperimentConfig, experiment_from_json
 from enkflow.experiment.cycling import LocalGeometry, NoOutput
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.events import EventLog
-from enkflow.obs.obsfile import load_for_state
+from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
 from enkflow.online.fields import Field
 from enkflow.output.archive_background import ArchiveFailure
@@ -47,16 +47,20 @@ class CycleObservations:
         self.cfg, self.layout = cfg, layout
         self._cycle: int | None = None
         self._space: FileObservations | None = None
+        self.qc = None
+        self.kind_names: dict[int, str] = {}
 
     def _for(self, cycle: int) -> FileObservations:
         if self._cycle != cycle:
             metric = self.cfg.analysis.localization.metric if self.cfg.analysis.localization else None
-            of = load_for_state(self.cfg.obs_path(cycle), self.layout, metric, cycle=cycle)
-            self._space, self._cycle = FileObservations(of, self.layout.n_rows), cycle
+            settings = ObsSettings.from_experiment(self.cfg)
+            of = load_for_state(self.cfg.obs_path(cycle), self.layout, metric, cycle=cycle, settings=settings)
+            self._space, self._cycle = FileObservations(of, self.layout.n_rows, settings=settings), cycle
+            self.qc, self.kind_names = self._space.qc, self._space.kind_names
         return self._space
 
     def observations(self, cycle: int):
-        return self._for(cycle).observations(cycle)
+        return self._for(cycle).observations(cycle)  # also sets self.qc, self.kind_names (analyse reads them)
 
     def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
         return self._for(cycle).apply(cycle, X, row_start, comm)

@@ -1,0 +1,104 @@
+"""Quality control of the observations of one analysis, from the full H X.
+
+Two checks, decided before the assimilation from values every MPI rank holds whole
+(``y`` and ``HX``, (n_obs, N), the same on every rank), so every rank rejects the same
+observations:
+
+* gross error: reject observation i where ``|y_i - mean(HX_i)| > k_i sqrt(sigma_o,i^2 + sigma_b,i^2)``,
+  ``sigma_b,i^2`` the ensemble variance of ``HX_i`` (ddof = 1), ``k_i`` the observation's threshold
+  (per kind; ``inf``: not checked);
+* background-departure buddy check (optional): among the observations the gross check kept,
+  the normalized departure ``z_i = (y_i - mean HX_i) / sqrt(sigma_o^2 + sigma_b^2)`` is compared
+  with the median of its buddies' (same kind, closer than ``buddy_radius``, at least two);
+  observation i is rejected where they differ by more than ``buddy_sigma``. The median keeps
+  one bad observation from condemning its good neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from enkflow.analysis.geometry import Geometry
+from enkflow.analysis.obsset import ObsSet
+from enkflow.config import Metric
+from enkflow.errors import InputError
+
+ACCEPTED, GROSS, BUDDY = 0, 1, 2
+MIN_BUDDIES = 2
+
+
+@dataclass(frozen=True)
+class QCResult:
+    """``flags`` (n_obs,) int8: 0 accepted, 1 rejected by the gross-error check, 2 by the buddy check."""
+
+    flags: np.ndarray
+
+    @property
+    def keep(self) -> np.ndarray:
+        return self.flags == ACCEPTED
+
+    def counts(self, kinds: np.ndarray, names: dict[int, str] | None = None) -> dict[str, float]:
+        """Diagnostics: ``qc_rejected``, ``qc_gross``, ``qc_buddy`` and ``qc_rejected:KIND`` per kind
+        present (the kind's name, or its code)."""
+        names = names or {}
+        out = {"qc_rejected": float(np.count_nonzero(self.flags)), "qc_gross": float(np.count_nonzero(self.flags == GROSS)),
+               "qc_buddy": float(np.count_nonzero(self.flags == BUDDY))}
+        for c in np.unique(kinds).tolist():
+            out[f"qc_rejected:{names.get(c, str(c))}"] = float(np.count_nonzero(self.flags[kinds == c]))
+        return out
+
+
+@dataclass(frozen=True)
+class QualityControl:
+    """The checks of one cycle's observations.
+
+    ``gross_sigma`` (n_obs,) thresholds k (inf: none) or None (no gross-error check);
+    ``buddy_radius`` (km on the sphere, grid units otherwise) or None (no buddy check),
+    with ``metric`` and ``period`` measuring the distances between observations."""
+
+    gross_sigma: np.ndarray | None = None
+    buddy_radius: float | None = None
+    buddy_sigma: float = 3.0
+    metric: Metric = Metric.CARTESIAN
+    period: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.gross_sigma is not None or self.buddy_radius is not None
+
+    def check(self, obs: ObsSet, HX: np.ndarray) -> QCResult:
+        """Flags of ``obs`` given the ensemble in observation space ``HX`` (n_obs, N)."""
+        n = obs.n_obs
+        if HX.shape[0] != n:
+            raise InputError(f"HX has {HX.shape[0]} rows, the observations {n}", item="HX")
+        flags = np.zeros(n, np.int8)
+        if n == 0:
+            return QCResult(flags)
+        dep = obs.values - HX.mean(axis=1)
+        scale = np.sqrt(obs.error_var + HX.var(axis=1, ddof=1))
+        z = dep / scale
+        if self.gross_sigma is not None:
+            k = np.asarray(self.gross_sigma, dtype=np.float64).reshape(-1)
+            if k.shape != (n,):
+                raise InputError(f"gross_sigma has {k.size} values, the observations {n}", item="qc.gross_sigma")
+            flags[np.abs(z) > k] = GROSS
+        if self.buddy_radius is not None:
+            kept = np.flatnonzero(flags == ACCEPTED)
+            if kept.size:
+                geo = Geometry(self.metric, obs.coords[kept], self.period)
+                nb = geo.neighbours(obs.coords[kept], self.buddy_radius)
+                dom = np.repeat(np.arange(kept.size), nb.counts)
+                kinds = obs.kinds[kept]
+                pair = (nb.idx != dom) & (kinds[nb.idx] == kinds[dom])
+                dom, buddy = dom[pair], nb.idx[pair]
+                zk = z[kept]
+                bad = np.zeros(kept.size, bool)
+                starts = np.searchsorted(dom, np.arange(kept.size + 1))
+                for i in range(kept.size):
+                    b = buddy[starts[i]:starts[i + 1]]
+                    if b.size >= MIN_BUDDIES and abs(zk[i] - np.median(zk[b])) > self.buddy_sigma:
+                        bad[i] = True
+                flags[kept[bad]] = BUDDY
+        return QCResult(flags)
