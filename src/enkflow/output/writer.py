@@ -362,7 +362,8 @@ class Writer:
             # Senders with a ring do not wake the writer: it looks again after a short sleep,
             # longer while nothing comes (up to 20 ms, well within any buffer's worth of steps).
             idle_ms = 0 if worked else min(max(1, 2 * idle_ms), 20)
-            if not poller.poll(idle_ms if self.rings else 1000):
+            rings = any(r is not None for r in self.rings.values())
+            if not poller.poll(idle_ms if rings else 1000):
                 if time.monotonic() - last_check > 1.0:
                     last_check = time.monotonic()
                     if os.getppid() != self.parent:
