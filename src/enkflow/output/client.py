@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from enkflow.config import validate
-from enkflow.errors import EnkflowError, InputError, StorageError
+from enkflow.errors import ConfigError, EnkflowError, InputError, StorageError
 from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
@@ -134,6 +134,12 @@ class Output:
         self.comm = comm
         self.rank = comm.rank if comm is not None else 0
         self._coords = self._check_coords(coords or {})
+        if self.cfg.compression == "zstd":
+            import netCDF4
+
+            if not getattr(netCDF4, "__has_zstandard_support__", False):
+                raise ConfigError("compression = 'zstd' needs a netCDF4 built with zstd (the PyPI wheels are); "
+                                  f"this one ({netCDF4.__version__}) is not: use 'zlib'", key="output.compression")
         self._shapes = {f: self.cfg.shape(f) for f in self.cfg.fields}
         names = sorted(self.cfg.fields)
         n_writers = min(self.cfg.writers, max(1, len(names)))
