@@ -78,6 +78,7 @@ class OpenTime:
     remaining: int
     acc: EnsembleAccumulator | None
     t: float
+    tmp: Path
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Writer:
         nmem = self.cfg.members if spec.ensemble else 1
         need_acc = (spec.ensemble and self.cfg.diagnostics) or bool(self.cfg.windows) or bool(self.reductions)
         return OpenTime(path, cm, tf, np.zeros((nmem,) + shape, dtype=np.uint8), nmem * math.prod(shape),
-                        EnsembleAccumulator(shape) if need_acc else None, t)
+                        EnsembleAccumulator(shape) if need_acc else None, t, tmp)
 
     def _abandon(self, key: tuple[str, float], reason: str) -> None:
         ot = self.open.pop(key, None)
@@ -281,8 +282,14 @@ class Writer:
             raise PieceError(f"cannot write the checkpoint {cp}: {exc}{_space_note(cp)}", fatal=True) from None
 
     def flush(self) -> None:
+        """Everything of the open files on disk (under their temporary names)."""
         for ot in self.open.values():
             ot.file.ds.sync()
+            fd = os.open(ot.tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def finish(self, finish_windows: bool) -> list[str]:
         incomplete = []
