@@ -114,3 +114,61 @@ def from_config(cfg) -> Miyoshi2011 | None:
         return None
     return Miyoshi2011(initial=cfg.adaptive_initial, sd=cfg.adaptive_sd, minimum=cfg.adaptive_minimum,
                        maximum=cfg.adaptive_maximum, relax=cfg.adaptive_relax)
+
+
+FILE_NAME = "inflation.nc"
+
+
+def read_field(path, n_rows: int) -> np.ndarray:
+    """The field a previous cycle wrote with :func:`write_field`: (n_rows,) float64. A missing
+    file, another number of rows or a value that is not finite and > 0 is an InputError naming it."""
+    import netCDF4
+
+    from enkflow.errors import FileFormatError
+
+    try:
+        with netCDF4.Dataset(path, "r") as ds:
+            if "inflation" not in ds.variables:
+                raise FileFormatError("no variable 'inflation'", path=str(path), variable="inflation")
+            ds.set_auto_mask(False)
+            f = np.asarray(ds.variables["inflation"][:], dtype=np.float64).reshape(-1)
+    except OSError as exc:
+        raise InputError(f"cannot read the previous cycle's adaptive inflation field {path}: {exc} (it carries the "
+                         "inflation from cycle to cycle)", item=str(path)) from None
+    if f.size != n_rows:
+        raise FileFormatError(f"the inflation field has {f.size} rows, the state {n_rows}", path=str(path),
+                              variable="inflation")
+    if not (np.isfinite(f).all() and (f > 0).all()):
+        raise FileFormatError("the inflation field holds values that are not finite and > 0", path=str(path),
+                              variable="inflation")
+    return f
+
+
+def write_field(path, field: np.ndarray, *, cycle: int, coords: np.ndarray | None = None) -> None:
+    """Write the posterior field (n_rows,) of ``cycle`` atomically to ``path`` (NetCDF-4):
+    ``inflation(row)`` and, with ``coords`` (n_rows, n_dim), ``row_coords(row, coord)``."""
+    import time
+
+    import netCDF4
+
+    from enkflow.fsutil import atomic_output
+
+    with atomic_output(path) as tmp:
+        ds = netCDF4.Dataset(tmp, "w", format="NETCDF4")
+        try:
+            ds.createDimension("row", field.size)
+            v = ds.createVariable("inflation", "f8", ("row",))
+            v.long_name = "adaptive prior covariance inflation factor of each state row (Miyoshi 2011)"
+            v.units = "1"
+            v[:] = field
+            if coords is not None:
+                c = np.asarray(coords, dtype=np.float64).reshape(field.size, -1)
+                ds.createDimension("coord", c.shape[1])
+                cv = ds.createVariable("row_coords", "f8", ("row", "coord"))
+                cv.long_name = "localization coordinates of each state row"
+                cv[:] = c
+            ds.setncatts({"Conventions": "CF-1.8", "title": f"enkflow adaptive inflation, cycle {cycle}",
+                          "source": "enkflow", "cycle": np.int32(cycle),
+                          "history": f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} enkflow"})
+        finally:
+            ds.close()

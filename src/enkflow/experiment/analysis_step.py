@@ -31,6 +31,7 @@ from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import write_mean_spread
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
+from enkflow.obs.vertical import localization_coords
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
 from enkflow.state.config import StateConfig
@@ -54,6 +55,8 @@ def analyse_files(
     stats_dir: str | Path | None = None,
     stats_compression: tuple[str, int] = ("zlib", 1),
     obs_settings: ObsSettings | None = None,
+    obs_diag_dir: str | Path | None = None,
+    inflation_files: tuple[Path | None, Path | None] | None = None,
 ) -> dict[str, float]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
 
@@ -84,6 +87,11 @@ def analyse_files(
     its compression and level), whose writer writes ``NNNN/VAR_STAT.nc`` while the restarts are
     updated; it is closed (everything written) before this returns. ``stats_s`` and ``stats_wait_s``:
     the seconds spent computing and adding them, and waiting for the writer at the end.
+
+    ``obs_diag_dir``: write the observation-space diagnostics file ``obs_diag.nc`` there
+    (:mod:`enkflow.obs.diagnostics`). ``inflation_files`` (adaptive inflation): the previous
+    cycle's field file (None: the configured initial value) and this cycle's, written (rank 0,
+    atomically) before the update commits (:mod:`enkflow.analysis.adaptive_inflation`).
     """
     comm = comm or get_comm()
     t0 = time.perf_counter()
@@ -112,20 +120,28 @@ def analyse_files(
             if out is not None:
                 out.close()
             return res
+        infl_field, before = _adaptive_field(f, inflation_files, layout, store, comm, cycle)
         t1 = time.perf_counter()
         local = None
         if balance is None:
             # One rank has nothing to balance: its rows stay where they are (the balance is still reported).
             balance = analysis.balance and comm.size > 1
         if analysis.method.is_local:
+            # With vertical localization the rows' vertical coordinate is a last column: domains per point and level.
+            rc = localization_coords(layout, analysis.localization)
             if balance:  # the domains of the balanced ranges are built inside the analysis
-                local = LocalGeometry(row_coords=layout.coords)
+                local = LocalGeometry(row_coords=rc)
             else:
-                local = LocalGeometry(LocalDomains.by_location(layout.coords[store.row_start:store.row_stop]),
-                                      row_coords=layout.coords)
+                local = LocalGeometry(LocalDomains.by_location(rc[store.row_start:store.row_stop]), row_coords=rc)
         t_local = time.perf_counter() - t1
-        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=store.record, balance=balance,
-                           stats=out)
+        diag_sink = None
+        if obs_diag_dir is not None:
+            from enkflow.obs.diagnostics import ObsDiagnosticsWriter
+
+            mname = metric.value if metric is not None else ("sphere" if getattr(obs.file, "lonlat", False) else None)
+            diag_sink = ObsDiagnosticsWriter(lambda _c: Path(obs_diag_dir), comm.rank, mname)
+        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=before, balance=balance,
+                           stats=out, infl_field=infl_field, obs_diag=diag_sink)
         t2 = time.perf_counter()
         if mean_path is not None:
             write_mean_spread(Xa, layout, mean_path, spread_path, comm=comm, title=f"enkflow analysis, cycle {cycle}")
@@ -143,6 +159,30 @@ def analyse_files(
     t_read = t1 - t0 - t_start + store.read_s
     t_an = t_local + diag.pop("analysis_s")
     return {"read_s": t_read, "analysis_s": t_an, "update_s": store.update_s, "output_s": t_out, **diag}
+
+
+def _adaptive_field(f, inflation_files, layout: StateLayout, store: FileStore, comm: Comm, cycle: int):
+    """``(this rank's rows of the prior inflation field or None, the before_update hook)``: with
+    adaptive inflation, the field of the previous cycle's file (or the initial value), and a hook
+    that writes the posterior field before the completion record commits."""
+    adaptive = getattr(f, "adaptive", None)
+    if adaptive is None:
+        return None, store.record
+    from enkflow.analysis.adaptive_inflation import read_field, write_field
+
+    prev, new = inflation_files or (None, None)
+    full = read_field(prev, layout.n_rows) if prev is not None else adaptive.initial_field(layout.n_rows)
+    field = np.array(adaptive.forecast(full)[store.row_start:store.row_stop], dtype=np.float64)
+
+    def before(Xa: np.ndarray, diag: dict[str, float]) -> None:
+        if new is not None:
+            allf = comm.allgather_rows(field)
+            if comm.rank == 0:
+                write_field(new, allf, cycle=cycle, coords=layout.coords)
+            comm.barrier()
+        store.record(Xa, diag)
+
+    return field, before
 
 
 def _redo_outputs(store: FileStore, record: dict, cycle: int, mean_path: str | Path | None, spread_path: str | Path | None,
@@ -176,9 +216,16 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
     cdir.mkdir(parents=True, exist_ok=True)
     ao = cfg.analysis_output
     files = ao.mean_spread_files
+    infl = None
+    if cfg.analysis.inflation.adaptive != "none":  # carried in the cycle directories, cycle to cycle
+        from enkflow.analysis.adaptive_inflation import FILE_NAME
+
+        first = cycle <= cfg.experiment.first_cycle
+        infl = (None if first else cfg.cycle_dir(cycle - 1) / FILE_NAME, cdir / FILE_NAME)
     return analyse_files(
         paths, cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io, cycle=cycle,
         mean_path=cdir / "analysis_mean.nc" if files else None, spread_path=cdir / "analysis_spread.nc" if files else None,
         hx_files=hx, applied=cfg.applied_record(cycle), obs_settings=ObsSettings.from_experiment(cfg),
         stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_compression=(ao.compression, ao.complevel),
+        obs_diag_dir=cdir, inflation_files=infl,
     )

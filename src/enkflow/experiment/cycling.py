@@ -191,6 +191,7 @@ def analyse(
     balance_stride: int = 64,
     stats: StatsSink | None = None,
     infl_field: np.ndarray | None = None,
+    obs_diag=None,
 ) -> tuple[np.ndarray, dict[str, float]]:
     """The analysis of ``cycle``: gather, apply H, assimilate, scatter. Collective over ``store.comm``.
 
@@ -237,6 +238,11 @@ def analyse(
     ``infl_field`` (row_stop - row_start,): this rank's rows of the adaptive inflation field of a
     local filter with ``adaptive`` set, updated in place (:mod:`enkflow.analysis.adaptive_inflation`);
     the diagnostics add ``inflation_mean``, ``inflation_min`` and ``inflation_max`` over all rows.
+
+    ``obs_diag`` (:class:`enkflow.obs.diagnostics.ObsDiagnosticsWriter`): the observation-space
+    diagnostics file of the cycle (every observation's prior and posterior H(x) mean and spread and
+    QC flag; H applied to the analysis ensemble, collective), written before ``before_update``
+    runs; ``obs_diag_s`` its seconds.
     """
     comm = store.comm
     X = store.gather(cycle)
@@ -246,6 +252,7 @@ def analyse(
     t_stats = time.perf_counter() - t0
     y = obs.observations(cycle)
     HX = obs.apply(cycle, X, store.row_start, comm)
+    y_all, HX_all = y, HX  # every observation, QC-rejected ones included (obs_diag)
     # Quality control from the full HX (the same on every rank): every rank rejects the same observations.
     qc, qc_flags, qc_keep, qc_diag = getattr(obs, "qc", None), None, None, {}
     if qc is not None:
@@ -287,6 +294,12 @@ def analyse(
                     inflation_max=float(ext[:, 2].max()))
     diag["analysis_s"] = time.perf_counter() - t0
     Xa = np.asfortranarray(Xa)
+    if obs_diag is not None:
+        from enkflow.obs.diagnostics import record
+
+        t1 = time.perf_counter()
+        record(obs_diag, obs, cycle, y_all, HX_all, Xa, store.row_start, comm, qc_flags)
+        diag["obs_diag_s"] = time.perf_counter() - t1
     if before_update is not None:
         before_update(Xa, diag)
     diag.update(per_rank)  # type: ignore[arg-type]
@@ -324,8 +337,9 @@ def _decomposed_analysis(
         raise InputError("a balanced analysis needs the ranks' row blocks contiguous and in rank order", item="store")
     sample = _balance.sample_rows(store.n_rows, stride)
     mine = sample[(sample >= store.row_start) & (sample < store.row_stop)]
-    geometry.check_domain_coords(rc[mine])
-    counts = comm.allgather_rows(geometry.counts(rc[mine], loc.support).astype(np.float64))
+    hmine = loc.horizontal(rc[mine])[0]  # with vertical localization, rc's last column is the vertical
+    geometry.check_domain_coords(hmine)
+    counts = comm.allgather_rows(geometry.counts(hmine, loc.support).astype(np.float64))
     if loc.max_obs is not None:  # a capped domain analyses at most max_obs observations
         counts = np.minimum(counts, float(loc.max_obs))
     cost = _balance.domain_cost(_balance.interpolate_counts(sample, counts, store.n_rows), X.shape[1])

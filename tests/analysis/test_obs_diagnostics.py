@@ -1,0 +1,96 @@
+"""The observation-space diagnostics file (obs_diag.nc) and the adaptive inflation field carried
+between offline analysis tasks."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+from test_analysis_step import STATE, N, analysis, copy, synth
+
+from enkflow.analysis.adaptive_inflation import FILE_NAME as INFL_FILE
+from enkflow.analysis.adaptive_inflation import read_field
+from enkflow.config import AnalysisConfig, Metric
+from enkflow.errors import InputError
+from enkflow.experiment.analysis_step import analyse_files
+from enkflow.io import EnsembleFiles
+from enkflow.obs.diagnostics import FILE_NAME, summary_by_kind
+from enkflow.obs.obsfile import load_for_state
+from enkflow.parallel import SerialComm
+from enkflow.state import StateLayout
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory):
+    return synth(tmp_path_factory.mktemp("synth_diag"), "tiny", N)
+
+
+def _ensemble(paths: list[Path]) -> np.ndarray:
+    layout = StateLayout.from_config(paths[0], STATE)
+    ens = EnsembleFiles(paths, layout, mode="r")
+    try:
+        return ens.read()
+    finally:
+        ens.close()
+
+
+def test_omb_oma_equal_a_recomputation_from_the_saved_ensembles(synth_dir, tmp_path):
+    paths = copy(synth_dir, tmp_path / "d")
+    saved = tmp_path / "forecast"
+    shutil.copytree(tmp_path / "d", saved)  # the forecast ensemble, kept before the in-place update
+    out = tmp_path / "cycle"
+    res = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, analysis("letkf"), obs_diag_dir=out, cycle=3)
+    assert res["obs_diag_s"] >= 0
+    Xf = _ensemble([saved / p.name for p in paths])
+    Xa = _ensemble(paths)
+    layout = StateLayout.from_config(paths[0], STATE)
+    of = load_for_state(tmp_path / "d" / "obs.nc", layout, Metric.SPHERE)
+    H = of.operator_for(layout.n_rows)
+    HXf, HXa = H.apply(Xf, 0, SerialComm()), H.apply(Xa, 0, SerialComm())
+    y = of.obs.values
+    with netCDF4.Dataset(out / FILE_NAME) as ds:
+        ds.set_auto_mask(False)
+        g = {k: np.asarray(ds[k][:]) for k in ds.variables}
+        assert ds.Conventions == "CF-1.8" and ds.featureType == "point" and int(ds.cycle) == 3
+        assert ds["lon"].units == "degrees_east" and ds["qc"].flag_meanings.startswith("used")
+    np.testing.assert_array_equal(g["obs_value"], y)
+    np.testing.assert_array_equal(g["obs_error_variance"], of.obs.error_var)
+    np.testing.assert_array_equal(g["lon"], of.obs.coords[:, 0])
+    assert (g["qc"] == 0).all()
+    for key, ref in (("prior_mean", HXf.mean(axis=1)), ("prior_spread", HXf.std(axis=1, ddof=1)),
+                     ("posterior_mean", HXa.mean(axis=1)), ("posterior_spread", HXa.std(axis=1, ddof=1)),
+                     ("omb", y - HXf.mean(axis=1)), ("oma", y - HXa.mean(axis=1))):
+        np.testing.assert_allclose(g[key], ref, rtol=0, atol=1e-12, err_msg=key)
+    # The statistics of the run (the analysis's own) and those of the file agree to 1e-12.
+    s = summary_by_kind(out / FILE_NAME)["all"]
+    omb, oma = y - HXf.mean(axis=1), y - HXa.mean(axis=1)
+    assert s["n_used"] == y.size and s["n_rejected"] == 0
+    assert abs(s["omb_rms"] - np.sqrt(np.mean(omb**2))) < 1e-12 and abs(s["oma_rms"] - np.sqrt(np.mean(oma**2))) < 1e-12
+    assert abs(s["omb_bias"] - omb.mean()) < 1e-12 and abs(s["oma_bias"] - oma.mean()) < 1e-12
+    assert abs(s["omb_rms"] - res["omb_rms"]) < 1e-12 and abs(s["oma_rms"] - res["oma_rms"]) < 1e-12
+    xr = pytest.importorskip("xarray")
+    with xr.open_dataset(out / FILE_NAME) as ds:
+        assert ds["omb"].sizes["obs"] == y.size
+
+
+def test_adaptive_inflation_field_carried_between_analysis_tasks(synth_dir, tmp_path):
+    paths = copy(synth_dir, tmp_path / "d")
+    cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
+                                         "inflation": {"adaptive": "miyoshi2011", "adaptive_sd": 0.3}})
+    f1, f2 = tmp_path / "c1" / INFL_FILE, tmp_path / "c2" / INFL_FILE
+    f1.parent.mkdir()
+    f2.parent.mkdir()
+    r1 = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(None, f1), cycle=1)
+    a = read_field(f1, StateLayout.from_config(paths[0], STATE).n_rows)
+    assert a.min() >= 1.0 and a.max() > 1.0 and r1["inflation_mean"] == pytest.approx(a.mean())
+    analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(f1, f2), cycle=2)
+    b = read_field(f2, a.size)
+    assert not np.array_equal(a, b)
+    # A missing previous field is an error before anything is written.
+    before = _ensemble(paths)
+    with pytest.raises(InputError, match="previous cycle's adaptive inflation field"):
+        analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(tmp_path / "nope.nc", f2), cycle=3)
+    np.testing.assert_array_equal(_ensemble(paths), before)
