@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from enkflow.experiment.config import load_experiment
 from enkflow.experiment.demo import DemoSettings, prepare
 from enkflow.jobs.events import iter_events
@@ -21,17 +23,21 @@ def _members(d: Path) -> list[bytes]:
     return [(d / "members" / f"member_{m:04d}.nc").read_bytes() for m in range(1, N + 1)]
 
 
-def test_online_archive_and_restart_from_it_bitwise(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_online_archive_and_restart_from_it_bitwise(tmp_path: Path, ranks: int, mpiexec: str) -> None:
     d = tmp_path / "study"
     d.mkdir()
     toml = prepare(d, DemoSettings(members=N, cycles=3, mode="online", runners=2), lambda m: None)
     initial = {m: (d / "members" / f"member_{m:04d}.nc").read_bytes() for m in range(1, N + 1)}
-    toml.write_text(toml.read_text() + '\n[archive]\ndir = "backup"\nkeep_last = 0\n')
+    text = toml.read_text()
+    if ranks > 1:  # one checkpoint per server rank, all archived together
+        text = text.replace("runners = 2", f'runners = 2\nranks = {ranks}\nmpiexec = "{mpiexec}"')
+    toml.write_text(text + '\n[archive]\ndir = "backup"\nkeep_last = 0\n')
     status = OnlineExperiment(load_experiment(toml)).run()
     assert status["state"] == "done"
     final = _members(d)
     assert A.listed_cycles(d / "backup") == [1, 2, 3]
-    assert sorted(f["target"] for f in A.verify(d / "backup", 2)["files"]) == ["rank:0"]
+    assert sorted(f["target"] for f in A.verify(d / "backup", 2)["files"]) == [f"rank:{r}" for r in range(ranks)]
 
     run = tmp_path / "again"
     shutil.copytree(d, run, symlinks=True)
