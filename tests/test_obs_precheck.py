@@ -25,7 +25,7 @@ N = 4
 CYCLES = 3
 
 
-def _experiment(root: Path, synth: Path, *, external: bool = False, obs_extra: str = "") -> Path:
+def _experiment(root: Path, synth: Path, *, external: bool = False, obs_extra: str = "", loc_extra: str = "") -> Path:
     """``root/exp.toml``: N members of the tiny land problem, the bundled model, the built-in LETKF."""
     (root / "members").mkdir(parents=True)
     (root / "obs").mkdir()
@@ -36,7 +36,8 @@ def _experiment(root: Path, synth: Path, *, external: bool = False, obs_extra: s
     py = sys.executable
     analysis = (f'[analysis_task]\ncommand = "{py} -c pass"\n' if external else
                 '[state]\nvariables = ["soil_moisture"]\ncoordinates = ["land_lon", "land_lat"]\n\n'
-                '[analysis]\nmethod = "letkf"\nlocalization = { radius = 1500.0, metric = "sphere" }\n')
+                '[analysis]\nmethod = "letkf"\n'
+                f'localization = {{ radius = 1500.0, metric = "sphere"{loc_extra} }}\n')
     (root / "exp.toml").write_text(f'''
 [experiment]
 directory = "exp"
@@ -134,6 +135,20 @@ def test_bad_observation_settings_input_stops_the_run_before_any_forecast(
         assert np.array_equal(a, b)
     events = tmp_path / "exp" / "events.jsonl"
     assert not events.exists() or '"task_end"' not in events.read_text()
+    assert not (tmp_path / "exp" / "cycles").exists()
+
+
+def test_a_missing_vertical_coordinate_stops_the_run_before_any_forecast(
+        tmp_path: Path, synth: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The land state is one level of land points: it has no 'lev' dimension and no such variable.
+    toml = _experiment(tmp_path, synth, loc_extra=', vertical_radius = 1.0, vertical_coordinate = "lev"')
+    before = restarts(tmp_path, N)
+    assert main(["run", "--quiet", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert "analysis.localization.vertical_coordinate" in err and "vertical coordinate 'lev' is neither" in err, err
+    assert "member_0001.nc" in err
+    for a, b in zip(restarts(tmp_path, N), before):
+        assert np.array_equal(a, b)
     assert not (tmp_path / "exp" / "cycles").exists()
 
 

@@ -75,11 +75,20 @@ class LocalizationConfig(Strict):
     period: float | None = Field(default=None, gt=0)
     max_obs: int | None = Field(default=None, ge=1, description="at most this many observations per local domain, "
                                 "the nearest (an approximation: see docs/analysis.md); default: all within the radius")
+    # Vertical localization (local filters, 3-D states): a second taper on the vertical distance; docs/analysis.md.
+    vertical_radius: float | None = Field(default=None, gt=0, description="vertical radius (same convention), in "
+                                          "levels or the vertical coordinate's units; unset: no vertical localization")
+    vertical_coordinate: str | None = Field(default=None, description="a dimension of the state variables (the "
+                                            "level index along it) or a variable of the restart file (its values)")
+    vertical_taper: Taper | None = Field(default=None, description="default: taper")
 
     @model_validator(mode="after")
     def _period_for_ring(self) -> "LocalizationConfig":
         if self.metric is Metric.PERIODIC and self.period is None:
             raise ValueError("metric 'periodic' needs 'period' (the ring length in grid units)")
+        if self.vertical_radius is not None and self.vertical_coordinate is None:
+            raise ValueError("vertical_radius needs vertical_coordinate (a dimension of the state variables, "
+                             "e.g. 'lev', or a variable of the restart file)")
         return self
 
 

@@ -96,7 +96,10 @@ class _LocalFilter(Filter):
             raise InputError(f"domain rows must lie in [0, {X.shape[0]})", item="domains")
         # Every check runs before the first row is written.
         geometry = geometry or Geometry(self.localization.metric, obs.coords, self.localization.period)
-        geometry.check_domain_coords(domains.coords)
+        geometry.check_domain_coords(self.localization.horizontal(domains.coords)[0])
+        if self.localization.vertical and obs.vcoord is None:
+            raise InputError("vertical localization needs each observation's vertical coordinate (ObsSet.vcoord)",
+                             item="obs.vcoord")
         if out is None:
             out = np.array(X, order="F", copy=True)
         elif out is not X:
@@ -143,12 +146,14 @@ class _LocalFilter(Filter):
         where observations crowd (near the poles of a lon-lat grid). Timed into ``search_s``.
         ``obs``: the observations, for their per-kind localization radii (``ObsSet.half_width``)."""
         loc = self.localization if obs is None else self.localization.for_obs(obs)
+        hcoords, dom_z = loc.horizontal(domains.coords)  # dom_z: the domains' vertical coordinate, or None
+        obs_z = None if obs is None else obs.vcoord
         for start in range(0, domains.n_domains, self.chunk):
             stop = min(start + self.chunk, domains.n_domains)
             t0 = time.perf_counter()
             search = None
             if loc.max_obs is None:
-                search = geometry.search(domains.coords[start:stop], loc.support)
+                search = geometry.search(hcoords[start:stop], loc.support)
                 ranges = search.parts(self.max_pairs)
             else:  # at most max_obs pairs per domain: the chunk bounds the memory
                 ranges = iter([(0, stop - start)])
@@ -158,8 +163,10 @@ class _LocalFilter(Filter):
                 if search is not None:
                     nb = search.neighbours(a, b)
                 else:
-                    nb = geometry.nearest(domains.coords[start + a : start + b], loc.support, loc.max_obs)
+                    nb = geometry.nearest(hcoords[start + a : start + b], loc.support, loc.max_obs)
                 offsets, idx, wt = loc.weights(nb)
+                if dom_z is not None:
+                    offsets, idx, wt = loc.vertical_weights(offsets, idx, wt, dom_z[start + a : start + b], obs_z)
                 self.stats.search_s += time.perf_counter() - t0
                 yield domains.subset(start + a, start + b), offsets, idx, wt
 

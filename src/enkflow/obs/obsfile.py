@@ -492,6 +492,32 @@ def _locate(of: ObsFile, layout: StateLayout, metric: Metric | None, interp: Int
     return None, LinearObsOperator(sp.csr_matrix((w, (r, c)), shape=(n, layout.n_rows)))
 
 
+def _vertical(of: ObsFile, layout: StateLayout, loc: LocalizationConfig | None, state_index: np.ndarray | None,
+              src: _Source) -> np.ndarray | None:
+    """The observations' vertical coordinate where vertical localization is configured: the file's
+    ``level``, or (located by state_index) the observed rows'; it must lie within the state's."""
+    if loc is None or loc.vertical_radius is None:
+        return of.obs.vcoord
+    from enkflow.obs.vertical import row_vertical
+
+    rz = row_vertical(layout, loc.vertical_coordinate)
+    z = of.obs.vcoord
+    if z is None:
+        if state_index is None or of.state_index is None:
+            raise src.fail(LEVEL, "variable missing; vertical localization (analysis.localization.vertical_radius) "
+                                  f"needs each observation's vertical coordinate ({loc.vertical_coordinate}) in "
+                                  f"'{LEVEL}' where observations are located by their coordinates")
+        return rz[state_index]
+    if z.size:
+        lo, hi = float(rz.min()), float(rz.max())
+        bad = (z < lo) | (z > hi)
+        if bad.any():
+            i = _first(bad)
+            raise src.fail(LEVEL, f"observation {i} at level {float(z[i])!r} is outside the state's vertical "
+                                  f"coordinate {loc.vertical_coordinate} range [{lo:g}, {hi:g}]")
+    return z
+
+
 def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None, *,
                    cycle: int | None = None, settings: ObsSettings | None = None) -> ObsFile:
     """Read ``path`` and check it against the state ``layout``, the analysis ``metric`` and the
@@ -580,7 +606,8 @@ def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None,
     qc_sigma = None
     if np.isfinite(kinds.qc_sigma).any():
         qc_sigma = np.where(np.isfinite(kinds.qc_sigma), kinds.qc_sigma, np.inf)
-    obs = ObsSet(of.obs.values, of.obs.error_var * kinds.factor**2, coords, of.obs.kinds, half_width, of.obs.vcoord)
+    vcoord = _vertical(of, layout, settings.localization, state_index, src)
+    obs = ObsSet(of.obs.values, of.obs.error_var * kinds.factor**2, coords, of.obs.kinds, half_width, vcoord)
     lonlat = layout.coord_kind == "lonlat" if interp is Interpolation.INDEX else names == (LON, LAT)
     return ObsFile(obs, state_index, of.attrs, of.time, kinds.names, operator, qc_sigma, lonlat)
 

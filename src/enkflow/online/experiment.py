@@ -27,6 +27,7 @@ from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
+from enkflow.obs.vertical import localization_coords
 from enkflow.online.fields import Field
 from enkflow.output.archive_background import ArchiveFailure
 from enkflow.online.scheduler import SchedulerConfig
@@ -195,8 +196,9 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> t
         if not cfg.analysis.method.is_local:
             return None
         if balance:
-            return LocalGeometry(row_coords=layout.coords)
-        return LocalGeometry(LocalDomains.by_location(layout.coords[store.row_start:store.row_stop]))
+            return LocalGeometry(row_coords=localization_coords(layout, cfg.analysis.localization))
+        return LocalGeometry(LocalDomains.by_location(
+            localization_coords(layout, cfg.analysis.localization)[store.row_start:store.row_stop]))
 
     steps = cfg.steps_per_cycle
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
