@@ -52,3 +52,19 @@ def test_online_archive_and_restart_from_it_bitwise(tmp_path: Path, ranks: int, 
     assert len(i) == 1 and ev[i[0]]["cycle"] == 2
     assert [e["cycle"] for e in ev[i[0]:] if e["event"] == "online_cycle_end"] == [3]
     assert A.verify(run / "backup", 3)
+
+
+def test_online_archive_failure_stops_the_study_when_configured(tmp_path: Path) -> None:
+    from enkflow.errors import EnkflowError
+
+    d = tmp_path / "study"
+    d.mkdir()
+    toml = prepare(d, DemoSettings(members=N, cycles=2, mode="online", runners=2), lambda m: None)
+    (d / "blocker").write_text("a file where the archive directory should be")
+    toml.write_text(toml.read_text() + '\n[archive]\ndir = "blocker/backup"\non_failure = "stop"\n')
+    with pytest.raises(EnkflowError, match="the server stopped: archiving of cycle"):
+        OnlineExperiment(load_experiment(toml)).run()
+    ev = list(iter_events(d / "run" / "events.jsonl"))
+    assert [e["event"] for e in ev if e["event"] == "archive_fail"] == ["archive_fail"]
+    assert not [e for e in ev if e["event"] == "server_crash"]  # a deterministic failure: not retried
+    assert A.staged_cycles(d / "run" / "archive" / "staging")  # left for the next run

@@ -110,8 +110,8 @@ class BackgroundArchiver:
                                  f"{self.staging} and are archived by the next run)")
 
     def finish(self, *, retries: int = 1) -> None:
-        """Wait until every staged cycle is archived; after a failure the archiver runs again
-        (at most ``retries`` + 1 starts here; each failure is reported)."""
+        """Wait until every staged cycle is archived; after a failure the archiver runs again,
+        ``retries`` times at most (each failure is reported)."""
         starts = 0
         while True:
             if self._proc is not None:
@@ -119,7 +119,7 @@ class BackgroundArchiver:
                 self._proc = None
                 if rc != 0:
                     self._failed(rc)
-            if not _archive.staged_cycles(self.staging) or starts > retries:
+            if not _archive.staged_cycles(self.staging) or starts >= retries:
                 return
             self._start()
             starts += 1
