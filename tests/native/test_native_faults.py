@@ -44,53 +44,62 @@ def _finish(proc: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str]:
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("fault", ["kill-9", "crashes", "sigterm"])
+def _wait_assignment(proc: subprocess.Popen, events: Path, cycle: int, member: int) -> dict:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        e = next((e for e in _events(events) if e.get("event") == "task_assign" and e.get("cycle") == cycle
+                  and e.get("member") == member), None)
+        if e is not None:
+            return e
+        time.sleep(0.01)
+    raise AssertionError(f"member {member} of cycle {cycle} was never assigned")
+
+
+@pytest.mark.parametrize("fault", ["signals", "crashes"])
 def test_a_native_runner_fault_requeues_its_member_only(native_build, reference, tmp_path: Path, fault: str) -> None:
-    """kill-9: SIGKILL mid-forecast (member 3 of cycle 2). crashes: in one study, a runner that crashes inside
-    the library (SIGSEGV writing the first member it receives, in cycle 1) and, later, one whose model calls
-    abort() right after receiving a member of cycle 2. sigterm: SIGTERM mid-forecast (member 3 of cycle 2): the
-    runner leaves cleanly (BYE), the member is requeued at once (reason ``left``), as the Python runner does."""
+    """signals: SIGKILL mid-forecast (member 3 of cycle 2: requeued as ``lost``), then SIGTERM mid-forecast
+    (member 5 of cycle 3: the runner leaves cleanly with a BYE, its member requeued at once as ``left``, as
+    the Python runner's). crashes: a runner that crashes inside the library (SIGSEGV writing the first member
+    it receives, in cycle 1) and, later, one whose model calls abort() right after receiving a member of
+    cycle 2 (both ``lost``)."""
     exe = native_build.exe("enkflow_demo_c")
     forcing = tmp_path / "forcing.nc"
     markers = tmp_path / "crashed-in-library", tmp_path / "aborted"
-    extra = {"kill-9": "--sleep 0.5", "sigterm": "--sleep 0.5",
+    extra = {"signals": "--sleep 0.5",
              "crashes": f"--crash-in-library {markers[0]} --abort-in-cycle 2 --marker {markers[1]}"}[fault]
     study = online_study(tmp_path / "study", f"{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
                                              f"--forcing {forcing} --length {{length}} {extra}", online=FAST_FAULTS)
     make_forcing(study.directory / "members" / "member_0001.nc", forcing)
     events = study.run_dir / "events.jsonl"
     proc = start_study(study)
-    victim = None
-    if fault in ("kill-9", "sigterm"):
-        deadline = time.monotonic() + 90
-        while victim is None and time.monotonic() < deadline and proc.poll() is None:
-            victim = next((e for e in _events(events) if e.get("event") == "task_assign" and e.get("cycle") == 2
-                           and e.get("member") == 3), None)
-            time.sleep(0.01)
-        assert victim is not None, "member 3 of cycle 2 was never assigned"
-        time.sleep(max(0.0, float(victim["t"]) + 0.15 - time.time()))  # into its 0.5 s forecast
-        os.kill(int(str(victim["runner"]).rsplit(":", 1)[1]), signal.SIGKILL if fault == "kill-9" else signal.SIGTERM)
+    victims = []
+    if fault == "signals":
+        for cycle, member, sig in ((2, 3, signal.SIGKILL), (3, 5, signal.SIGTERM)):
+            victim = _wait_assignment(proc, events, cycle, member)
+            time.sleep(max(0.0, float(victim["t"]) + 0.15 - time.time()))  # into its 0.5 s forecast
+            os.kill(int(str(victim["runner"]).rsplit(":", 1)[1]), sig)
+            victims.append(victim)
     rc, log = _finish(proc)
     assert rc == 0, f"enkflow run failed ({rc}):\n{log}\n{study.runner_logs()}"
     ev = _events(events)
-    lost = [e for e in ev if e.get("event") == "task_requeue"]
-    assert all(e["reason"] == ("left" if fault == "sigterm" else "lost") for e in lost), lost
-    if fault in ("kill-9", "sigterm"):
-        assert [(e["cycle"], e["member"], e["task"]) for e in lost] == [(2, 3, victim["task"])], (lost, victim)
+    requeued = [e for e in ev if e.get("event") == "task_requeue"]
+    if fault == "signals":
+        assert [(e["cycle"], e["member"], e["task"], e["reason"]) for e in requeued] == [
+            (2, 3, victims[0]["task"], "lost"), (3, 5, victims[1]["task"], "left")], (requeued, victims)
+        assert sum(e.get("event") == "runner_leave" for e in ev) == 1, "the SIGTERMed runner left without a BYE"
     else:
         assert all(m.exists() for m in markers), "a fault was never injected"
-        assert [e["cycle"] for e in lost] == [1, 2], lost
+        assert [(e["cycle"], e["reason"]) for e in requeued] == [(1, "lost"), (2, "lost")], requeued
     # Only the interrupted forecasts were run again: one assignment more per fault than the members x cycles
     # (plus the statelessness check's repeats, as many as in a fault-free run).
     assigned = [(e["cycle"], e["member"]) for e in ev if e.get("event") == "task_assign"]
     checks = sum(1 for e in ev if e.get("event") == "stateless_check")
-    assert len(assigned) == 8 * 3 + checks + len(lost), (len(assigned), checks)
-    assert all(assigned.count((e["cycle"], e["member"])) >= 2 for e in lost)
-    assert sum(e.get("event") == "runner_exit" for e in ev) == len(lost), "the dead runners were not replaced"
-    if fault == "sigterm":
-        assert any(e.get("event") == "runner_leave" for e in ev), "the runner left without a BYE"
+    assert len(assigned) == 8 * 3 + checks + len(requeued), (len(assigned), checks)
+    assert all(assigned.count((e["cycle"], e["member"])) >= 2 for e in requeued)
+    assert sum(e.get("event") == "runner_exit" for e in ev) == len(requeued), "the dead runners were not replaced"
     bad = differences(reference, outputs(study.directory, study.run_dir))
     assert not bad, f"{fault}: not bitwise the offline run: {bad}"
+
 
 def test_native_runners_greet_a_restarted_server(native_build, reference, tmp_path: Path) -> None:
     """The server killed with SIGKILL in cycle 2, after some of its forecasts: the supervisor restarts it from
