@@ -239,14 +239,15 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     sink = MeanSpreadOutput(cfg, layout, comm) if ao.mean_spread_files else NoOutput()
     if cfg.archive.dir is not None:
         sink = ArchivingOutput(sink, cfg, comm, events, progress)
+    problem, layout = build_problem(cfg, comm, sink)  # every check first
     stats = None
     if ao.statistics_for("online"):
         from enkflow.output.analysis_output import AnalysisOutput
 
         # One writer for the whole study: the ranks add their rows each cycle and go on.
         stats = AnalysisOutput(layout, cfg.expdir / "cycles", comm, compression=ao.compression, complevel=ao.complevel)
+        problem.stats = stats
     try:
-        problem, layout = build_problem(cfg, comm, sink, stats)
         server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
         diag = server.run(cfg.cycle_numbers)
         if isinstance(sink, ArchivingOutput):
