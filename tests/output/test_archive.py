@@ -123,3 +123,16 @@ def test_the_archiver_process_reports_an_unwritable_archive(tmp_path: Path) -> N
     assert r.returncode == 1
     assert "enkflow archiver: error" in r.stderr and str(blocker) in r.stderr
     assert A.staged_cycles(staging) == [1]
+
+
+def test_uncompressed_archive_round_trip(tmp_path: Path) -> None:
+    src = _files(tmp_path / "restarts", n=2)
+    original = {t: p.read_bytes() for p, _, t in src}
+    A.stage(tmp_path / "staging", 5, src, {}, link=True)  # hard links: the sources are not rewritten here
+    A.archive_staged(tmp_path / "staging", tmp_path / "archive", A.Policy(compression="none"))
+    man = A.verify(tmp_path / "archive", 5)
+    assert [f["name"] for f in man["files"]] == ["member_0001.nc", "member_0002.nc"]
+    assert all(f["bytes"] == f["bytes_raw"] and f["sha256"] == f["sha256_raw"] for f in man["files"])
+    out = {t: tmp_path / "out" / f"{t}.nc".replace(":", "_") for t in original}
+    A.restore(tmp_path / "archive", 5, out)
+    assert {t: p.read_bytes() for t, p in out.items()} == original
