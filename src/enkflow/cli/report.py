@@ -17,10 +17,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("expdir", help="experiment directory (holding events.jsonl)")
     p.add_argument("--members", action="store_true", help="also list every member's wait, run and I/O time")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--html", action="store_true",
+                   help="write a self-contained HTML page with figures (timing, scores, OmB/OmA per kind, QC, maps) "
+                        "and print its path")
+    p.add_argument("--out", default=None, help="--html: the page's path (default EXPDIR/report.html)")
+    p.add_argument("--truth", default=None, metavar="TEMPLATE",
+                   help="--html: truth files for the RMSE, a path with {cycle} (e.g. truth/truth_{cycle:04d}.nc)")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.html:
+        from enkflow.report_html import write_html
+
+        print(write_html(args.expdir, args.out, truth=args.truth))
+        return 0
     rep = load_report(args.expdir)
     print(json.dumps(report_json(rep), indent=1) if args.json else render_report(rep, members=args.members))
     return 0

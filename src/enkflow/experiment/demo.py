@@ -99,6 +99,9 @@ coordinates = ["land_lon", "land_lat"]
 method = "letkf"
 localization = {{ radius = {s.radius}, metric = "sphere" }}
 inflation = {{ prior = {s.inflation} }}
+
+[analysis_output]
+statistics = true     # forecast mean and increment too, for the report's maps (docs/output.md)
 '''
     workers = f"workers = {s.workers}\n" if s.workers else ""
     if s.mode not in ("offline", "online"):
@@ -192,4 +195,11 @@ def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, 
     say(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; experiment files in {d}")
     # The run directory is one level down; name it so `enkflow report` gets the right one.
     say(f"run directory (events, cycles): {cfg.expdir}; timing table again: enkflow report {cfg.expdir}")
-    return {"rmse": {k: v[0] for k, v in rmse.items()}, "spread": {k: v[1] for k, v in rmse.items()}, "report": rep, "config": toml}
+    from enkflow.report_html import write_html
+
+    truth = str(d / "truth" / "truth_{cycle:04d}.nc")
+    page = write_html(cfg.expdir, truth=truth)
+    say(f"the report page again: enkflow report {d} --html --truth '{truth}'")
+    say(f"report: {page}")
+    return {"rmse": {k: v[0] for k, v in rmse.items()}, "spread": {k: v[1] for k, v in rmse.items()}, "report": rep,
+            "config": toml, "html": page}
