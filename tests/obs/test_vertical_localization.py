@@ -111,3 +111,32 @@ def test_vertical_coordinate_variable_and_missing_pieces(tmp_path: Path) -> None
     obs = ObsSet(np.zeros(3), np.ones(3), layout.coords[idx])
     with pytest.raises(InputError, match="vertical coordinate"):
         flt.analyze(X, X[idx], obs, domains=LocalDomains.by_location(localization_coords(layout, loc)))
+
+
+def test_analyse_files_with_vertical_localization_balanced_or_not(tmp_path: Path) -> None:
+    """The built-in analysis of member files: domains per (point, level) in both decompositions."""
+    from enkflow.experiment.analysis_step import analyse_files
+    from enkflow.state.config import StateConfig
+
+    runs = {}
+    for balance in (False, True):
+        paths = []
+        for m in range(N):
+            p = tmp_path / f"{balance}_m{m}.nc"
+            _state(p)
+            with netCDF4.Dataset(p, "a") as ds:
+                ds["t"][:] = np.random.default_rng(m).normal(size=(NL, NY, NX))
+            paths.append(p)
+        idx = np.arange(0, NL * NY * NX, 7)
+        obs = _obs(tmp_path / "o.nc", idx, np.random.default_rng(9).normal(size=idx.size))
+        cfg = validate(AnalysisConfig, {"method": "letkf", "localization": {
+            "radius": 2.0, "metric": "cartesian", "vertical_radius": 1.0, "vertical_coordinate": "lev"}})
+        diag = analyse_files(paths, obs, StateConfig(variables=["t"]), cfg, cycle=1, balance=balance)
+        assert diag["oma_rms"] < diag["omb_rms"]
+        runs[balance] = np.stack([_read(p) for p in paths])
+    np.testing.assert_allclose(runs[True], runs[False], rtol=0, atol=1e-12)
+
+
+def _read(p: Path) -> np.ndarray:
+    with netCDF4.Dataset(p) as ds:
+        return np.asarray(ds["t"][:])

@@ -98,8 +98,9 @@ def analyse_files(
     layout = StateLayout.from_config(paths[0], state)
     f = make_filter(analysis)
     metric = analysis.localization.metric if analysis.localization else None
-    # Every check of the file against the state and metric (enkflow run did them before the first forecast);
-    # observations sit at their state rows: same coordinates as the state points.
+    # Every check of the file against the state, metric and observation settings (enkflow run did them before
+    # the first forecast). Without settings: located by state_index, and the localization's vertical coordinate.
+    obs_settings = obs_settings or ObsSettings(localization=analysis.localization)
     obs = FileObservations(load_for_state(obs_file, layout, metric, cycle=cycle, settings=obs_settings), layout.n_rows,
                            hx_files, obs_settings)
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
