@@ -235,3 +235,26 @@ def test_operator_output_per_time_slot_is_taken_at_each_observations_time(tmp_pa
     np.testing.assert_array_equal(HX, 100.0 * want_slot[:, None] + np.arange(5)[:, None] + np.arange(N)[None, :] / 10)
     with pytest.raises(FileFormatError, match=r"observation 0 at time -6.0 is outside the window \[-5, 0\]"):
         load_for_state(p, layout, None, cycle=1, settings=ObsSettings(window=(-5.0, 0.0)))
+
+
+def test_in_process_time_slots_take_each_observations_slot(tmp_path: Path) -> None:
+    from enkflow.errors import InputError
+    from enkflow.obs.space import SlotObservations
+
+    layout = StateLayout.from_file(_index_grid(tmp_path / "grid.nc", (10,)), ["h"])
+    times = np.array([-6.0, -4.4, -3.0, -0.2, 0.0])
+    p = _write(tmp_path / "o.nc", np.zeros(5), None, ("x",), np.arange(5) * 2, time=times)
+    of = load_for_state(p, layout, None, settings=ObsSettings(window=(-6.0, 0.0)))
+    space = SlotObservations(of, layout.n_rows, [-6.0, -3.0, 0.0])
+    X = np.asfortranarray(np.arange(10.0)[:, None] + np.arange(N)[None, :] / 10)
+    comm = SerialComm()
+    for s in range(3):  # the "model" state at slot s: X + 100 s
+        space.record(s, np.asfortranarray(X + 100.0 * s), 0, comm)
+    HX = space.apply(1, X, 0, comm)
+    np.testing.assert_array_equal(HX, X[np.arange(5) * 2] + 100.0 * np.array([0, 1, 1, 2, 2])[:, None])
+    space.record(0, X, 0, comm)
+    with pytest.raises(InputError, match=r"cycle 2: no H\(x\) was recorded for time slot 1 \(time -3\)"):
+        space.apply(2, X, 0, comm)
+    no_time = load_for_state(_write(tmp_path / "nt.nc", np.zeros(2), None, ("x",), np.arange(2)), layout, None)
+    with pytest.raises(InputError, match="time slots need the observations' times"):
+        SlotObservations(no_time, layout.n_rows, [0.0])

@@ -22,7 +22,7 @@ import numpy as np
 from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.qc import QualityControl
 from enkflow.config import Metric
-from enkflow.errors import FileFormatError
+from enkflow.errors import FileFormatError, InputError
 from enkflow.obs.obsfile import ObsFile, ObsSettings
 from enkflow.obs.operators import GivenHX
 from enkflow.parallel import Comm
@@ -122,3 +122,43 @@ class FileObservations:
 
     def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
         return self.operator.apply(x[:, None], row_start, comm)[:, 0]
+
+
+class SlotObservations(FileObservations):
+    """In-process 4-D / FGAT: a :class:`FileObservations` whose H(x) is taken, for each observation,
+    at the time slot nearest its ``time`` (the file must have ``time``).
+
+    ``slot_times`` (n_slots,): the slot times relative to the analysis time (the file's ``time``
+    units). Whatever advances the members calls :meth:`record` with the ensemble rows at each slot
+    time during the forecast (collective, like :meth:`apply`); :meth:`apply` then assembles H X from
+    the recorded slots and forgets them. A slot that observations need but nobody recorded is an
+    error naming it. The analysis mean's H (``apply_mean``, for OmA) stays at the analysis time.
+    """
+
+    def __init__(self, obs_file: ObsFile, n_rows: int, slot_times: Sequence[float],
+                 settings: ObsSettings | None = None):
+        super().__init__(obs_file, n_rows, None, settings)
+        if obs_file.time is None:
+            raise InputError("time slots need the observations' times (the observation file's 'time')", item="time")
+        self.slot_times = np.asarray(slot_times, dtype=np.float64).reshape(-1)
+        if self.slot_times.size == 0:
+            raise InputError("at least one time slot is needed", item="slot_times")
+        self.slot = slot_of(obs_file.time, self.slot_times)
+        self._hx: dict[int, np.ndarray] = {}
+
+    def record(self, slot: int, X: np.ndarray, row_start: int, comm: Comm) -> None:
+        """H of this rank's ensemble rows ``X`` (n_local_rows, N) at slot ``slot``; collective."""
+        if not 0 <= slot < self.slot_times.size:
+            raise InputError(f"time slot {slot} is not one of the {self.slot_times.size} slots", item="slot")
+        self._hx[slot] = self.operator.apply(X, row_start, comm)
+
+    def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        HX = np.empty((self.file.n_obs, X.shape[1]))
+        for s in np.unique(self.slot).tolist():
+            if s not in self._hx:
+                raise InputError(f"cycle {cycle}: no H(x) was recorded for time slot {s} (time "
+                                 f"{self.slot_times[s]:g}), which observations need", item="slot")
+            at = self.slot == s
+            HX[at] = self._hx[s][at]
+        self._hx.clear()
+        return HX
