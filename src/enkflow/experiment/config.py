@@ -383,12 +383,19 @@ class ExperimentConfig(Strict):
             "model": model,
             # The decomposition of the analysis cannot change its result.
             "analysis": {"analysis": {k: v for k, v in (d["analysis"] or {}).items() if k != "balance"},
-                         "analysis_task": task, "observations": d["observations"]},
+                         "analysis_task": task, "observations": _without_obs_defaults(d["observations"])},
         }
         return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in parts.items()}
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _without_obs_defaults(obs: dict[str, Any]) -> dict[str, Any]:
+    """The observation settings less the keys of :class:`ObsSettingsConfig` left at their defaults, so
+    that experiments made before those keys existed keep their digest (and can be resumed)."""
+    defaults = ObsSettingsConfig().model_dump(mode="json")
+    return {k: v for k, v in obs.items() if k not in defaults or v != defaults[k]}
 
 
 def load_experiment(path: str | Path) -> ExperimentConfig:
