@@ -172,3 +172,40 @@ def write_field(path, field: np.ndarray, *, cycle: int, coords: np.ndarray | Non
                           "history": f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} enkflow"})
         finally:
             ds.close()
+
+
+class FieldCarrier:
+    """Carries the field of a long-running analysis (the online server) from cycle to cycle in
+    memory, and writes each cycle's posterior field to ``dir_of(cycle) / inflation.nc`` (rank 0 of
+    ``comm``, atomically) when ``dir_of`` is given; a restarted server continues from the previous
+    cycle's file where it exists (else from ``initial``). ``coords`` (n_rows, n_dim) go into the files."""
+
+    def __init__(self, scheme: Miyoshi2011, n_rows: int, comm, dir_of=None, coords: np.ndarray | None = None):
+        self.scheme, self.n_rows, self.comm, self.dir_of, self.coords = scheme, n_rows, comm, dir_of, coords
+        self._field: np.ndarray | None = None
+        self._cycle: int | None = None
+
+    def prior(self, cycle: int, row_start: int, row_stop: int) -> np.ndarray:
+        """This rank's rows of the prior field of ``cycle``: (row_stop - row_start,) float64, a new array."""
+        from pathlib import Path
+
+        if self._field is None or self._cycle != cycle - 1:
+            prev = Path(self.dir_of(cycle - 1)) / FILE_NAME if self.dir_of is not None else None
+            full = read_field(prev, self.n_rows) if prev is not None and prev.is_file() else \
+                self.scheme.initial_field(self.n_rows)
+            self._field = full[row_start:row_stop]
+        return np.array(self.scheme.forecast(self._field), dtype=np.float64)
+
+    def posterior(self, cycle: int, field: np.ndarray) -> None:
+        """Keep the posterior field of ``cycle`` (this rank's rows) and write the cycle's file (collective)."""
+        from pathlib import Path
+
+        self._field, self._cycle = np.array(field, dtype=np.float64), cycle
+        if self.dir_of is None:
+            return
+        allf = self.comm.allgather_rows(np.ascontiguousarray(self._field))
+        if self.comm.rank == 0:
+            d = Path(self.dir_of(cycle))
+            d.mkdir(parents=True, exist_ok=True)
+            write_field(d / FILE_NAME, allf, cycle=cycle, coords=self.coords)
+        self.comm.barrier()

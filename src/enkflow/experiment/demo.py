@@ -38,6 +38,7 @@ class DemoSettings:
     analysis_command: str | None = None
     mode: str = "offline"  # or "online": server and runners exchange states in memory
     runners: int = 2  # online: runner processes
+    adaptive: str = "none"  # [analysis.inflation] adaptive, e.g. "miyoshi2011" (then on top of `inflation`)
 
 
 def _state(path: Path) -> np.ndarray:
@@ -98,7 +99,7 @@ coordinates = ["land_lon", "land_lat"]
 [analysis]
 method = "letkf"
 localization = {{ radius = {s.radius}, metric = "sphere" }}
-inflation = {{ prior = {s.inflation} }}
+inflation = {{ prior = {s.inflation}, adaptive = "{s.adaptive}" }}
 
 [analysis_output]
 statistics = true     # forecast mean and increment too, for the report's maps (docs/output.md)

@@ -201,9 +201,18 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> t
             localization_coords(layout, cfg.analysis.localization)[store.row_start:store.row_stop]))
 
     steps = cfg.steps_per_cycle
+    from enkflow.analysis.adaptive_inflation import FieldCarrier
+    from enkflow.obs.diagnostics import ObsDiagnosticsWriter
+
+    flt = make_filter(cfg.analysis)
+    metric = cfg.analysis.localization.metric.value if cfg.analysis.localization else None
+    carrier = None
+    if getattr(flt, "adaptive", None) is not None:  # in memory, and written per cycle (a restart resumes from it)
+        carrier = FieldCarrier(flt.adaptive, layout.n_rows, comm, cfg.cycle_dir, layout.coords)
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
-                      make_filter(cfg.analysis), local=local, sink=sink or MeanSpreadOutput(cfg, layout, comm),
-                      balance=balance, stats=stats)
+                      flt, local=local, sink=sink or MeanSpreadOutput(cfg, layout, comm),
+                      balance=balance, stats=stats, obs_diag=ObsDiagnosticsWriter(cfg.cycle_dir, comm.rank, metric),
+                      inflation=carrier)
     return problem, layout
 
 

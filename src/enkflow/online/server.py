@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zmq
@@ -101,6 +102,8 @@ class Problem:
     truth: Callable[[int], np.ndarray | None] = lambda cycle: None
     balance: bool | None = None  # see analyse(); True needs LocalGeometry.row_coords
     stats: StatsSink | None = None
+    obs_diag: Any = None  # enkflow.obs.diagnostics.ObsDiagnosticsWriter: obs_diag.nc per cycle
+    inflation: Any = None  # enkflow.analysis.adaptive_inflation.FieldCarrier: the adaptive inflation field
 
 
 # Bus operations between server ranks.
@@ -296,8 +299,11 @@ class Server:
         if self.ckpt is not None:
             self.ckpt.flush()  # the forecast checkpoints read the shares the analysis overwrites
         t_flush = time.perf_counter() - t0
+        infl = self.p.inflation.prior(k, self.store.row_start, self.store.row_stop) if self.p.inflation is not None else None
         Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k),
-                           balance=self.p.balance, stats=self.p.stats)
+                           balance=self.p.balance, stats=self.p.stats, infl_field=infl, obs_diag=self.p.obs_diag)
+        if infl is not None:
+            self.p.inflation.posterior(k, infl)
         self.p.sink.write(k, Xa, self.store.row_start, diag)
         transfer = self.comm.allgather_obj(self.stats.get("transfer_s", 0.0))
         diag = {**diag, **{k2: v for k2, v in self.stats.items() if k2 != "transfer_s"}, "transfer_s": float(max(transfer)),

@@ -1,0 +1,30 @@
+"""The observation-space diagnostics file and the adaptive inflation field, offline (files carried
+between analysis tasks) and online (the server's memory): the same values, bit for bit."""
+
+import netCDF4
+import numpy as np
+
+from enkflow.experiment.demo import DemoSettings, run_demo
+
+
+def _vars(path):
+    with netCDF4.Dataset(path) as ds:
+        ds.set_auto_mask(False)
+        return {k: np.asarray(v[:]) for k, v in ds.variables.items()}
+
+
+def test_obs_diag_and_adaptive_inflation_online_equal_offline(tmp_path):
+    for mode in ("offline", "online"):
+        run_demo(tmp_path / mode, DemoSettings(members=6, cycles=3, mode=mode, runners=2, adaptive="miyoshi2011",
+                                               inflation=1.0), say=lambda _m: None)
+    fields = []
+    for k in (1, 2, 3):
+        for name in ("obs_diag.nc", "inflation.nc"):
+            a, b = (_vars(tmp_path / m / "run" / "cycles" / f"{k:04d}" / name) for m in ("offline", "online"))
+            assert a.keys() == b.keys()
+            for v in a:
+                assert np.array_equal(a[v], b[v]), (k, name, v)
+        fields.append(_vars(tmp_path / "offline" / "run" / "cycles" / f"{k:04d}" / "inflation.nc")["inflation"])
+        d = _vars(tmp_path / "offline" / "run" / "cycles" / f"{k:04d}" / "obs_diag.nc")
+        assert np.all(d["posterior_spread"] < d["prior_spread"])
+    assert fields[0].max() > 1.0 and not np.array_equal(fields[0], fields[2])  # estimated and carried
