@@ -1,11 +1,14 @@
-"""Writer failures with real processes: kill -9 mid-run (stop / continue), a full disk (a 1 MiB tmpfs).
-Whatever happens, a file under its final name is whole: every one opens and holds exactly the data added."""
+"""Writer failures with real processes: kill -9 mid-run (stop / continue), a writer that hangs without
+dying (SIGSTOP: in back-pressure and in sync, stop / continue), a slow writer that keeps progressing
+(not a hang), a full disk (a 1 MiB tmpfs). Whatever happens, a file under its final name is whole:
+every one opens and holds exactly the data added."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -92,6 +95,96 @@ class _nothing:
 
     def __exit__(self, *a: Any) -> None:
         return None
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("policy, where, transport", [("stop", "add", "shm"), ("continue", "add", "shm"),
+                                                      ("stop", "sync", "shm"), ("continue", "sync", "ipc")])
+def test_sigstop_of_the_writer_is_a_writer_failure(tmp_path: Path, policy: str, where: str, transport: str) -> None:
+    """A writer stopped (SIGSTOP) does not die: nothing but its silence tells. After writer_timeout
+    seconds without progress, the waiting add (buffer full) or sync gives up on it: it is killed, its
+    temporary files removed, and on_writer_failure applies."""
+    d = tmp_path / "out"
+    # 32 KiB pieces, 0.25 MiB of buffer: the 9th piece after the stop waits for room.
+    out = Output(config(d, on_writer_failure=policy, writer_timeout=1.0, buffer_mb=0.25, transport=transport,
+                        compression="none"))
+    pid = writer_pid(out)
+    for k in range(2):
+        for m in range(1, N + 1):
+            out.add("u", field(k, m), time=float(k), member=m)
+    out.sync()
+    os.kill(pid, signal.SIGSTOP)
+    rescue = threading.Timer(60.0, lambda: os.kill(pid, signal.SIGCONT))  # a test that fails, not one that hangs
+    rescue.start()
+    caught: OutputError | None = None
+    k = 2
+    try:
+        with pytest.warns(RuntimeWarning, match="OUTPUT LOST.*made no progress") if policy == "continue" else _nothing():
+            try:
+                if where == "add":
+                    while k < 12:
+                        for m in range(1, N + 1):
+                            out.add("u", field(k, m), time=float(k), member=m)
+                        k += 1
+                else:
+                    out.add("u", field(2, 1), time=2.0, member=1)  # time 2 half written, under a temporary name
+                    out.sync()
+            except OutputError as exc:
+                caught = exc
+    finally:
+        rescue.cancel()
+    assert gone(pid), "the hung writer must be killed (and reaped)"
+    if policy == "stop":
+        assert caught is not None, "the stopped writer was not detected"
+        msg = str(caught)
+        for part in (f"output writer 0 (pid {pid}", "made no progress for", "output.writer_timeout = 1 s",
+                     "the oldest piece not written: field u time 2 member 1", "stopped", "killed"):
+            assert part in msg, f"{part!r} not in {msg!r}"
+        if where == "add":
+            assert k == 4, "the adds that fit the buffer return at once, the next one waits and fails"
+        with pytest.raises(OutputError, match=f"pid {pid}.*made no progress"):
+            out.add("u", field(0, 1), time=0.0, member=1)
+        with pytest.raises(OutputError, match="made no progress"):
+            out.close()
+    else:
+        assert caught is None and (where == "sync" or k == 12), "the model should have gone on"
+        s = out.stats()
+        assert s["lost_adds"] > 0 and "made no progress" in s["failures"][0] and not s["writers"][0]["alive"]
+        out.add("u", field(3, 1), time=3.0, member=1)  # dropped and counted, no error
+        out.close()
+        assert out.stats()["lost_adds"] > s["lost_adds"]
+    assert check_whole(d) == 2  # the times synced before the stop, whole; nothing else under a final name
+
+
+def test_a_slow_writer_that_keeps_progressing_is_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """writer_timeout bounds the silence, not the work: a user reduction that takes 0.4 s per time keeps
+    the writer busy for more than twice the timeout, and an idle pause longer than the timeout comes first."""
+    (tmp_path / "slow_reduction.py").write_text(
+        "import time\nimport numpy as np\n\ndef total(a):\n    time.sleep(0.4)\n    return float(np.sum(a))\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    d = tmp_path / "out"
+    times = 8
+    out = Output(config(d, writer_timeout=1.5, compression="none", reductions={"total": "slow_reduction:total"}))
+    time.sleep(2.0)  # the model computes for a while: an idle writer is not a hung one, it goes on beating
+    assert out._channels[0].silence.seconds() < 1.5
+    t0 = time.monotonic()
+    for k in range(times):
+        for m in range(1, N + 1):
+            out.add("u", field(k, m), time=float(k), member=m)
+    out.sync()
+    assert time.monotonic() - t0 > 2 * 1.5  # the case at hand: sync waited for longer than the timeout
+    out.close()
+    assert check_whole(d) == times
+    with netCDF4.Dataset(d / "u_7.nc") as ds:
+        mean = np.mean([field(7, m) for m in range(1, N + 1)], axis=0)
+        np.testing.assert_allclose(ds["u_total"][...], mean.sum(), rtol=1e-12)
 
 
 def test_writer_exits_and_cleans_up_when_the_model_is_killed(tmp_path: Path) -> None:

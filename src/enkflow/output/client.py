@@ -6,7 +6,9 @@ import json
 import logging
 import math
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from enkflow.errors import ConfigError, EnkflowError, InputError, StorageError
 from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
+from enkflow.output.heartbeat import Heartbeat, Silence, process_state
 from enkflow.output.ring import NOTICE_BYTES, Ring, queue_supported
 
 log = logging.getLogger("enkflow.output")
@@ -48,6 +51,7 @@ class _Pending:
     nbytes: int
     keep: Any  # the sent copy (ipc/tcp) or None (ring slot)
     ring: bool
+    what: tuple[str, float, int | None]  # field, time, member: named if the writer hangs on it
 
 
 @dataclass
@@ -68,6 +72,8 @@ class _Channel:
     lost_why: str = ""  # how it was lost, for every later call under on_writer_failure = "stop"
     fields: list[str] = field(default_factory=list)
     writer_stats: dict[str, Any] = field(default_factory=dict)
+    hb: Heartbeat | None = None  # the writer's progress page, where this sender can map it (same node)
+    silence: Silence | None = None
 
 
 def _normalize_region(region: Region, dims: list[str], shape: tuple[int, ...], arr_shape: tuple[int, ...],
@@ -155,6 +161,7 @@ class Output:
         self._runtime: Path | None = None
         self._ctx = zmq.Context()
         self._channels: list[_Channel] = []
+        self._beats: list[Heartbeat] = []  # the pages rank 0 made (it removes them at the end)
         try:
             info: Any = None
             if self.rank == 0:
@@ -169,13 +176,15 @@ class Output:
             if isinstance(info, str):
                 raise OutputError(info)
             here = socket.gethostname()
-            for i, (endpoint, pid, host) in enumerate(info):
+            for i, (endpoint, pid, host, beat) in enumerate(info):
                 if host != here and self.cfg.transport != "tcp":
                     raise OutputError(f"rank {self.rank} runs on {here}, the output writers on {host}: transport "
                                       f"{self.cfg.transport!r} serves one node; set output.transport = 'tcp' (and bind)")
-                self._connect(i, endpoint, pid if host == here else 0)
+                self._connect(i, endpoint, pid if host == here else 0, beat if host == here else None)
         except BaseException:
             self._kill_all()
+            for hb in self._beats:
+                hb.unlink()
             raise
 
     # -- start-up --------------------------------------------------------------------------
@@ -193,18 +202,20 @@ class Output:
             out[name] = v.tolist()
         return out
 
-    def _start_writers(self, n: int) -> list[tuple[str, int, str]]:
+    def _start_writers(self, n: int) -> list[tuple[str, int, str, str]]:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._runtime = Path(tempfile.mkdtemp(prefix="enkflow-output-"))
         procs = []
         for i in range(n):
+            hb = Heartbeat.create()
+            self._beats.append(hb)
             if self.cfg.transport == "tcp":
                 endpoint = f"tcp://{self.cfg.bind}:*"
             else:
                 endpoint = f"ipc://{self._runtime}/writer{i}.sock"
             spec = {"config": self.cfg.model_dump(mode="json"), "index": i, "directory": str(self.directory),
                     "fields": [f for f, w in self._owner.items() if w == i], "coords": self._coords,
-                    "endpoint": endpoint}
+                    "endpoint": endpoint, "heartbeat": str(hb.path)}
             logf = self._runtime / f"writer{i}.log"
             with open(logf, "wb") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.writer"], stdin=subprocess.PIPE,
@@ -215,8 +226,16 @@ class Output:
             procs.append((proc, logf))
         self._procs = {proc.pid: (proc, logf) for proc, logf in procs}
         info = []
+        # A writer stopped or stuck before it is ready must not hang the model either.
+        limit = max(START_TIMEOUT_S, self.cfg.writer_timeout) if self.cfg.writer_timeout > 0 else None
         for i, (proc, logf) in enumerate(procs):
             assert proc.stdout is not None
+            if not select.select([proc.stdout], [], [], limit)[0]:
+                state = process_state(proc.pid)
+                proc.kill()
+                proc.wait()
+                raise OutputError(f"output writer {i} (pid {proc.pid}) did not start within {limit:g} s"
+                                  f"{f' (it was {state})' if state else ''}; it was killed:\n{log_tail(logf, 20)}")
             line = proc.stdout.readline().decode().strip()  # READY <endpoint>, or EOF when it failed
             proc.stdout.close()  # the writer prints nothing more
             if not line.startswith("READY "):
@@ -225,20 +244,24 @@ class Output:
             endpoint = line.split(" ", 1)[1]
             if endpoint.startswith("tcp://0.0.0.0:"):  # bound on every interface: others reach it by name
                 endpoint = endpoint.replace("0.0.0.0", socket.getfqdn(), 1)
-            info.append((endpoint, proc.pid, socket.gethostname()))
+            info.append((endpoint, proc.pid, socket.gethostname(), str(self._beats[i].path)))
         return info
 
-    def _connect(self, i: int, endpoint: str, pid: int) -> None:
+    def _connect(self, i: int, endpoint: str, pid: int, beat: str | None) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoint)
         proc, logf = getattr(self, "_procs", {}).get(pid, (None, None))
         ring = Ring(self._limit) if self._use_ring else None
+        hb = None
+        if beat is not None:
+            hb = self._beats[i] if i < len(self._beats) else Heartbeat(beat)
         ch = _Channel(i, pid, proc, logf, sock, ring, self._limit,
-                      fields=[f for f, w in self._owner.items() if w == i])
+                      fields=[f for f, w in self._owner.items() if w == i], hb=hb, silence=Silence(hb, pid))
         self._channels.append(ch)
         sock.send(P.encode(P.HELLO, ring=str(ring.path) if ring else None, client=f"{socket.gethostname()}:{os.getpid()}"))
         self._wait_reply(ch, {P.WELCOME}, START_TIMEOUT_S)
+        ch.silence.seconds()  # the first look: a writer silent from now on is silent for as long as the model computes
         if ring is not None:
             ring.unlink()  # both sides have it mapped: nothing to leave behind
 
@@ -259,6 +282,45 @@ class Output:
             except PermissionError:
                 pass
         return None
+
+    def _hung(self, ch: _Channel) -> bool:
+        """Whether ``ch``'s writer has made no progress for ``writer_timeout`` s; if so it is killed
+        and counts as failed (``on_writer_failure`` applies)."""
+        limit = self.cfg.writer_timeout
+        if limit <= 0 or ch.silence is None or not ch.silence.observable():
+            return False
+        silent = ch.silence.seconds()
+        if silent <= limit:
+            return False
+        doing = ch.hb.activity() if ch.hb is not None else ""
+        if ch.pending:
+            f, t, m = ch.pending[0].what
+            doing += (f"{'; ' if doing else ''}the oldest piece not written: field {f} time {t:g}"
+                      + (f" member {m}" if m is not None else ""))
+        state = process_state(ch.pid) if ch.pid else ""
+        killed = self._kill_writer(ch)
+        self._writer_lost(ch, f"made no progress for {silent:.1f} s (output.writer_timeout = {limit:g} s)"
+                              f"{f' (last activity: {doing})' if doing else ''}{f'; the process was {state}' if state else ''}; "
+                              f"{killed}")
+        return True
+
+    def _kill_writer(self, ch: _Channel) -> str:
+        """SIGKILL a hung writer before its temporary files are removed, so that it can never rename
+        one of them later (SIGKILL also ends a stopped process)."""
+        try:
+            if ch.proc is not None:
+                ch.proc.kill()
+                try:
+                    ch.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    return "it was sent SIGKILL and has not ended yet (stuck in the kernel?)"
+            elif ch.pid:
+                os.kill(ch.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return "it has ended"
+        except PermissionError:
+            return "it could not be killed from here"
+        return "it was killed"
 
     def _writer_lost(self, ch: _Channel, why: str) -> None:
         ch.alive = False
@@ -345,6 +407,8 @@ class Output:
                 self._drain(ch)
                 self._writer_lost(ch, why)
                 return None
+            if self._hung(ch):
+                return None
             if deadline is not None and time.monotonic() > deadline:
                 self._writer_lost(ch, f"did not answer within {timeout:g} s")
                 return None
@@ -427,7 +491,7 @@ class Output:
             keep = np.array(a, order="C", copy=True)
             ch.sock.send_multipart([P.encode(P.PUT, seq=seq, **meta), memoryview(keep.reshape(-1).view(np.uint8))],
                                    copy=False)
-        ch.pending.append(_Pending(seq, nbytes, keep, ch.ring is not None))
+        ch.pending.append(_Pending(seq, nbytes, keep, ch.ring is not None, (name, t, member)))
         ch.outstanding += nbytes
         s = self._stats
         s["adds"] += 1
@@ -470,6 +534,8 @@ class Output:
                     why = self._dead(ch)
                     if why is not None:
                         self._writer_lost(ch, why)
+                    else:
+                        self._hung(ch)
             if not ch.alive:
                 slot = None
                 break
@@ -542,7 +608,13 @@ class Output:
             ch.sock.close(linger=0)
             if ch.ring is not None:
                 ch.ring.close()
+            if ch.hb is not None and ch.hb not in self._beats:
+                ch.hb.close()
         self._kill_all()
+        for hb in self._beats:
+            hb.unlink()
+            hb.close()
+        self._beats = []
         self._ctx.term()
         if self._runtime is not None:
             shutil.rmtree(self._runtime, ignore_errors=True)

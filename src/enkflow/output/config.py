@@ -99,6 +99,15 @@ class OutputConfig(Strict):
     on_writer_failure: Literal["stop", "continue"] = Field(
         default="stop", description="a writer that dies or fails: stop (the next add/sync/close raises) or "
                                     "continue (its output is lost, reported loudly, the model goes on)")
+    writer_timeout: float = Field(
+        default=60.0, ge=0, description="seconds a writer may go without progress (no piece finished, no "
+                                        "idle turn of its loop, no byte written) before it counts as failed: "
+                                        "it is killed and on_writer_failure applies; 0: wait forever")
+    writer_nice: int = Field(
+        default=10, ge=0, le=19, description="niceness the writers add to the model's: I/O servers off the "
+                                             "critical path yield the CPU to the model; 0: same priority")
+    writer_cpus: list[int] = Field(
+        default_factory=list, description="CPUs the writers are pinned to (os.sched_setaffinity); empty: not pinned")
     time_units: str = Field(default="hours since 2000-01-01 00:00:00", description="CF units of the times")
     calendar: str = "standard"
     title: str = "enkflow output"
@@ -117,6 +126,13 @@ class OutputConfig(Strict):
         for name, target in v.items():
             if not _REDUCTION.match(target):
                 raise ValueError(f"reduction {name} = {target!r}: expected 'module:function'")
+        return v
+
+    @field_validator("writer_cpus")
+    @classmethod
+    def _cpus(cls, v: list[int]) -> list[int]:
+        if any(c < 0 for c in v):
+            raise ValueError(f"writer_cpus {v}: CPU numbers are >= 0")
         return v
 
     @field_validator("file")

@@ -29,6 +29,7 @@ from enkflow.fsutil import atomic_output
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
 from enkflow.output.diagnostics import EnsembleAccumulator, WindowSet, remove_checkpoint
+from enkflow.output.heartbeat import Heartbeat
 from enkflow.output.netcdf import TimeFile, write_window
 from enkflow.output.ring import RingView
 
@@ -118,6 +119,14 @@ class Writer:
         self.rings: dict[bytes, RingView | None] = {}
         self.stats = Stats()
         self.parent = os.getppid()
+        self.hb = Heartbeat(spec["heartbeat"]) if spec.get("heartbeat") else None
+
+    def beat(self, doing: str | None = None) -> None:
+        """Progress, for the senders' hang detection (:mod:`enkflow.output.heartbeat`)."""
+        if self.hb is not None:
+            if doing is not None:
+                self.hb.doing(doing)
+            self.hb.beat(self.stats.puts)
 
     # -- pieces -------------------------------------------------------------------------
 
@@ -215,6 +224,7 @@ class Writer:
     def _complete(self, key: tuple[str, float], ot: OpenTime) -> None:
         name, t = key
         spec = self.cfg.fields[name]
+        self.beat(f"completing field {name} time {t:g} (diagnostics, user reductions, fsync and rename of {ot.path.name})")
         mean = spread = None
         if ot.acc is not None:
             mean, spread = ot.acc.result()
@@ -284,6 +294,7 @@ class Writer:
     def flush(self) -> None:
         """Everything of the open files on disk (under their temporary names)."""
         for ot in self.open.values():
+            self.beat(f"flushing {ot.tmp.name} (sync)")
             ot.file.ds.sync()
             fd = os.open(ot.tmp, os.O_RDONLY)
             try:
@@ -312,6 +323,9 @@ class Writer:
         """Write one piece; the reply: ack (with a warning) or error."""
         seq = msg.get("seq", 0)
         t0 = time.perf_counter()
+        member = msg.get("member")
+        self.beat(f"writing field {msg.get('field')} time {msg.get('time')}"
+                  + (f" member {member}" if member is not None else ""))
         try:
             data = raw.view(np.dtype(msg["dtype"])).reshape(msg["shape"])
             warning = self.put(msg, data)
@@ -329,6 +343,7 @@ class Writer:
         self.stats.puts += 1
         self.stats.bytes += raw.nbytes
         self.stats.write_s += time.perf_counter() - t0
+        self.beat("waiting for work")
         return reply
 
     def _serve_ring(self, sock: Any, ident: bytes, upto: int | None = None) -> int:
@@ -343,6 +358,7 @@ class Writer:
             if item is None:
                 if upto is None or ring.read >= upto:
                     return n
+                self.beat()
                 time.sleep(0.0005)  # published before the sync was sent: visible in a moment
                 continue
             number, notice = item
@@ -365,6 +381,7 @@ class Writer:
         last_check = time.monotonic()
         idle_ms = 1
         while True:
+            self.beat()  # at least once a second while idle (the poll below), after every piece while busy
             worked = sum(self._serve_ring(sock, ident) for ident in list(self.rings))
             # Senders with a ring do not wake the writer: it looks again after a short sleep,
             # longer while nothing comes (up to 20 ms, well within any buffer's worth of steps).
@@ -375,6 +392,8 @@ class Writer:
                     last_check = time.monotonic()
                     if os.getppid() != self.parent:
                         self.finish(False)  # the model is gone: no temporary file is left behind
+                        if self.hb is not None:
+                            self.hb.unlink()
                         return
                 continue
             idle_ms = 0
@@ -389,6 +408,7 @@ class Writer:
             elif kind == P.PUT:
                 reply = self._put_reply(msg, np.frombuffer(frames[2].buffer, dtype=np.uint8))
             elif kind in (P.SYNC, P.BYE):
+                self.beat(f"serving a {kind}")
                 self._serve_ring(sock, ident, int(msg.get("upto", 0)))
                 reply = {"kind": P.SYNCED if kind == P.SYNC else P.BYE, "seq": seq}
                 try:
@@ -402,6 +422,7 @@ class Writer:
                     self.rings.pop(ident, None)
                 reply["stats"] = self.stats.to_json()
             elif kind == P.FINISH:
+                self.beat("finishing (incomplete times, windows, checkpoints)")
                 reply = {"kind": P.FINISHED, "seq": seq}
                 try:
                     reply["incomplete"] = self.finish(bool(msg.get("finish_windows")))
@@ -415,11 +436,28 @@ class Writer:
             else:
                 reply = {"kind": P.ERROR, "seq": seq, "error": f"unknown message kind {kind!r}", "fatal": True}
             sock.send_multipart([ident, P.encode(**reply)])
+            self.beat("waiting for work")
+
+
+def _lower_priority(cfg: dict[str, Any]) -> None:
+    """The writer is an I/O server off the model's critical path: where CPUs are short, the model
+    should get them first (``writer_nice``, added to the niceness inherited from the model), and
+    the writer may be kept off the model's cores (``writer_cpus``)."""
+    nice = int(cfg.get("writer_nice", 0))
+    if nice:
+        os.nice(nice)
+    cpus = cfg.get("writer_cpus") or []
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"output.writer_cpus = {cpus}: cannot pin the writer there: {exc}") from None
 
 
 def main() -> int:
     spec = json.loads(sys.stdin.read())
     try:
+        _lower_priority(spec["config"])
         writer = Writer(spec)
     except Exception as exc:
         print(f"enkflow.output writer {spec.get('index')}: cannot start: {exc}", file=sys.stderr, flush=True)
