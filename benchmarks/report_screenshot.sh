@@ -13,6 +13,6 @@ py=${PYTHON:-$(dirname "$0")/../.venv/bin/python}
 page=$(tail -1 "$dir.log" | sed -n 's/^report: //p')
 [ -n "$page" ] || page=$("$py" -m enkflow report "$dir" --html --truth "$dir/truth/truth_{cycle:04d}.nc")
 browser=$(command -v chromium || command -v chromium-browser)
-"$browser" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,5200 \
+"$browser" --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,3600 \
   --screenshot="$out" "file://$page" 2>/dev/null
 echo "$out"
