@@ -1,0 +1,27 @@
+"""Run under mpiexec by test_adaptive_inflation_mpi.py: two cycles of the built-in analysis of the
+member files in argv[1] with adaptive inflation, rows balanced over the ranks; the inflation and
+obs_diag files go to argv[2]/c1, argv[2]/c2."""
+
+import sys
+from pathlib import Path
+
+from enkflow.config import AnalysisConfig
+from enkflow.experiment.analysis_step import analyse_files
+from enkflow.parallel import get_comm
+from enkflow.state import StateConfig
+
+comm = get_comm()
+src, out = Path(sys.argv[1]), Path(sys.argv[2])
+paths = sorted(src.glob("member_*.nc"))
+cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
+                                     "inflation": {"adaptive": "miyoshi2011", "adaptive_sd": 0.3}})
+state = StateConfig(variables=["soil_moisture"], coordinates=["land_lon", "land_lat"])
+prev = None
+for k in (1, 2):
+    d = out / f"c{k}"
+    if comm.rank == 0:
+        d.mkdir(parents=True, exist_ok=True)
+    comm.barrier()
+    analyse_files(paths, src / "obs.nc", state, cfg, comm=comm, cycle=k, balance=True, obs_diag_dir=d,
+                  inflation_files=(prev, d / "inflation.nc"))
+    prev = d / "inflation.nc"
