@@ -29,3 +29,28 @@ def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", st
         yield item
         if i % every == 0 or i == total:
             print(f"{desc}: {i}/{total if total is not None else '?'}", file=stream, flush=True)
+
+
+class Counter:
+    """A progress callback ``counter(done, total)`` for work that reports its own count (the
+    Lorenz-96 cycles): a tqdm bar on a terminal, else a line ``desc: done/total`` per call.
+    :meth:`close` ends the bar."""
+
+    def __init__(self, desc: str = "", stream: TextIO | None = None):
+        self.desc, self.stream = desc, stream or sys.stderr
+        self._bar = None
+        self._tty = getattr(self.stream, "isatty", lambda: False)()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._tty:
+            print(f"{self.desc}: {done}/{total}", file=self.stream, flush=True)
+            return
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=self.desc, file=self.stream, leave=False)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -47,7 +47,13 @@ def main(args: argparse.Namespace) -> int:
 
         res = run_online(s, runners=args.online)
     else:
-        res = run(s, progress=lambda c, t: print(f"  cycle {c}/{t}", file=sys.stderr))
+        from enkflow.progress import Counter
+
+        bar = Counter("  cycle")
+        try:
+            res = run(s, progress=bar)
+        finally:
+            bar.close()
     print(
         f"{s.method.value} N={s.members} inflation={s.inflation}"
         + (f" adaptive {s.adaptive} (mean factor {res.inflation_mean:.4f})" if s.adaptive != "none" else "")
