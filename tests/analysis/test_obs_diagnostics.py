@@ -94,3 +94,27 @@ def test_adaptive_inflation_field_carried_between_analysis_tasks(synth_dir, tmp_
     with pytest.raises(InputError, match="previous cycle's adaptive inflation field"):
         analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(tmp_path / "nope.nc", f2), cycle=3)
     np.testing.assert_array_equal(_ensemble(paths), before)
+
+
+def test_summary_per_kind_leaves_rejected_observations_out(tmp_path):
+    from enkflow.analysis.obsset import ObsSet
+    from enkflow.obs.diagnostics import ObsSpaceStats, write_obs_diagnostics
+
+    rng = np.random.default_rng(1)
+    n, m = 50, 6
+    kinds = np.repeat([3, 7], 25)
+    y = ObsSet(rng.standard_normal(n), np.full(n, 0.25), rng.uniform(-50, 50, (n, 2)), kinds)
+    HX, HXa = rng.standard_normal((n, m)), 0.5 * rng.standard_normal((n, m))
+    flags = np.zeros(n, np.int8)
+    flags[[0, 30, 31]] = [1, 1, 2]
+    write_obs_diagnostics(tmp_path / "d.nc", y, ObsSpaceStats.from_ensembles(HX, HXa), cycle=5, n_members=m,
+                          qc_flags=flags, metric="sphere", kind_names={3: "sst", 7: "t2m"})
+    s = summary_by_kind(tmp_path / "d.nc")
+    assert set(s) == {"all", "sst", "t2m"}
+    for name, sel in (("all", np.ones(n, bool)), ("sst", kinds == 3), ("t2m", kinds == 7)):
+        used = sel & (flags == 0)
+        omb, oma = y.values[used] - HX[used].mean(axis=1), y.values[used] - HXa[used].mean(axis=1)
+        assert s[name]["n_used"] == used.sum() and s[name]["n_rejected"] == (sel & (flags > 0)).sum()
+        assert abs(s[name]["omb_bias"] - omb.mean()) < 1e-12 and abs(s[name]["oma_rms"] - np.sqrt(np.mean(oma**2))) < 1e-12
+    with netCDF4.Dataset(tmp_path / "d.nc") as ds:
+        assert ds["kind"].flag_meanings == "sst t2m" and list(ds["qc"][:][[0, 30, 31]]) == [1, 1, 2]
