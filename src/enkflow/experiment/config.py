@@ -306,7 +306,8 @@ class ExperimentConfig(Strict):
                 raise ValueError("analysis_task.command is for offline mode; online mode runs the built-in analysis")
             if self.observations.operator is not None:
                 raise ValueError("observations.operator is for offline mode (an H(x) stage after each forecast); "
-                                 "online mode applies H to the in-memory states through the state_index")
+                                 "online mode applies the observation file's H (observations.interpolation) to the "
+                                 "in-memory states")
         return self
 
     @property
