@@ -94,11 +94,16 @@ class QualityControl:
                 pair = (nb.idx != dom) & (kinds[nb.idx] == kinds[dom])
                 dom, buddy = dom[pair], nb.idx[pair]
                 zk = z[kept]
-                bad = np.zeros(kept.size, bool)
-                starts = np.searchsorted(dom, np.arange(kept.size + 1))
-                for i in range(kept.size):
-                    b = buddy[starts[i]:starts[i + 1]]
-                    if b.size >= MIN_BUDDIES and abs(zk[i] - np.median(zk[b])) > self.buddy_sigma:
-                        bad[i] = True
+                # The median of each observation's buddies, all at once: sort by (observation, buddy's z).
+                vals = zk[buddy]
+                order = np.lexsort((vals, dom))
+                vals = vals[order]
+                count = np.bincount(dom, minlength=kept.size)
+                start = np.concatenate([[0], np.cumsum(count)[:-1]])
+                enough = count >= MIN_BUDDIES
+                lo = np.where(enough, start + (count - 1) // 2, 0)
+                hi = np.where(enough, start + count // 2, 0)
+                med = 0.5 * (vals[lo] + vals[hi]) if vals.size else np.zeros(kept.size)
+                bad = enough & (np.abs(zk - med) > self.buddy_sigma)
                 flags[kept[bad]] = BUDDY
         return QCResult(flags)
