@@ -18,4 +18,9 @@ def test_bench_output_smoke(tmp_path, subprocess_env) -> None:  # type: ignore[n
     assert res["steps"] == 4 and res["writer_backlog_max"] <= 4
     assert res["max_abs_diff_last_file"] <= 20.0 / 65534  # the server's last file holds the model's last field
     assert "through the output server" in r.stdout
+    # The run says plainly whether each target of acceptance 1 was met, and records the conditions.
+    for line in ("target: output through the server costs the model <= 2% of its time",
+                 "set-up: synchronous output costs >= 30%", "the writer keeps up"):
+        assert line in r.stdout and any(("MET" in l) for l in r.stdout.splitlines() if l.startswith(line))
+    assert res["writer_nice"] == 10 and res["loadavg_start"] >= 0 and isinstance(res["target_server_cpu_met"], bool)
     assert not list(tmp_path.rglob("*.nc"))  # the bench removes what it wrote

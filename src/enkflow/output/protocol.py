@@ -14,7 +14,9 @@ its slot of the sender's ring instead. Sender -> writer:
     finish  {seq, finish_windows}                  reply finished {seq, stats, incomplete}; the writer exits
 
 The writer handles each sender's messages in order, so acknowledgements free ring slots in
-the order they were allocated.
+the order they were allocated. The writer's progress is not a message: its heartbeat page
+(:mod:`enkflow.output.heartbeat`, path in the writer's start-up spec) lets a waiting sender tell a
+slow writer from a hung one without the writer having to answer.
 """
 
 from __future__ import annotations
