@@ -4,7 +4,10 @@ between analysis tasks) and online (the server's memory): the same values, bit f
 import netCDF4
 import numpy as np
 
+from enkflow.config import Method
 from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.models.l96_experiment import L96Setup, run
+from enkflow.online.l96 import run_online
 
 
 def _vars(path):
@@ -15,7 +18,7 @@ def _vars(path):
 
 def test_obs_diag_and_adaptive_inflation_online_equal_offline(tmp_path):
     for mode in ("offline", "online"):
-        run_demo(tmp_path / mode, DemoSettings(members=6, cycles=3, mode=mode, runners=2, adaptive="miyoshi2011",
+        run_demo(tmp_path / mode, DemoSettings(members=5, cycles=3, mode=mode, runners=2, adaptive="miyoshi2011",
                                                inflation=1.0), say=lambda _m: None)
     fields = []
     for k in (1, 2, 3):
@@ -28,3 +31,9 @@ def test_obs_diag_and_adaptive_inflation_online_equal_offline(tmp_path):
         d = _vars(tmp_path / "offline" / "run" / "cycles" / f"{k:04d}" / "obs_diag.nc")
         assert np.all(d["posterior_spread"] < d["prior_spread"])
     assert fields[0].max() > 1.0 and not np.array_equal(fields[0], fields[2])  # estimated and carried
+
+
+def test_lorenz96_adaptive_inflation_through_the_server_scores_as_in_process():
+    s = L96Setup(method=Method.LETKF, members=6, cycles=25, burn_in=5, adaptive="miyoshi2011")
+    a, b = run(s), run_online(s, runners=2)
+    assert (a.rmse_a, a.spread_a, a.rmse_f) == (b.rmse_a, b.spread_a, b.rmse_f)

@@ -77,8 +77,15 @@ def run_online(s: L96Setup, runners: int = 2, progress=None, heartbeat_timeout_s
 
     scores = _Scores(s.burn_in)
     total = s.burn_in + s.cycles
-    problem = Problem((Field("x", "float64", (n,)),), s.members, initial, lambda c: 1, nature, make_filter(s),
-                      local=lambda store: local, sink=scores, truth=lambda c: nature.to(c).truth)
+    flt = make_filter(s)
+    carrier = None
+    if getattr(flt, "adaptive", None) is not None:  # the adaptive inflation field, in the server's memory
+        from enkflow.analysis.adaptive_inflation import FieldCarrier
+        from enkflow.parallel import SerialComm
+
+        carrier = FieldCarrier(flt.adaptive, n, SerialComm())
+    problem = Problem((Field("x", "float64", (n,)),), s.members, initial, lambda c: 1, nature, flt,
+                      local=lambda store: local, sink=scores, truth=lambda c: nature.to(c).truth, inflation=carrier)
     with tempfile.TemporaryDirectory(prefix="enkflow-l96-") as tmp:
         token = Path(tmp) / "token"
         token.write_text(secrets.token_hex(32))
