@@ -94,3 +94,4 @@ def test_lonlat_observations_give_the_state_index_run_and_qc_counts_reach_the_re
     assert cycles[2]["qc_rejected"] == cycles[2]["qc_gross"] == cycles[2]["qc_rejected:soil_moisture"] == planted.size
     assert cycles[2]["qc_buddy"] == 0 and cycles[2]["n_obs"] == cycles[1]["n_obs"] - planted.size
     assert cycles[1]["qc_rejected"] == cycles[3]["qc_rejected"] == 0
+    assert main(["report", str(tmp_path / "coords" / "exp")]) == 0  # the table takes the new keys too
