@@ -258,3 +258,29 @@ def test_in_process_time_slots_take_each_observations_slot(tmp_path: Path) -> No
     no_time = load_for_state(_write(tmp_path / "nt.nc", np.zeros(2), None, ("x",), np.arange(2)), layout, None)
     with pytest.raises(InputError, match="time slots need the observations' times"):
         SlotObservations(no_time, layout.n_rows, [0.0])
+
+
+def test_bilinear_never_spans_a_masked_column(tmp_path: Path) -> None:
+    """A regular grid with a whole column missing from the state: an observation beside the gap takes
+    only its corners in the state, never the points across the gap."""
+    from enkflow.state.config import MaskConfig
+
+    with netCDF4.Dataset(tmp_path / "g.nc", "w") as ds:
+        ds.createDimension("y", 4)
+        ds.createDimension("x", 6)
+        ds.createVariable("h", "f8", ("y", "x"))[:] = 0.0
+        m = np.ones((4, 6), np.int32)
+        m[:, 2] = 0  # column x = 2 is not in the state
+        ds.createVariable("mask", "i4", ("y", "x"))[:] = m
+    layout = StateLayout.from_file(tmp_path / "g.nc", ["h"], mask=MaskConfig(variable="mask"))
+    assert 2.0 not in layout.coords[:, 0]
+    p = _write(tmp_path / "o.nc", np.zeros(2), np.array([[1.5, 1.0], [3.0, 2.5]]), ("x", "y"), None)
+    obs = FileObservations(load_for_state(p, layout, Metric.CARTESIAN,
+                                          settings=ObsSettings(ObsSettingsConfig(interpolation="bilinear"))),
+                           layout.n_rows)
+    field = np.full((4, 6), np.nan)
+    field[:, [0, 1, 3, 4, 5]] = np.arange(20.0).reshape(4, 5)
+    x = field[:, [0, 1, 3, 4, 5]].ravel()  # the state rows, in row order (y, then x)
+    got = obs.apply_mean(1, x, 0, SerialComm())
+    # (1.5, 1): only the x = 1 corners are in the state -> field[1, 1]; (3, 2.5): on the x = 3 column.
+    np.testing.assert_allclose(got, [field[1, 1], 0.5 * (field[2, 3] + field[3, 3])], rtol=0, atol=1e-12)

@@ -376,6 +376,24 @@ def _spacing(a: np.ndarray) -> float:
     return float(d.min()) if d.size else 0.0
 
 
+def _grid_axis(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(axis, position of each value on it)`` for one coordinate of a grid's points. Where the distinct
+    values are whole multiples of their smallest spacing (a regular grid with whole rows or columns
+    masked out), the axis is the full regular one, so that interpolation never spans a missing column
+    (its corners are then outside the state); otherwise the distinct values themselves."""
+    u = np.unique(values)
+    if u.size > 2:
+        d = float(np.diff(u).min())
+        k = (u - u[0]) / d
+        if d > 0 and np.allclose(k, np.rint(k), rtol=0, atol=1e-6):
+            n = int(np.rint(k[-1])) + 1
+            if n <= 4 * u.size + 16:  # not a few far-apart values on a fine step
+                axis = u[0] + d * np.arange(n)
+                axis[np.rint(k).astype(np.int64)] = u  # the points' own values: on a grid point, weight exactly 1
+                return axis, np.rint((values - u[0]) / d).astype(np.int64)
+    return u, np.searchsorted(u, values)
+
+
 def _global_lon(lon: np.ndarray) -> bool:
     """Unique ascending longitudes evenly spaced around the whole globe."""
     if lon.size < 2:
@@ -419,7 +437,7 @@ def _locate(of: ObsFile, layout: StateLayout, metric: Metric | None, interp: Int
         sel = np.asarray(members, dtype=np.int64)
         rows = layout.variable(v).rows
         pts = layout.coords[rows]
-        axes = [np.unique(pts[:, k]) for k in range(pts.shape[1])]
+        axes, pos = zip(*(_grid_axis(pts[:, k]) for k in range(pts.shape[1])))
         if np.unique(pts, axis=0).shape[0] != pts.shape[0]:
             raise ConfigError(
                 f"state variable '{v}' has several rows at one location (levels?); interpolation "
@@ -466,7 +484,6 @@ def _locate(of: ObsFile, layout: StateLayout, metric: Metric | None, interp: Int
             if len(axes) > 2:
                 raise ConfigError(f"bilinear interpolation takes 1 or 2 horizontal coordinates; the state has "
                                   f"{len(axes)} ({', '.join(layout.coord_names)})", key="observations.interpolation")
-            pos = [np.searchsorted(a, pts[:, k]) for k, a in enumerate(axes)]
             if len(axes) == 1:
                 row_of_cell = np.full(axes[0].size, -1, np.int64)
                 row_of_cell[pos[0]] = np.arange(rows.start, rows.stop)
