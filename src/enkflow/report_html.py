@@ -23,7 +23,6 @@ import base64
 import html
 import io
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -345,10 +344,12 @@ def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[
     rep = load_report(expdir)
     scores = collect_scores(rep.expdir, truth)
     makers: list[tuple[str, str, Any]] = [("timing", "time per cycle", lambda: fig_timing(rep))]
-    if scores:
-        makers += [("scores", "RMSE and spread over cycles", lambda: fig_scores(scores)),
-                   ("obs-by-kind", "OmB / OmA per observation kind", lambda: fig_obs_by_kind(scores)),
+    if any(s.spread or s.rmse or s.obs for s in scores):
+        makers.append(("scores", "RMSE and spread over cycles", lambda: fig_scores(scores)))
+    if any(s.obs for s in scores):
+        makers += [("obs-by-kind", "OmB / OmA per observation kind", lambda: fig_obs_by_kind(scores)),
                    ("qc", "quality control counts", lambda: fig_qc(scores))]
+    if scores:
         if any(s.inflation_mean is not None for s in scores):
             makers.append(("inflation", "adaptive inflation", lambda: fig_inflation(scores)))
     makers.append(("maps", "maps", lambda: map_figures(rep.expdir)))
@@ -362,8 +363,17 @@ def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[
     return rep, figs
 
 
-def _fmt(x: float) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
+def _missing_note(figs: list[tuple[str, str, bytes]]) -> str:
+    """A line naming the figures the experiment's files could not give, and why."""
+    have = {f[0] for f in figs}
+    why = []
+    if "scores" not in have:
+        why.append("no analysis mean/spread or obs_diag.nc files in the cycle directories: no scores")
+    if "obs-by-kind" not in have:
+        why.append("no obs_diag.nc (an analysis other than the built-in one?): no OmB/OmA per kind, no QC counts")
+    if not any(f.startswith("map-") for f in have):
+        why.append("no analysis_mean.nc ([analysis_output] mean_spread_files = false?): no maps")
+    return f"<p><b>Not shown:</b> {html.escape('; '.join(why))}.</p>" if why else ""
 
 
 def write_html(directory: str | Path, out: str | Path | None = None, *, truth: str | None = None) -> Path:
@@ -381,6 +391,7 @@ def write_html(directory: str | Path, out: str | Path | None = None, *, truth: s
              "overflow-x:auto;font-size:12px}</style></head><body>",
              f"<h1>enkflow experiment report</h1><p>Run directory: <code>{html.escape(str(rep.expdir))}</code>; "
              f"{len(rep.cycles)} cycle(s), {rep.mode} mode.</p>",
+             _missing_note(figs),
              "<h2>Contents</h2><ul>" + "".join(f"<li><a href='#{fid}'>{html.escape(t)}</a></li>" for fid, t, _ in figs)
              + "<li><a href='#table'>timing table</a></li></ul>"]
     for fid, title, png in figs:
