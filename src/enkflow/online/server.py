@@ -231,8 +231,10 @@ class Server:
     def close(self) -> None:
         for s in (self.data, self.control, self.bus):
             if s is not None:
-                # Half a second for the last replies (STOP, the ERROR that ended a study) to leave.
-                s.close(linger=500)
+                # Time for the last replies (STOP, the ERROR that ended a study) to leave on a loaded
+                # machine; a ROUTER drops what is queued for a peer that is gone, so this waits only
+                # for live, slow peers.
+                s.close(linger=3000)
         if self.ckpt is not None:
             self.ckpt.close()
 
