@@ -629,13 +629,21 @@ class _Trial:
         frac = self.rng.uniform(0.1, 0.8)
         r.where = f"cycle {r.cycle}: a runner joins {delay:.2f} s after the first assignment; the next runner to " \
                   f"get a member leaves {frac:.2f} x sleep into its forecast"
+        # Started now, joining later: its imports must not push the join past the end of the study.
+        gate = h.root / f"extra-runner-{r.n}.json"
+        gate.unlink(missing_ok=True)
+        with open(h.root / "extra-runner.log", "ab") as log:
+            self.extra = subprocess.Popen([h.python, str(Path(__file__).with_name("gated_start.py")), str(gate)],
+                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=h.env,
+                                          start_new_session=True)
         e = self.wait(lambda e: e.get("event") == "task_assign" and e.get("cycle") == r.cycle)
         if e is None:
             return self.missed("the cycle never started")
         self.sleep_until(float(e["t"]) + delay)
-        with open(h.root / "extra-runner.log", "ab") as log:
-            self.extra = subprocess.Popen(self._runner_argv(99), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=h.env, start_new_session=True)
+        argv = self._runner_argv(99)
+        tmp = gate.with_suffix(".tmp")
+        tmp.write_text(json.dumps(argv))
+        os.replace(tmp, gate)
         name_end = f":{self.extra.pid}"
         j = self.wait(lambda e: e.get("event") == "runner_join" and str(e.get("runner", "")).endswith(name_end), timeout=30)
         if j is None:
