@@ -241,6 +241,7 @@ def fig_inflation(scores: list[CycleScores]) -> bytes:
     ax.set_xticks(cyc)
     ax.set_xlabel("cycle")
     ax.set_ylabel("mean covariance factor")
+    ax.ticklabel_format(axis="y", useOffset=False)
     ax.set_title("adaptive inflation (mean over state rows)")
     return _png(fig)
 
