@@ -78,3 +78,29 @@ def test_prefix_and_a_missing_key_without_typo() -> None:
     with pytest.raises(ConfigError, match="required key missing") as ei:
         validate(AnalysisConfig, {"method": "letkf", "localization": {"metric": "sphere"}}, prefix="analysis")
     assert ei.value.key == "analysis.localization.radius"
+
+
+def test_analysis_keys_added_later_leave_the_digest_alone_at_their_defaults(tmp_path: Path) -> None:
+    """An experiment directory made before a key existed can be resumed: at its default the key is not
+    hashed; set, it is."""
+    import hashlib
+    import json
+
+    from enkflow.experiment import config as ec
+
+    defaults = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 1.0}}).model_dump(mode="json")
+    for section, later in ec._LATER_ANALYSIS_KEYS.items():
+        assert {k: defaults[section][k] for k in later} == later, section  # the table follows the models' defaults
+    p = tmp_path / "exp.toml"
+    p.write_text(TOML)
+    cfg = load_experiment(p)
+    d = cfg.model_dump(mode="json")
+    before = {k: v for k, v in d["analysis"].items() if k != "balance"}  # as hashed before those keys existed
+    for section, later in ec._LATER_ANALYSIS_KEYS.items():
+        before[section] = {k: v for k, v in before[section].items() if k not in later}
+    old = {"analysis": before, "analysis_task": {k: v for k, v in d["analysis_task"].items()
+                                                 if k not in ("max_attempts", "launcher")},
+           "observations": ec._without_obs_defaults(d["observations"])}
+    assert cfg.digests()["analysis"] == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
+    p.write_text(TOML.replace('metric = "sphere" }', 'metric = "sphere", max_obs = 50 }'))
+    assert load_experiment(p).digests()["analysis"] != cfg.digests()["analysis"]

@@ -383,13 +383,31 @@ class ExperimentConfig(Strict):
             "ensemble": {"experiment": exp, "state": d["state"]},
             "model": model,
             # The decomposition of the analysis cannot change its result.
-            "analysis": {"analysis": {k: v for k, v in (d["analysis"] or {}).items() if k != "balance"},
+            "analysis": {"analysis": _without_later_defaults({k: v for k, v in (d["analysis"] or {}).items() if k != "balance"}),
                          "analysis_task": task, "observations": _without_obs_defaults(d["observations"])},
         }
         return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in parts.items()}
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+# [analysis] keys added after experiments were made with it: left out of the digest at their defaults,
+# so that an experiment directory made before a key existed can still be resumed.
+_LATER_ANALYSIS_KEYS = {
+    "localization": {"max_obs": None, "vertical_radius": None, "vertical_coordinate": None, "vertical_taper": None},
+    "inflation": {"adaptive": "none", "adaptive_initial": 1.0, "adaptive_sd": 0.04, "adaptive_minimum": 1.0,
+                  "adaptive_maximum": 10.0, "adaptive_relax": 0.0},
+}
+
+
+def _without_later_defaults(analysis: dict[str, Any]) -> dict[str, Any]:
+    """The analysis settings less the :data:`_LATER_ANALYSIS_KEYS` left at their defaults."""
+    out = dict(analysis)
+    for section, later in _LATER_ANALYSIS_KEYS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in later or v != later[k]}
+    return out
 
 
 def _without_obs_defaults(obs: dict[str, Any]) -> dict[str, Any]:
