@@ -308,3 +308,22 @@ def test_add_needs_no_writer_until_the_buffer_is_full_then_waits(tmp_path: Path)
     for k in range(4):
         with netCDF4.Dataset(tmp_path / "out" / f"t2m_{k}.nc") as ds:
             np.testing.assert_array_equal(ds["t2m"][0, 0], X[k])
+
+
+def test_writers_run_at_lower_priority_and_where_pinned(tmp_path: Path) -> None:
+    """writer_nice is added to the model's niceness (the writer yields the CPU to the model);
+    writer_cpus pins it; an impossible pinning stops the start with the key named."""
+    import os
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with Output(config(tmp_path, writer_nice=7, writer_cpus=[cpu])) as out:
+        pid = out._channels[0].pid
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(base + 7, 19)
+        assert os.sched_getaffinity(pid) == {cpu}
+    with Output(config(tmp_path, writer_nice=0)) as out:
+        assert os.getpriority(os.PRIO_PROCESS, out._channels[0].pid) == base
+    with pytest.raises(OutputError, match="writer_cpus"):
+        Output(config(tmp_path, writer_cpus=[4096]))
+    with pytest.raises(ConfigError, match="writer_nice"):
+        Output(config(tmp_path, writer_nice=-1))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -185,6 +186,37 @@ def test_a_slow_writer_that_keeps_progressing_is_not_a_hang(tmp_path: Path, monk
     with netCDF4.Dataset(d / "u_7.nc") as ds:
         mean = np.mean([field(7, m) for m in range(1, N + 1)], axis=0)
         np.testing.assert_allclose(ds["u_total"][...], mean.sum(), rtol=1e-12)
+
+
+def test_silence_counts_bytes_written_as_progress(tmp_path: Path) -> None:
+    """The clock behind writer_timeout: a process that beats nothing but keeps writing (a long write to a
+    slow disk) is not silent; one that neither beats nor writes is, and a beat ends the silence."""
+    from enkflow.output.heartbeat import Heartbeat, Silence
+
+    hb = Heartbeat.create()
+    slow_disk = subprocess.Popen([sys.executable, "-c", "import os, time\n"
+                                  f"fd = os.open({str(tmp_path / 'f')!r}, os.O_WRONLY | os.O_CREAT)\n"
+                                  "while True:\n    os.write(fd, b'x' * 4096)\n    time.sleep(0.1)\n"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)  # both started
+        writing, quiet = Silence(hb, slow_disk.pid), Silence(hb, idle.pid)
+        writing.seconds(), quiet.seconds()
+        worst = 0.0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.5:
+            time.sleep(0.05)
+            worst = max(worst, writing.seconds())
+        assert worst < 1.0, "bytes written are progress"
+        assert quiet.seconds() >= 1.5, "no beat and no byte: silent"
+        hb.beat()
+        assert quiet.seconds() == 0.0
+    finally:
+        for p in (slow_disk, idle):
+            p.kill()
+            p.wait()
+        hb.unlink()
+        hb.close()
 
 
 def test_writer_exits_and_cleans_up_when_the_model_is_killed(tmp_path: Path) -> None:
