@@ -81,7 +81,8 @@ def test_fortran_thread_ranks_through_enkflow_set_comm(native_build, tmp_path: P
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner_f"], env=native_build.env(),
                            capture_output=True, text=True, check=True).stdout.split()
     fc = subprocess.run(["gfortran", "-std=f2018", "-fopenmp", "-ffp-contract=off", str(HERE / "omp_slices_runner.f90"),
-                         "-o", str(exe), *flags, f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True)
+                         "-o", str(exe), *flags, f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True,
+                        cwd=tmp_path)  # the program's own module file lands there, not in the checkout
     assert fc.returncode == 0, fc.stderr
     server = Server(ring.problem(), ring.server_config())
     errors: list[BaseException] = []
