@@ -113,9 +113,10 @@ def test_sigstop_of_the_writer_is_a_writer_failure(tmp_path: Path, policy: str, 
     seconds without progress, the waiting add (buffer full) or sync gives up on it: it is killed, its
     temporary files removed, and on_writer_failure applies."""
     d = tmp_path / "out"
-    # 32 KiB pieces, 0.25 MiB of buffer: the 9th piece after the stop waits for room.
-    out = Output(config(d, on_writer_failure=policy, writer_timeout=1.0, buffer_mb=0.25, transport=transport,
-                        compression="none"))
+    # 32 KiB pieces, 0.25 MiB of buffer: the 9th piece after the stop waits for room. writer_nice = 0: on a
+    # crowded machine a niced writer could be starved long enough to look hung before the stop.
+    out = Output(config(d, on_writer_failure=policy, writer_timeout=1.5, writer_nice=0, buffer_mb=0.25,
+                        transport=transport, compression="none"))
     pid = writer_pid(out)
     for k in range(2):
         for m in range(1, N + 1):
@@ -145,7 +146,7 @@ def test_sigstop_of_the_writer_is_a_writer_failure(tmp_path: Path, policy: str, 
     if policy == "stop":
         assert caught is not None, "the stopped writer was not detected"
         msg = str(caught)
-        for part in (f"output writer 0 (pid {pid}", "made no progress for", "output.writer_timeout = 1 s",
+        for part in (f"output writer 0 (pid {pid}", "made no progress for", "output.writer_timeout = 1.5 s",
                      "the oldest piece not written: field u time 2 member 1", "stopped", "killed"):
             assert part in msg, f"{part!r} not in {msg!r}"
         if where == "add":
@@ -165,26 +166,27 @@ def test_sigstop_of_the_writer_is_a_writer_failure(tmp_path: Path, policy: str, 
 
 
 def test_a_slow_writer_that_keeps_progressing_is_not_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """writer_timeout bounds the silence, not the work: a user reduction that takes 0.4 s per time keeps
-    the writer busy for more than twice the timeout, and an idle pause longer than the timeout comes first."""
+    """writer_timeout bounds the silence, not the work: a user reduction that takes 0.45 s per time keeps
+    the writer busy for more than twice the timeout (2 s), and an idle pause longer than the timeout comes first."""
     (tmp_path / "slow_reduction.py").write_text(
-        "import time\nimport numpy as np\n\ndef total(a):\n    time.sleep(0.4)\n    return float(np.sum(a))\n")
+        "import time\nimport numpy as np\n\ndef total(a):\n    time.sleep(0.45)\n    return float(np.sum(a))\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     d = tmp_path / "out"
-    times = 8
-    out = Output(config(d, writer_timeout=1.5, compression="none", reductions={"total": "slow_reduction:total"}))
-    time.sleep(2.0)  # the model computes for a while: an idle writer is not a hung one, it goes on beating
-    assert out._channels[0].silence.seconds() < 1.5
+    times, timeout = 10, 2.0
+    out = Output(config(d, writer_timeout=timeout, writer_nice=0, compression="none",
+                        reductions={"total": "slow_reduction:total"}))
+    time.sleep(timeout + 0.5)  # the model computes for a while: an idle writer is not a hung one, it goes on beating
+    assert out._channels[0].silence.seconds() < timeout
     t0 = time.monotonic()
     for k in range(times):
         for m in range(1, N + 1):
             out.add("u", field(k, m), time=float(k), member=m)
     out.sync()
-    assert time.monotonic() - t0 > 2 * 1.5  # the case at hand: sync waited for longer than the timeout
+    assert time.monotonic() - t0 > 2 * timeout  # the case at hand: the writer was busy for longer than the timeout
     out.close()
     assert check_whole(d) == times
-    with netCDF4.Dataset(d / "u_7.nc") as ds:
-        mean = np.mean([field(7, m) for m in range(1, N + 1)], axis=0)
+    with netCDF4.Dataset(d / "u_9.nc") as ds:
+        mean = np.mean([field(9, m) for m in range(1, N + 1)], axis=0)
         np.testing.assert_allclose(ds["u_total"][...], mean.sum(), rtol=1e-12)
 
 

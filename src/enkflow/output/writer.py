@@ -266,6 +266,7 @@ class Writer:
     def _write_window(self, name: str, wname: str, length: float, w: Any, complete: bool) -> None:
         start = w.index * length
         path = self._file_path(f"{name}_{wname}", start)
+        self.beat(f"writing the {wname} window of field {name} from time {start:g}")
         try:
             with atomic_output(path) as tmp:
                 write_window(tmp, self.cfg, name, wname, start, length, w.times, w.mean, w.minimum, w.maximum,
@@ -280,6 +281,7 @@ class Writer:
                 self._checkpoint_field(f)
 
     def _checkpoint_field(self, f: str) -> None:
+        self.beat(f"checkpointing the windows of field {f}")
         ws = self.windows[f]
         cp = checkpoint_path(self.directory, f)
         if ws.empty():
