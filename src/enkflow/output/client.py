@@ -292,6 +292,7 @@ class Output:
         silent = ch.silence.seconds()
         if silent <= limit:
             return False
+        self._release(ch)  # what it did finish is not lost
         doing = ch.hb.activity() if ch.hb is not None else ""
         if ch.pending:
             f, t, m = ch.pending[0].what
