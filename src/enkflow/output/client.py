@@ -128,6 +128,10 @@ class Output:
     shared-memory ring, or into a buffer that ZeroMQ sends without a further copy), so the
     caller may change it at once. When ``buffer_mb`` of a writer are in flight, ``add`` waits
     (back-pressure): the waiting time and the largest backlog are in :meth:`stats`.
+
+    Every wait for a writer (back-pressure, ``sync``, ``close``, the start) watches its progress
+    (:mod:`enkflow.output.heartbeat`): a writer without progress for ``writer_timeout`` seconds
+    (stopped, stuck in the file system) is killed and counts as failed (``on_writer_failure``).
     """
 
     def __init__(self, config: OutputConfig | Mapping[str, Any], *, coords: Mapping[str, Any] | None = None,
