@@ -435,7 +435,7 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
         if (st0[d] > (size_t)f->shape[d] || (one && st0[d] == (size_t)f->shape[d]))
             return fail(NC_EINVALCOORDS, "%s on variable %s of %s: start %zu in dimension %d of %lld", fn, f->name,
                         S.path, st0[d], d, (long long)f->shape[d]);
-        if (st0[d] + ct[d] > (size_t)f->shape[d])
+        if (ct[d] > (size_t)f->shape[d] - st0[d])  /* not st0 + ct, which a huge count wraps around */
             return fail(NC_EEDGE, "%s on variable %s of %s: start %zu + count %zu in dimension %d of %lld", fn,
                         f->name, S.path, st0[d], ct[d], d, (long long)f->shape[d]);
         n *= ct[d];
@@ -525,6 +525,8 @@ static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtyp
         return NC_NOERR;
     }
     *handled = 1;
+    if (kind != KIND_VAR && !start && S.f[k].ndims > 0)  /* libnetcdf's answer: no default start */
+        return fail(NC_EINVALCOORDS, "%s on variable %s of %s: no start index (NULL)", fn, S.f[k].name, S.path);
     return access_field(op, fn, h, k, memtype, start, count, kind == KIND_VAR1, stride, imap, mem);
 }
 

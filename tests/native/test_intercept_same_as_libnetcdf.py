@@ -1,0 +1,63 @@
+"""The shim answers the netCDF calls it intercepts as libnetcdf answers them on a file holding the same
+values: the same status codes (valid and invalid hyperslabs, NULL start or count, a count so large that
+start + count wraps around), the same values, several handles of one restart, and everything else (other
+variables, define mode, closes) passed through. The documented refusals (another memory type, strides,
+partial writes) are tested in test_intercept.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import pytest
+
+from enkflow.online.fields import Field
+from enkflow.online.intercept import Segment
+
+DATA = Path(__file__).parent / "data"
+VALUES = 1000.0 + np.arange(24.0)
+
+
+def _restart(path: Path, x: np.ndarray) -> Path:
+    # Classic format: libnetcdf's status for a write to a read-only netCDF-4 file is an HDF5 error (-101).
+    with netCDF4.Dataset(path, "w", format="NETCDF3_64BIT_OFFSET") as ds:
+        ds.createDimension("y", 4)
+        ds.createDimension("x", 6)
+        ds.createDimension("k", 3)
+        ds.createVariable("x", "f8", ("y", "x"))[:] = x.reshape(4, 6)
+        ds.createVariable("other", "f8", ("k",))[:] = 7.0
+    return path
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    exe = tmp_path_factory.mktemp("same") / "intercept_same_as_libnetcdf"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(DATA / "intercept_same_as_libnetcdf.c"), *flags], check=True)
+    return exe
+
+
+def test_intercepted_reads_answer_as_libnetcdf(native_build, program: Path, tmp_path: Path) -> None:
+    plain = subprocess.run([str(program), str(_restart(tmp_path / "plain.nc", VALUES))], capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    restart = _restart(tmp_path / "restart.nc", np.zeros(24))  # the state comes from the segment
+    seg = Segment([Field("x", "float64", (4, 6))])
+    seg.arrays["x"][:] = VALUES
+    seg.reset(1, 1, 6, 1)
+    env = dict(os.environ, LD_PRELOAD=str(native_build.lib / "libenkflow_intercept.so"),
+               ENKFLOW_INTERCEPT_FD=str(seg.fd), ENKFLOW_INTERCEPT_PATH=str(restart.resolve()))
+    shim = subprocess.run([str(program), str(restart)], env=env, pass_fds=(seg.fd,), capture_output=True, text=True,
+                          timeout=60)
+    seg.close()
+    assert shim.returncode == 0, f"the model died under the shim ({shim.returncode}):\n{shim.stderr}"
+    want, got = plain.stdout.splitlines(), shim.stdout.splitlines()
+    assert "vara 0 1008 1009 1010 1014 1015 1016" in want  # the program did read the values
+    diff = [f"libnetcdf: {w!r}  shim: {g!r}" for w, g in zip(want, got) if w != g]
+    assert not diff and len(want) == len(got), "\n".join(diff) + "\n" + shim.stderr
+    assert "start 1 + count 18446744073709551615 in dimension 1 of 6" in shim.stderr
+    assert "no start index (NULL)" in shim.stderr
