@@ -20,6 +20,7 @@
 ! Shapes are given in Fortran (column-major) order and declared to the server reversed, in C order, so
 ! that the server's row-major field and the Fortran array have the same memory layout: a netCDF
 ! variable (lat, lon) read by the Fortran netCDF API as x(lon, lat) is declared with shape(x).
+! A non-contiguous array section is refused by enkflow_bind (ENKFLOW_EINVAL).
 ! Every routine returns its error code in ierr (ENKFLOW_OK = 0); enkflow_errmsg(r) gives the detail.
 ! Nothing here stops the program.
 module enkflow_runner_mod
@@ -30,7 +31,8 @@ module enkflow_runner_mod
   integer, parameter, public :: ENKFLOW_FLOAT32 = 1, ENKFLOW_FLOAT64 = 2, ENKFLOW_INT32 = 3, ENKFLOW_INT64 = 4
   integer, parameter, public :: ENKFLOW_OK = 0, ENKFLOW_EINVAL = 1, ENKFLOW_ESTATE = 2, ENKFLOW_ENOMEM = 3, &
                                 ENKFLOW_EFIELD = 4, ENKFLOW_ETYPE = 5, ENKFLOW_ESIZE = 6, ENKFLOW_EREFUSED = 7, &
-                                ENKFLOW_ELOST = 8, ENKFLOW_EPROTOCOL = 9, ENKFLOW_EZMQ = 10, ENKFLOW_EIO = 11
+                                ENKFLOW_ELOST = 8, ENKFLOW_EPROTOCOL = 9, ENKFLOW_EZMQ = 10, ENKFLOW_EIO = 11, &
+                                ENKFLOW_EINTR = 12
 
   type, public :: enkflow_runner
     type(c_ptr) :: ptr = c_null_ptr
@@ -98,6 +100,12 @@ module enkflow_runner_mod
       character(kind=c_char), intent(in) :: name(*)
       integer(c_int), value :: dtype
       integer(c_int64_t), value :: count
+    end function
+    integer(c_int) function c_set_error(r, code, message) bind(c, name="enkflow_runner_set_error")
+      import :: c_int, c_ptr, c_char
+      type(c_ptr), value :: r
+      integer(c_int), value :: code
+      character(kind=c_char), intent(in) :: message(*)
     end function
     integer(c_int) function c_expose(r, nsteps) bind(c, name="enkflow_runner_expose")
       import :: c_int, c_ptr, c_int64_t
@@ -286,35 +294,54 @@ contains
     ierr = c_init(r%ptr)
   end subroutine enkflow_init
 
+  ! The bind dummies are not CONTIGUOUS: for a strided section the compiler would pass a temporary copy,
+  ! freed on return, whose address the library would keep and write into at every expose. Refused.
+  logical function contiguous_ok(r, name, contiguous, n, ierr)
+    type(enkflow_runner), intent(in) :: r
+    character(len=*), intent(in) :: name
+    logical, intent(in) :: contiguous
+    integer(c_int64_t), intent(in) :: n
+    integer, intent(out) :: ierr
+    contiguous_ok = contiguous .or. n <= 1
+    ierr = ENKFLOW_OK
+    if (.not. contiguous_ok) ierr = c_set_error(r%ptr, int(ENKFLOW_EINVAL, c_int), cstr("field '" // trim(name) // &
+      "': the array bound is not contiguous (a strided section?); the library writes into it in place, bind a " // &
+      "contiguous array"))
+  end function contiguous_ok
+
   subroutine bind_r4(r, name, x, ierr)
     type(enkflow_runner), intent(in) :: r
     character(len=*), intent(in) :: name
-    real(c_float), dimension(..), intent(inout), target, contiguous :: x
+    real(c_float), dimension(..), intent(inout), target :: x
     integer, intent(out) :: ierr
+    if (.not. contiguous_ok(r, name, is_contiguous(x), size(x, kind=c_int64_t), ierr)) return
     ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_FLOAT32, c_int), c_loc(x), size(x, kind=c_int64_t))
   end subroutine bind_r4
 
   subroutine bind_r8(r, name, x, ierr)
     type(enkflow_runner), intent(in) :: r
     character(len=*), intent(in) :: name
-    real(c_double), dimension(..), intent(inout), target, contiguous :: x
+    real(c_double), dimension(..), intent(inout), target :: x
     integer, intent(out) :: ierr
+    if (.not. contiguous_ok(r, name, is_contiguous(x), size(x, kind=c_int64_t), ierr)) return
     ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_FLOAT64, c_int), c_loc(x), size(x, kind=c_int64_t))
   end subroutine bind_r8
 
   subroutine bind_i4(r, name, x, ierr)
     type(enkflow_runner), intent(in) :: r
     character(len=*), intent(in) :: name
-    integer(c_int32_t), dimension(..), intent(inout), target, contiguous :: x
+    integer(c_int32_t), dimension(..), intent(inout), target :: x
     integer, intent(out) :: ierr
+    if (.not. contiguous_ok(r, name, is_contiguous(x), size(x, kind=c_int64_t), ierr)) return
     ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_INT32, c_int), c_loc(x), size(x, kind=c_int64_t))
   end subroutine bind_i4
 
   subroutine bind_i8(r, name, x, ierr)
     type(enkflow_runner), intent(in) :: r
     character(len=*), intent(in) :: name
-    integer(c_int64_t), dimension(..), intent(inout), target, contiguous :: x
+    integer(c_int64_t), dimension(..), intent(inout), target :: x
     integer, intent(out) :: ierr
+    if (.not. contiguous_ok(r, name, is_contiguous(x), size(x, kind=c_int64_t), ierr)) return
     ierr = c_bind(r%ptr, cstr(name), int(ENKFLOW_INT64, c_int), c_loc(x), size(x, kind=c_int64_t))
   end subroutine bind_i8
 

@@ -79,6 +79,10 @@ ENKFLOW_API const char *enkflow_strerror(int code);
  * the next call on r. r may be NULL: then a fixed message. */
 ENKFLOW_API const char *enkflow_runner_errmsg(const enkflow_runner *r);
 
+/* For language bindings (the Fortran module): record message as the last error of r, so that
+ * enkflow_runner_errmsg(r) says it, and return code. r may be NULL (then only code is returned). */
+ENKFLOW_API int enkflow_runner_set_error(enkflow_runner *r, int code, const char *message);
+
 /* The library's version "MAJOR.MINOR" and its protocol version. */
 ENKFLOW_API const char *enkflow_runner_version(void);
 

@@ -88,6 +88,11 @@ const char *enkflow_runner_errmsg(const enkflow_runner *r) {
 
 const char *enkflow_runner_version(void) { return "0.1"; }
 
+int enkflow_runner_set_error(enkflow_runner *r, int code, const char *message) {
+    if (r) snprintf(r->err, sizeof r->err, "%s", message ? message : "");
+    return code;
+}
+
 static int set_err(enkflow_runner *r, int code, const char *fmt, ...) {
     char detail[ERRSIZE];
     va_list ap;

@@ -135,3 +135,23 @@ def problem_initial_age() -> np.ndarray:
     rng.standard_normal((20, MEMBERS))
     rng.standard_normal((24, MEMBERS))
     return rng.integers(0, 100, (6, MEMBERS)).astype(np.int32)
+
+
+def test_fortran_bind_refuses_a_non_contiguous_section(native_build, tmp_path: Path) -> None:
+    """A strided section would reach the library as a temporary copy (freed on return, then written into by
+    every expose): refused with ENKFLOW_EINVAL, naming the field. Contiguous sections, a zero-size array and
+    a one-element section are bound."""
+    exe = tmp_path / "bind_checks"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner_f"], env=native_build.env(),
+                           capture_output=True, text=True, check=True).stdout.split()
+    fc = subprocess.run(["gfortran", "-std=f2018", str(HERE / "bind_checks.f90"), "-o", str(exe), *flags,
+                         f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True, cwd=tmp_path)
+    assert fc.returncode == 0, fc.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split(" ", 1)[0]: line.split(" ", 2)[1:] for line in out.stdout.splitlines()}
+    for name, field in (("strided", "x"), ("rows_of_2d", "y"), ("row_of_real4", "f"), ("strided_int64", "n")):
+        assert rows[name][0] == "1", (name, rows[name])
+        assert f"field '{field}': the array bound is not contiguous" in rows[name][1], (name, rows[name])
+    for name in ("contiguous_section", "contiguous_columns", "zero_size", "one_element"):
+        assert rows[name] == ["0"] or rows[name] == ["0", ""], (name, rows[name])
