@@ -211,15 +211,15 @@ int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const voi
             ekf_msg_free(&m);
             continue;
         }
-        if (m.hdr.kind == EKF_ERROR) {
-            error_text(&m, err, errsize);
-            ekf_msg_free(&m);
-            return ENKFLOW_EREFUSED;
-        }
         if (accept(&m.hdr, actx)) {
+            if (m.hdr.kind == EKF_ERROR) {
+                error_text(&m, err, errsize);
+                ekf_msg_free(&m);
+                return ENKFLOW_EREFUSED;
+            }
             *out = m;
             return ENKFLOW_OK;
         }
-        ekf_msg_free(&m); /* a stale reply */
+        ekf_msg_free(&m); /* a stale reply: also an ERROR about an older request (another task) */
     }
 }

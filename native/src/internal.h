@@ -101,7 +101,8 @@ void ekf_conn_close(ekf_conn *c, int linger_ms);
  * bytes or more are sent without a copy and must stay valid until the reply. */
 int ekf_conn_send(ekf_conn *c, const void *const *data, const size_t *sizes, size_t nframes, int copy, char *err,
                   size_t errsize);
-/* The next reply accept() takes, within timeout_s; stale replies are skipped. ENKFLOW_ELOST (server gone,
+/* The next reply accept() takes, within timeout_s; stale replies are skipped. accept() also decides
+ * whether an ERROR answers this request (its task) or an older one (stale: skipped). ENKFLOW_ELOST (server gone,
  * or no reply in time), ENKFLOW_EREFUSED (ERROR, with the server's text), ENKFLOW_EPROTOCOL (another
  * protocol version), ENKFLOW_EINTR (the stop flag was set). The caller frees out with ekf_msg_free. */
 int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const void *actx, ekf_msg *out,

@@ -474,7 +474,7 @@ static int open_conn(enkflow_runner *r, ekf_conn *c, const char *address) {
 
 static int welcome_accept(const ekf_header *h, const void *ctx) {
     (void)ctx;
-    return h->kind == EKF_WELCOME;
+    return h->kind == EKF_WELCOME || h->kind == EKF_ERROR;
 }
 
 static void hello_body(enkflow_runner *r, ekf_buf *b) {
@@ -703,14 +703,19 @@ typedef struct {
     uint64_t task;
 } want;
 
+/* The reply of that kind to the request about that task, or an ERROR about it. An ERROR about another
+ * task is stale: a forecast refused by several server ranks gets one ERROR from each, and put() stops
+ * reading at the first; the others must not answer the next task's GET. Task 0: the server could not read
+ * the request's header. */
 static int accept_want(const ekf_header *h, const void *ctx) {
     const want *w = ctx;
+    if (h->kind == EKF_ERROR) return h->task == w->task || h->task == 0;
     return h->kind == w->kind && h->task == w->task;
 }
 
 static int accept_task(const ekf_header *h, const void *ctx) {
     (void)ctx;
-    return h->kind == EKF_TASK || h->kind == EKF_STOP;
+    return h->kind == EKF_TASK || h->kind == EKF_STOP || h->kind == EKF_ERROR;
 }
 
 /* The pieces (field, offset, count) of this rank's slices that server rank `rank` owns, into idx

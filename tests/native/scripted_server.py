@@ -1,0 +1,87 @@
+"""A scripted enkflow server for protocol corner cases the real server does not produce on demand: a control
+ROUTER and ``ranks`` data ROUTERs on loopback that speak enkflow.online.wire, hand out the tasks of
+``tasks`` in order, then STOP, and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
+ERROR with that text). It records what the runner sent. One float64 field "x" of ``n`` elements, split
+over the data ranks as enkflow.online.fields.Ownership splits an assimilated field."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import zmq
+
+from enkflow.online.wire import Header, Kind, credential, decode_index
+
+
+class ScriptedServer:
+    def __init__(self, token: str, tasks: list[tuple[int, int, int]], *, ranks: int = 2,
+                 put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7):
+        self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
+        self.ctx = zmq.Context()
+        self.control = self.ctx.socket(zmq.ROUTER)
+        port = self.control.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        self.data = [self.ctx.socket(zmq.ROUTER) for _ in range(ranks)]
+        self.data_addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in self.data]
+        self.received: list[tuple[str, int, int]] = []  # (kind, task, data rank or -1)
+        self.fails: list[str] = []
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for s in (self.control, *self.data):
+            poller.register(s, zmq.POLLIN)
+        while not self.done.is_set():
+            for sock, _ in poller.poll(100):
+                frames = sock.recv_multipart()
+                hdr = Header.unpack(frames[1])
+                if sock is self.control:
+                    self._on_control(frames[0], hdr, frames[2:])
+                else:
+                    self._on_data(sock, self.data.index(sock), frames[0], hdr, frames[2:])
+        for s in (self.control, *self.data):
+            s.close(0)
+        self.ctx.term()
+
+    def _on_control(self, identity: bytes, hdr: Header, rest: list[bytes]) -> None:
+        if hdr.kind is Kind.HEARTBEAT:
+            return
+        self.received.append((hdr.kind.name, hdr.task, -1))
+        if hdr.kind is Kind.HELLO:
+            body = {"epoch": self.epoch, "ranks": len(self.data), "data": self.data_addresses, "heartbeat_s": 0.5}
+            self.control.send_multipart([identity, hdr.reply(Kind.WELCOME, epoch=self.epoch).pack(),
+                                         json.dumps(body).encode()])
+        elif hdr.kind is Kind.READY:
+            if self.tasks:
+                task, member, cycle = self.tasks.pop(0)
+                reply = Header(Kind.TASK, self.cred, hdr.runner, task, member, cycle, nsteps=1, epoch=self.epoch)
+            else:
+                reply = Header(Kind.STOP, self.cred, hdr.runner, epoch=self.epoch)
+            self.control.send_multipart([identity, reply.pack()])
+        elif hdr.kind is Kind.FAIL:
+            self.fails.append(json.loads(rest[0])["error"])
+        elif hdr.kind is Kind.BYE:
+            self.done.set()
+
+    def _on_data(self, sock: zmq.Socket, rank: int, identity: bytes, hdr: Header, rest: list[bytes]) -> None:
+        self.received.append((hdr.kind.name, hdr.task, rank))
+        idx = decode_index(rest[0], hdr.count)
+        if hdr.kind is Kind.GET:
+            frames = [np.full(cnt, float(hdr.member)).tobytes() for _, _, cnt in idx]
+            sock.send_multipart([identity, hdr.reply(Kind.DATA, epoch=self.epoch).pack(), rest[0], *frames])
+        elif hdr.kind is Kind.PUT:
+            error = self.put_reply(hdr.task, rank)
+            if error is None:
+                sock.send_multipart([identity, hdr.reply(Kind.ACK, epoch=self.epoch).pack()])
+            else:
+                sock.send_multipart([identity, hdr.reply(Kind.ERROR, epoch=self.epoch).pack(),
+                                     json.dumps({"error": error}).encode()])
+
+    def close(self) -> None:
+        self.done.set()
+        self._thread.join(10)

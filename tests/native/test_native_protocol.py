@@ -1,0 +1,46 @@
+"""Protocol corner cases of the C library against a scripted server (scripted_server.py): replies the
+real server gives only in rare interleavings, on demand."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripted_server import ScriptedServer
+
+HERE = Path(__file__).resolve().parent
+TOKEN = "scripted"
+
+
+@pytest.fixture(scope="module")
+def bad_runner(native_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner"], env=native_build.env(),
+                           capture_output=True, text=True, check=True).stdout.split()
+    exe = tmp_path_factory.mktemp("protocol") / "bad_runner"
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", str(HERE / "bad_runner.c"), "-o", str(exe), *flags,
+                    f"-Wl,-rpath,{native_build.lib}", "-lm"], check=True)
+    return exe
+
+
+def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(bad_runner: Path) -> None:
+    """A NaN forecast whose pieces two server ranks both refuse: the runner reads the first ERROR and gives
+    the task up; the second rank's ERROR, for that old task, must not be taken for the answer to the next
+    task's GET (that failed a healthy member, and with max_failures could stop the study)."""
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)],
+                            put_reply=lambda task, rank: "element 0 is nan (NaN or Inf in the forecast)" if task == 1
+                            else None)
+    try:
+        p = subprocess.run([str(bad_runner), server.address, TOKEN, "nan"], capture_output=True, text=True,
+                           timeout=60)
+    finally:
+        server.close()
+    lines = [line for line in p.stdout.splitlines() if line.startswith("rc=")]
+    assert p.returncode == 0, (p.returncode, lines, p.stderr)
+    assert len(lines) == 1 and lines[0].startswith("rc=7 refused by the server: the server rejected the forecast "
+                                                   "of member 3, cycle 1"), lines
+    assert server.fails == [], server.fails
+    # Member 4's forecast went to both ranks and was acknowledged.
+    assert ("PUT", 2, 0) in server.received and ("PUT", 2, 1) in server.received, server.received
