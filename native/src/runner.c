@@ -615,7 +615,7 @@ static int join(enkflow_runner *r) {
                    *data = ekf_json_get(w, "data"), *hb = ekf_json_get(w, "heartbeat_s");
     if (!epoch || epoch->type != EKF_JNUM || !epoch->is_int || !ranks || ranks->type != EKF_JNUM || !ranks->is_int ||
         ranks->i64 < 1 || ranks->i64 > 1 << 20 || !data || data->type != EKF_JARR || (int64_t)data->n != ranks->i64 ||
-        !hb || hb->type != EKF_JNUM || !(hb->num > 0)) {
+        !hb || hb->type != EKF_JNUM || !(hb->num > 0 && hb->num <= 86400)) {
         ekf_json_free(w);
         return set_err(r, ENKFLOW_EPROTOCOL, "the server's WELCOME lacks epoch, ranks, data or heartbeat_s");
     }
@@ -654,8 +654,14 @@ static int join(enkflow_runner *r) {
     }
     if (r->rank == 0 && !r->hb_running) {
         r->hb_stop = 0;
-        if (pthread_create(&r->hb, NULL, heartbeat_main, r))
-            return set_err(r, ENKFLOW_ENOMEM, "cannot start the heartbeat thread: %s", strerror(errno));
+        /* The thread blocks every signal (as ZeroMQ's own threads do): the model's signals go to its own
+         * threads, and a SIGTERM interrupts the main thread's wait for the server at once (the stop flag). */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int err = pthread_create(&r->hb, NULL, heartbeat_main, r);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (err) return set_err(r, ENKFLOW_ENOMEM, "cannot start the heartbeat thread: %s", strerror(err));
         r->hb_running = 1;
     }
     return ok(r);

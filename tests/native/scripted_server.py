@@ -1,6 +1,6 @@
 """A scripted enkflow server for protocol corner cases the real server does not produce on demand: a control
 ROUTER and ``ranks`` data ROUTERs on loopback that speak enkflow.online.wire, hand out the tasks of
-``tasks`` in order, then STOP, and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
+``tasks`` in order, then STOP (or, with ``hold``, leave READY unanswered), and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
 ERROR with that text). It records what the runner sent. One float64 field "x" of ``n`` elements, split
 over the data ranks as enkflow.online.fields.Ownership splits an assimilated field."""
 
@@ -18,8 +18,10 @@ from enkflow.online.wire import Header, Kind, credential, decode_index
 
 class ScriptedServer:
     def __init__(self, token: str, tasks: list[tuple[int, int, int]], *, ranks: int = 2,
-                 put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7):
+                 put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7,
+                 hold: bool = False):
         self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
+        self.hold = hold
         self.ctx = zmq.Context()
         self.control = self.ctx.socket(zmq.ROUTER)
         port = self.control.bind_to_random_port("tcp://127.0.0.1")
@@ -57,6 +59,8 @@ class ScriptedServer:
             self.control.send_multipart([identity, hdr.reply(Kind.WELCOME, epoch=self.epoch).pack(),
                                          json.dumps(body).encode()])
         elif hdr.kind is Kind.READY:
+            if self.hold and not self.tasks:
+                return
             if self.tasks:
                 task, member, cycle = self.tasks.pop(0)
                 reply = Header(Kind.TASK, self.cred, hdr.runner, task, member, cycle, nsteps=1, epoch=self.epoch)

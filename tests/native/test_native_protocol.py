@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,32 @@ def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(
     assert server.fails == [], server.fails
     # Member 4's forecast went to both ranks and was acknowledged.
     assert ("PUT", 2, 0) in server.received and ("PUT", 2, 1) in server.received, server.received
+
+
+def test_the_librarys_threads_block_signals(bad_runner: Path) -> None:
+    """A runner waiting for a task: every thread but the model's own (the heartbeat thread, ZeroMQ's) blocks
+    SIGTERM, so the model's handler runs on its thread and interrupts its wait at once."""
+    import glob
+    import signal
+
+    server = ScriptedServer(TOKEN, [], hold=True)
+    try:
+        p = subprocess.Popen([str(bad_runner), server.address, TOKEN, "wait-sigterm"], stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout.readline().strip() == "waiting"
+        masks: dict[int, int] = {}
+        for _ in range(10):  # several looks: a thread that is just starting has every signal blocked for a moment
+            for path in glob.glob(f"/proc/{p.pid}/task/*/status"):
+                fields = dict(line.split(":\t", 1) for line in Path(path).read_text().splitlines() if ":\t" in line)
+                tid = int(path.split("/")[4])
+                masks[tid] = masks.get(tid, -1) & int(fields["SigBlk"], 16)
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=10)[0]
+    finally:
+        server.close()
+    assert p.returncode == 0, out
+    others = {tid: m for tid, m in masks.items() if tid != p.pid}
+    assert len(others) >= 3, masks  # the heartbeat thread and ZeroMQ's two
+    term = 1 << (signal.SIGTERM - 1)
+    assert all(m & term for m in others.values()), {tid: hex(m) for tid, m in masks.items()}
