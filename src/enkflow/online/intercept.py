@@ -252,18 +252,22 @@ class InterceptRunner:
                    ENKFLOW_MEMBER=str(r.member), ENKFLOW_CYCLE=str(r.cycle), ENKFLOW_STEPS=str(nsteps))
         t0 = time.perf_counter()
         try:
+            # In a process group of its own, which goes with it: a process it leaves behind (a model started
+            # by a shell script, killed at the timeout) would still map the segment and could write into the
+            # next member's state.
             self.proc = subprocess.Popen(argv, env=env, pass_fds=(seg.fd,), stdin=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, cwd=self.cwd)
+                                         stderr=subprocess.PIPE, cwd=self.cwd, start_new_session=True)
         except OSError as exc:
             return f"cannot start the model {argv[0]!r}: {exc}"
         tail = _Tail(self.proc.stderr)
         try:
             rc = self.proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal_group(signal.SIGKILL)
             self.proc.wait()
             self.proc = None
             return f"the model ran longer than {self.timeout_s:g} s (--timeout) and was killed"
+        self._signal_group(signal.SIGKILL)
         self.proc = None
         h = seg.header
         self.timings.append({"member": r.member, "cycle": r.cycle, "model_s": time.perf_counter() - t0,
@@ -276,13 +280,23 @@ class InterceptRunner:
                     + (f"; its stderr ends with:\n{text}" if text and not shim else ""))
         return seg.verdict(path)
 
+    def _signal_group(self, sig: int) -> None:
+        """``sig`` to the model's process group (the model and whatever it started)."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def stop_model(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self._signal_group(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            self._signal_group(signal.SIGKILL)
+            self.proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
