@@ -530,12 +530,18 @@ static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtyp
     return access_field(op, fn, h, k, memtype, start, count, kind == KIND_VAR1, stride, imap, mem);
 }
 
-/* A model whose wrapper is gone (killed) is killed with it: its forecast could go nowhere. Only a model the
- * wrapper started itself (its parent), not one behind a shell script, can be tied to it this way. */
+/* A model whose wrapper is gone (killed) is killed with it: its forecast could go nowhere. A process the
+ * wrapper started is tied to it; it then names itself the parent for its own children, so that a model
+ * behind a shell script dies with the shell, which died with the wrapper. A process whose parent is not
+ * the one named (started by a program without the shim) is left alone. */
 __attribute__((constructor)) static void die_with_wrapper(void) {
     const char *parent = getenv("ENKFLOW_INTERCEPT_PARENT");
-    if (parent && getenv("ENKFLOW_INTERCEPT_FD") && (pid_t)atol(parent) == getppid())
+    if (parent && getenv("ENKFLOW_INTERCEPT_FD") && (pid_t)atol(parent) == getppid()) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char self[32];
+        snprintf(self, sizeof self, "%ld", (long)getpid());
+        setenv("ENKFLOW_INTERCEPT_PARENT", self, 1);
+    }
 }
 
 /* -- opening and closing -------------------------------------------------------------------------- */

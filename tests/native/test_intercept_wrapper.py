@@ -74,3 +74,35 @@ def test_a_model_that_exits_leaves_nothing_running(native_build, tmp_path: Path)
     assert len(server.fails) == 1 and "never opened" in server.fails[0], server.fails
     child = int(marker.read_text())
     assert _gone_soon(child), f"the model's child {child} outlived the model"
+
+
+def test_a_runner_killed_hard_takes_the_model_behind_a_shell_script_along(native_build, tmp_path: Path) -> None:
+    """kill -9 of the wrapper while its model, started by a shell script, runs: the shell dies with the wrapper
+    (the shim's parent-death signal) and the model with the shell, each tied to its own parent."""
+    import signal
+    import subprocess
+    import sys
+
+    marker = tmp_path / "child.pid"
+    model = tmp_path / "model.sh"
+    model.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {marker}\nwait\n")
+    model.chmod(0o755)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    server = ScriptedServer(TOKEN, [(1, 2, 1)], ranks=1, hold=True)
+    try:
+        wrapper = subprocess.Popen([sys.executable, "-m", "enkflow.online.intercept", "--address", server.address,
+                                    "--token-file", str(token), "--field", "x:float64:40", "--path",
+                                    str(tmp_path / "r{member}.nc"), "--shim",
+                                    str(native_build.lib / "libenkflow_intercept.so"), "--", str(model)])
+        deadline = time.monotonic() + 30
+        while not (marker.exists() and marker.read_text().strip()):
+            assert wrapper.poll() is None and time.monotonic() < deadline, "the model did not start"
+            time.sleep(0.05)
+        child = int(marker.read_text())
+        time.sleep(0.2)  # the child's shim constructor has run
+        wrapper.send_signal(signal.SIGKILL)
+        wrapper.wait()
+    finally:
+        server.close()
+    assert _gone_soon(child), f"the model {child} outlived its runner, killed with kill -9"
