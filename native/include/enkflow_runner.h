@@ -107,7 +107,9 @@ ENKFLOW_API int enkflow_runner_set_curve_key(enkflow_runner *r, const char *serv
 /* A flag the library watches while it waits for the server (at least once a second, and at once when a
  * signal interrupts the wait): once *flag is non-zero, the call in progress returns ENKFLOW_EINTR. Meant
  * for a SIGTERM handler that sets the flag: the model then calls enkflow_runner_finalize, whose BYE gives
- * the member held back to the server at once (reason "left", not counted as a failure). NULL: none. */
+ * the member held back to the server at once (reason "left", not counted as a failure). NULL: none.
+ * A model that calls enkflow_runner_expose again instead: a task whose state did not arrive whole is
+ * failed (FAIL), never sent as a forecast. */
 ENKFLOW_API int enkflow_runner_set_stop_flag(enkflow_runner *r, const volatile sig_atomic_t *flag);
 
 /* Declare a field of a member's state, before init, in the server's order: name, element type, the

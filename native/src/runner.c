@@ -44,6 +44,7 @@ struct enkflow_runner {
     uint64_t id, epoch;
     double heartbeat_s;
     uint64_t task;
+    int state_in; /* the task's state arrived whole (its GET completed): the arrays hold a forecast of it */
     int64_t member, cycle, nsteps, waited_us;
     unsigned monitors;
     const volatile sig_atomic_t *stop;
@@ -452,6 +453,7 @@ static void heartbeat_stop(enkflow_runner *r) {
 
 static void set_task(enkflow_runner *r, uint64_t task, int64_t member, int64_t cycle, int64_t nsteps) {
     r->task = task;
+    r->state_in = 0;
     r->member = member;
     r->cycle = cycle;
     r->nsteps = nsteps;
@@ -925,6 +927,13 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
             return set_err(r, ENKFLOW_ESTATE, "field '%s' has no array: call enkflow_runner_bind before expose",
                            r->fields[k].name);
     int rc;
+    if (r->task && !r->state_in) {
+        /* The wait for its state was interrupted (ENKFLOW_EINTR): the arrays hold no forecast of it. */
+        char why[256];
+        snprintf(why, sizeof why, "the state of member %lld, cycle %lld did not arrive (the wait for it was "
+                 "interrupted): no forecast of it", (long long)r->member, (long long)r->cycle);
+        if ((rc = enkflow_runner_fail(r, why))) return rc;
+    }
     if (r->task && (rc = put(r))) return rc;
     while (1) {
         ekf_buf payload = {0};
@@ -959,6 +968,7 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
             enkflow_runner_fail(r, detail);
             return set_err_detail(r, rc, detail);
         }
+        r->state_in = 1;
         *nsteps = r->nsteps;
         return ok(r);
     }

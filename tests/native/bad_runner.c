@@ -6,7 +6,8 @@
  * MODE good: runs members until the study is over. unknown-field, unicode-field, wrong-dtype, wrong-shape, carried-int:
  * declares fields the server does not expect. bind-checks: binds arrays of the wrong type, size and name.
  * nan: its first forecast holds a NaN (the server rejects it), then it behaves. wait-sigterm: joins, waits
- * for a task until SIGTERM sets its stop flag, then leaves (BYE). Every library error is
+ * for a task until SIGTERM sets its stop flag, then leaves (BYE). retry-after-sigterm: SIGTERM while its first
+ * task's state arrives, then it clears the flag and serves on. Every library error is
  * printed as "rc=CODE NAME: MESSAGE" on stdout; the exit status is 0 when the mode's expectations held
  * on the runner's side (the test checks the messages). */
 #define _POSIX_C_SOURCE 200809L
@@ -67,6 +68,28 @@ int main(int argc, char **argv) {
     enkflow_runner_set_timeouts(r, 20.0, 5.0);
     enkflow_runner_set_name(r, mode);
     if (argc == 5 && (rc = enkflow_runner_set_curve_key(r, argv[4]))) return report(r, rc);
+    if (!strcmp(mode, "retry-after-sigterm")) { /* SIGTERM while the state of its task arrives, then expose again */
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_term;
+        sigaction(SIGTERM, &sa, NULL);
+        enkflow_runner_set_stop_flag(r, &stop);
+        int64_t nsteps;
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
+        if (!rc) rc = enkflow_runner_init(r);
+        if (!rc) rc = enkflow_runner_bind(r, "x", ENKFLOW_FLOAT64, x, N);
+        if (rc) return report(r, rc);
+        printf("waiting\n");
+        fflush(stdout);
+        rc = enkflow_runner_expose(r, &nsteps);
+        report(r, rc);
+        if (rc != ENKFLOW_EINTR) return 17;
+        stop = 0;
+        rc = serve(r, x, 0);
+        if (rc) report(r, rc);
+        enkflow_runner_finalize(r);
+        return rc;
+    }
     if (!strcmp(mode, "wait-sigterm")) { /* waits for a task that does not come; SIGTERM ends the wait */
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

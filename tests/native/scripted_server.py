@@ -1,6 +1,6 @@
 """A scripted enkflow server for protocol corner cases the real server does not produce on demand: a control
 ROUTER and ``ranks`` data ROUTERs on loopback that speak enkflow.online.wire, hand out the tasks of
-``tasks`` in order, then STOP (or, with ``hold``, leave READY unanswered), and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
+``tasks`` in order, then STOP (or, with ``hold``, leave READY unanswered), leave the GETs of the tasks in ``hold_get`` unanswered, and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
 ERROR with that text). It records what the runner sent. One float64 field "x" of ``n`` elements, split
 over the data ranks as enkflow.online.fields.Ownership splits an assimilated field."""
 
@@ -19,9 +19,9 @@ from enkflow.online.wire import Header, Kind, credential, decode_index
 class ScriptedServer:
     def __init__(self, token: str, tasks: list[tuple[int, int, int]], *, ranks: int = 2,
                  put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7,
-                 hold: bool = False):
+                 hold: bool = False, hold_get: set[int] = frozenset()):
         self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
-        self.hold = hold
+        self.hold, self.hold_get = hold, set(hold_get)
         self.ctx = zmq.Context()
         self.control = self.ctx.socket(zmq.ROUTER)
         port = self.control.bind_to_random_port("tcp://127.0.0.1")
@@ -75,6 +75,8 @@ class ScriptedServer:
     def _on_data(self, sock: zmq.Socket, rank: int, identity: bytes, hdr: Header, rest: list[bytes]) -> None:
         self.received.append((hdr.kind.name, hdr.task, rank))
         idx = decode_index(rest[0], hdr.count)
+        if hdr.kind is Kind.GET and hdr.task in self.hold_get:
+            return  # never answered
         if hdr.kind is Kind.GET:
             frames = [np.full(cnt, float(hdr.member)).tobytes() for _, _, cnt in idx]
             sock.send_multipart([identity, hdr.reply(Kind.DATA, epoch=self.epoch).pack(), rest[0], *frames])

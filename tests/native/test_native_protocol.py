@@ -74,3 +74,29 @@ def test_the_librarys_threads_block_signals(bad_runner: Path) -> None:
     assert len(others) >= 3, masks  # the heartbeat thread and ZeroMQ's two
     term = 1 << (signal.SIGTERM - 1)
     assert all(m & term for m in others.values()), {tid: hex(m) for tid, m in masks.items()}
+
+
+def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(bad_runner: Path) -> None:
+    """SIGTERM (the stop flag) ends the wait for a member's state: ENKFLOW_EINTR, the task held. A model
+    that clears its flag and calls expose again must not send its arrays, which never received that member's
+    state, as the member's forecast: the task is failed (given to another runner), then the runner serves on."""
+    import signal
+
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], ranks=1, hold_get={1})
+    try:
+        p = subprocess.Popen([str(bad_runner), server.address, TOKEN, "retry-after-sigterm"], stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout.readline().strip() == "waiting"
+        deadline = time.monotonic() + 20
+        while ("GET", 1, 0) not in server.received:
+            assert time.monotonic() < deadline, server.received
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        out = p.communicate(timeout=20)[0]
+    finally:
+        server.close()
+    assert p.returncode == 0, out
+    assert "rc=12 interrupted" in out, out
+    assert ("PUT", 1, 0) not in server.received, server.received
+    assert len(server.fails) == 1 and "did not arrive" in server.fails[0], server.fails
+    assert ("PUT", 2, 0) in server.received, server.received
