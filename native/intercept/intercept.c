@@ -514,7 +514,10 @@ static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtyp
         if (op == PUT && h->writable && !h->created) {
             /* Opened read-only underneath: the restart file is not the place a forecast goes to. */
             char name[NC_MAX_NAME + 1] = "?";
-            REAL(nc_inq_varname)(ncid, varid, name);
+            int bad = REAL(nc_inq_varname)(ncid, varid, name);
+            *handled = 1;
+            if (bad)  /* no such variable: libnetcdf's status (NC_ENOTVAR), not a discarded write */
+                return bad;
             if (!warned(name))
                 fprintf(stderr, "enkflow intercept: warning: %s writes variable %s of %s, which is not an online "
                         "field: the write is discarded (list it in [online] carried if the model needs it back)\n",

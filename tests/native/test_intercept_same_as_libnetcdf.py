@@ -1,7 +1,8 @@
 """The shim answers the netCDF calls it intercepts as libnetcdf answers them on a file holding the same
 values: the same status codes (valid and invalid hyperslabs, NULL start or count, a count so large that
 start + count wraps around), the same values, several handles of one restart, and everything else (other
-variables, define mode, closes) passed through. The documented refusals (another memory type, strides,
+variables, define mode, closes) passed through; and writes (tiles out of order, a scalar, int64, invalid
+writes) give the same codes and leave what libnetcdf leaves in the file. The documented refusals (another memory type, strides,
 partial writes) are tested in test_intercept.py."""
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ def _restart(path: Path, x: np.ndarray) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def program(tmp_path_factory) -> Path:
-    exe = tmp_path_factory.mktemp("same") / "intercept_same_as_libnetcdf"
+def _compile(directory: Path, name: str) -> Path:
+    exe = directory / name
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True,
                            check=True).stdout.split()
-    subprocess.run(["cc", "-O1", "-o", str(exe), str(DATA / "intercept_same_as_libnetcdf.c"), *flags], check=True)
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(DATA / f"{name}.c"), *flags], check=True)
     return exe
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    return _compile(tmp_path_factory.mktemp("same"), "intercept_same_as_libnetcdf")
 
 
 def test_intercepted_reads_answer_as_libnetcdf(native_build, program: Path, tmp_path: Path) -> None:
@@ -61,3 +66,41 @@ def test_intercepted_reads_answer_as_libnetcdf(native_build, program: Path, tmp_
     assert not diff and len(want) == len(got), "\n".join(diff) + "\n" + shim.stderr
     assert "start 1 + count 18446744073709551615 in dimension 1 of 6" in shim.stderr
     assert "no start index (NULL)" in shim.stderr
+
+
+def _write_restart(path: Path) -> Path:
+    with netCDF4.Dataset(path, "w", format="NETCDF3_64BIT_DATA") as ds:
+        ds.createDimension("y", 4)
+        ds.createDimension("x", 6)
+        ds.createDimension("k", 3)
+        ds.createVariable("x", "f8", ("y", "x"))[:] = 5.0
+        ds.createVariable("s", "f4", ())[...] = 1.0
+        ds.createVariable("n", "i8", ("k",))[:] = 0
+        ds.createVariable("other", "f8", ("k",))[:] = 7.0
+    return path
+
+
+def test_intercepted_writes_answer_as_libnetcdf(native_build, tmp_path: Path) -> None:
+    exe = _compile(tmp_path, "intercept_writes_as_libnetcdf")
+    plain = subprocess.run([str(exe), str(_write_restart(tmp_path / "plain.nc"))], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    restart = _write_restart(tmp_path / "restart.nc")
+    before = restart.read_bytes()
+    seg = Segment([Field("x", "float64", (4, 6)), Field("s", "float32", ()), Field("n", "int64", (3,), assimilated=False)])
+    seg.arrays["x"][:], seg.arrays["s"][:] = 5.0, 1.0
+    seg.reset(1, 1, 6, 1)
+    env = dict(os.environ, LD_PRELOAD=str(native_build.lib / "libenkflow_intercept.so"),
+               ENKFLOW_INTERCEPT_FD=str(seg.fd), ENKFLOW_INTERCEPT_PATH=str(restart.resolve()))
+    shim = subprocess.run([str(exe), str(restart)], env=env, pass_fds=(seg.fd,), capture_output=True, text=True,
+                          timeout=60)
+    try:
+        assert shim.returncode == 0, f"the model died under the shim ({shim.returncode}):\n{shim.stderr}"
+        want, got = plain.stdout.splitlines(), shim.stdout.splitlines()
+        assert "n 1 -2 3000000000000" in want and "put_bad_varid -49" in want, want
+        diff = [f"libnetcdf: {w!r}  shim: {g!r}" for w, g in zip(want, got) if w != g]
+        assert not diff and len(want) == len(got), "\n".join(diff) + "\n" + shim.stderr
+        assert np.array_equal(seg.arrays["x"], -1.5 * np.arange(24)) and list(seg.records["complete"]) == [1, 1, 1]
+        assert restart.read_bytes() == before  # the forecast went into the segment only
+    finally:
+        seg.close()
