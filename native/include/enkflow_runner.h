@@ -161,7 +161,10 @@ ENKFLOW_API uint64_t enkflow_runner_task(const enkflow_runner *r);
 ENKFLOW_API int enkflow_runner_fail(enkflow_runner *r, const char *error);
 
 /* Leave the study (BYE: a task still held goes to another runner), stop the heartbeat thread, close the
- * sockets and free r. r may be NULL. r is invalid afterwards, whatever the result. */
+ * sockets and free r. r may be NULL. r is invalid afterwards, whatever the result.
+ * Fork: a runner serves the process that created it. In a forked child (without exec), init, expose and
+ * fail return ENKFLOW_ESTATE, and finalize frees the child's copy of r without touching the sockets or
+ * threads (the parent's) and returns ENKFLOW_ESTATE. */
 ENKFLOW_API int enkflow_runner_finalize(enkflow_runner *r);
 
 #ifdef __cplusplus

@@ -59,6 +59,7 @@ struct enkflow_runner {
     uint64_t hb_task;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pid_t pid; /* the process that created the runner: ZeroMQ's context does not survive a fork */
 };
 
 static const char *const MESSAGES[] = {
@@ -185,6 +186,7 @@ int enkflow_runner_create(enkflow_runner **out, const char *address, const char 
     enkflow_runner *r = calloc(1, sizeof *r);
     *out = r;
     if (!r) return ENKFLOW_ENOMEM;
+    r->pid = getpid();
     r->timeout_s = 600.0;
     r->reconnect_s = 120.0;
     r->size = 1;
@@ -210,6 +212,15 @@ int enkflow_runner_create(enkflow_runner **out, const char *address, const char 
     r->zctx = zmq_ctx_new();
     if (!r->zctx) return set_err(r, ENKFLOW_EZMQ, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     return ok(r);
+}
+
+/* A forked child's copy of the handle: its sockets and threads are the parent's (the child has none of
+ * ZeroMQ's threads), so it must not talk, close or wait on them. */
+static int forked(enkflow_runner *r, const char *what) {
+    if (r->pid == getpid()) return 0;
+    set_err(r, ENKFLOW_ESTATE, "%s in a process forked from the one that created the runner (pid %ld): a runner "
+            "serves only its own process", what, (long)r->pid);
+    return 1;
 }
 
 static int before_init(enkflow_runner *r, const char *what) {
@@ -671,6 +682,7 @@ static int join(enkflow_runner *r) {
 
 int enkflow_runner_init(enkflow_runner *r) {
     if (!r) return ENKFLOW_EINVAL;
+    if (forked(r, "enkflow_runner_init")) return ENKFLOW_ESTATE;
     int rc = before_init(r, "enkflow_runner_init");
     if (rc) return rc;
     if (!r->nfields) return set_err(r, ENKFLOW_ESTATE, "a runner needs at least one field (enkflow_runner_add_field)");
@@ -921,6 +933,7 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
     if (!r) return ENKFLOW_EINVAL;
     if (!nsteps) return set_err(r, ENKFLOW_EINVAL, "enkflow_runner_expose: NULL nsteps");
     *nsteps = 0;
+    if (forked(r, "enkflow_runner_expose")) return ENKFLOW_ESTATE;
     if (!r->inited) return set_err(r, ENKFLOW_ESTATE, "enkflow_runner_expose before a successful enkflow_runner_init");
     for (int k = 0; k < r->nfields; k++)
         if (!r->fields[k].data && r->fields[k].cnt > 0)
@@ -981,6 +994,7 @@ uint64_t enkflow_runner_task(const enkflow_runner *r) { return r ? r->task : 0; 
 
 int enkflow_runner_fail(enkflow_runner *r, const char *error) {
     if (!r) return ENKFLOW_EINVAL;
+    if (forked(r, "enkflow_runner_fail")) return ENKFLOW_ESTATE;
     int rc = ENKFLOW_OK;
     if (r->rank == 0 && r->task && r->have_control) {
         const char *text = error ? error : "?";
@@ -1016,8 +1030,26 @@ int enkflow_runner_fail(enkflow_runner *r, const char *error) {
     return rc ? rc : ok(r);
 }
 
+static void free_memory(enkflow_runner *r) {
+    for (int k = 0; k < r->nfields; k++) {
+        free(r->fields[k].name);
+        free(r->fields[k].shape);
+    }
+    free(r->fields);
+    free(r->address);
+    free(r->name);
+    free(r->curve);
+}
+
 int enkflow_runner_finalize(enkflow_runner *r) {
     if (!r) return ENKFLOW_OK;
+    if (getpid() != r->pid) { /* a forked child: its copy's memory only; the sockets and threads are the parent's */
+        free(r->data);
+        free(r->own);
+        free_memory(r);
+        free(r);
+        return ENKFLOW_ESTATE;
+    }
     int rc = ENKFLOW_OK;
     heartbeat_stop(r);
     if (r->rank == 0 && r->have_control) {
@@ -1036,14 +1068,7 @@ int enkflow_runner_finalize(enkflow_runner *r) {
      * a BYE that cannot leave (the server is gone) costs at most this. */
     if (r->have_control) ekf_conn_close(&r->control, 250);
     if (r->zctx) zmq_ctx_term(r->zctx);
-    for (int k = 0; k < r->nfields; k++) {
-        free(r->fields[k].name);
-        free(r->fields[k].shape);
-    }
-    free(r->fields);
-    free(r->address);
-    free(r->name);
-    free(r->curve);
+    free_memory(r);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

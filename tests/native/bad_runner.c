@@ -7,7 +7,8 @@
  * declares fields the server does not expect. bind-checks: binds arrays of the wrong type, size and name.
  * nan: its first forecast holds a NaN (the server rejects it), then it behaves. wait-sigterm: joins, waits
  * for a task until SIGTERM sets its stop flag, then leaves (BYE). retry-after-sigterm: SIGTERM while its first
- * task's state arrives, then it clears the flag and serves on. Every library error is
+ * task's state arrives, then it clears the flag and serves on. fork-finalize: a child forked after init
+ * calls enkflow_runner_finalize (as an atexit handler would), then the parent serves. Every library error is
  * printed as "rc=CODE NAME: MESSAGE" on stdout; the exit status is 0 when the mode's expectations held
  * on the runner's side (the test checks the messages). */
 #define _POSIX_C_SOURCE 200809L
@@ -16,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "enkflow_runner.h"
 
@@ -68,6 +71,26 @@ int main(int argc, char **argv) {
     enkflow_runner_set_timeouts(r, 20.0, 5.0);
     enkflow_runner_set_name(r, mode);
     if (argc == 5 && (rc = enkflow_runner_set_curve_key(r, argv[4]))) return report(r, rc);
+    if (!strcmp(mode, "fork-finalize")) { /* a child forked after init (no exec) finalizes its copy, then the parent serves */
+        rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
+        if (!rc) rc = enkflow_runner_init(r);
+        if (!rc) rc = enkflow_runner_bind(r, "x", ENKFLOW_FLOAT64, x, N);
+        if (rc) return report(r, rc);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            rc = enkflow_runner_finalize(r);
+            printf("child rc=%d\n", rc);
+            fflush(stdout);
+            _exit(rc == ENKFLOW_ESTATE ? 0 : 20);
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 18;
+        rc = serve(r, x, 0);
+        if (rc) report(r, rc);
+        enkflow_runner_finalize(r);
+        return rc;
+    }
     if (!strcmp(mode, "retry-after-sigterm")) { /* SIGTERM while the state of its task arrives, then expose again */
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);

@@ -100,3 +100,19 @@ def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(b
     assert ("PUT", 1, 0) not in server.received, server.received
     assert len(server.fails) == 1 and "did not arrive" in server.fails[0], server.fails
     assert ("PUT", 2, 0) in server.received, server.received
+
+
+def test_a_forked_child_cannot_finalize_its_parents_runner(bad_runner: Path) -> None:
+    """A model that forks after init (a helper process without exec) whose child finalizes its copy of the
+    handle (an atexit handler): the child gets ENKFLOW_ESTATE at once. ZeroMQ's context is not fork-safe
+    (the child has none of its threads: the BYE would hang in zmq_ctx_term, or say BYE for the parent's
+    task); the parent serves on."""
+    server = ScriptedServer(TOKEN, [(1, 3, 1)], ranks=1)
+    try:
+        p = subprocess.run([str(bad_runner), server.address, TOKEN, "fork-finalize"], capture_output=True, text=True,
+                           timeout=30)
+    finally:
+        server.close()
+    assert p.returncode == 0, (p.returncode, p.stdout)
+    assert "child rc=2" in p.stdout, p.stdout
+    assert [k for k, _, _ in server.received].count("BYE") == 1 and ("PUT", 1, 0) in server.received, server.received
