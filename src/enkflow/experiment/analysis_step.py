@@ -54,6 +54,7 @@ def analyse_files(
     balance: bool | None = None,
     stats_dir: str | Path | None = None,
     stats_compression: tuple[str, int] = ("zlib", 1),
+    stats_service: str | Path | None = None,
     obs_settings: ObsSettings | None = None,
     obs_diag_dir: str | Path | None = None,
     inflation_files: tuple[Path | None, Path | None] | None = None,
@@ -87,6 +88,9 @@ def analyse_files(
     its compression and level), whose writer writes ``NNNN/VAR_STAT.nc`` while the restarts are
     updated; it is closed (everything written) before this returns. ``stats_s`` and ``stats_wait_s``:
     the seconds spent computing and adding them, and waiting for the writer at the end.
+    ``stats_service``: the directory of the study's output service (:mod:`enkflow.output.service`);
+    when one runs there, every rank adds its rows through it instead (no writer is started here,
+    and the end waits only until the service has received them).
 
     ``obs_diag_dir``: write the observation-space diagnostics file ``obs_diag.nc`` there
     (:mod:`enkflow.obs.diagnostics`). ``inflation_files`` (adaptive inflation): the previous
@@ -111,7 +115,12 @@ def analyse_files(
             from enkflow.output.analysis_output import AnalysisOutput
 
             ts = time.perf_counter()
-            out = AnalysisOutput(layout, stats_dir, comm, compression=stats_compression[0], complevel=stats_compression[1])
+            if stats_service is not None:
+                out = AnalysisOutput.through_service(layout, stats_dir, stats_service, cycle, comm,
+                                                     compression=stats_compression[0], complevel=stats_compression[1])
+            if out is None:
+                out = AnalysisOutput(layout, stats_dir, comm, compression=stats_compression[0],
+                                     complevel=stats_compression[1])
             t_start = time.perf_counter() - ts
         store = FileStore(ens, applied=applied)
         # After the open: it finished any interrupted update, which writes the record.
@@ -148,6 +157,7 @@ def analyse_files(
             write_mean_spread(Xa, layout, mean_path, spread_path, comm=comm, title=f"enkflow analysis, cycle {cycle}")
         t_out = time.perf_counter() - t2
         if out is not None:
+            diag["stats_remote"] = float(out.remote)
             t3 = time.perf_counter()
             out.close()
             diag["stats_wait_s"] = time.perf_counter() - t3
@@ -213,6 +223,8 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
     hx = None
     if cfg.observations.operator is not None:
         hx = [cfg.operator_output(m, cycle) for m in range(1, cfg.experiment.members + 1)]
+    from enkflow.output.analysis_output import service_dir
+
     cdir = cfg.cycle_dir(cycle)
     cdir.mkdir(parents=True, exist_ok=True)
     ao = cfg.analysis_output
@@ -228,5 +240,6 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
         mean_path=cdir / "analysis_mean.nc" if files else None, spread_path=cdir / "analysis_spread.nc" if files else None,
         hx_files=hx, applied=cfg.applied_record(cycle), obs_settings=ObsSettings.from_experiment(cfg),
         stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_compression=(ao.compression, ao.complevel),
+        stats_service=service_dir(expdir),
         obs_diag_dir=cdir, inflation_files=infl,
     )

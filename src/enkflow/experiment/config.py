@@ -141,14 +141,17 @@ class ObservationsSection(ObsSettingsConfig):
         return self
 
 
-RUNNER_FIELDS = {"address", "token_file", "runner", "expdir", "length", "steps", "restart", "curve_key"}
+RUNNER_FIELDS = {"address", "token_file", "runner", "expdir", "length", "steps", "restart", "curve_key", "output_address",
+                 "output_token_file"}
 
 
 class OnlineSection(Strict):
     """``[online]``: the assimilation server and its runners (``experiment.mode = "online"``). Times in seconds."""
 
     runner: str = Field(description="command of one runner; placeholders {address} {token_file} {runner} {expdir} "
-                                    "{length} {steps} {restart} (member 1's restart, a grid template) {curve_key}")
+                                    "{length} {steps} {restart} (member 1's restart, a grid template) {curve_key} "
+                                    "{output_address} {output_token_file} (the output service of [output], "
+                                    "empty without [output] fields)")
     runners: int = Field(default=2, ge=1, description="runner processes kept alive (fewer than members is fine)")
     min_runners: int = Field(default=1, ge=1, description="hand out no member before this many runners joined "
                                                           "(with `enkflow serve` and runners started elsewhere)")
@@ -247,8 +250,8 @@ class AnalysisOutputSection(Strict):
 
     statistics: bool | None = Field(
         default=None, description="forecast mean, analysis mean and spread, increment per cycle through the "
-                                  "asynchronous output server; default: online yes (one writer for the study), "
-                                  "offline no (each analysis task would start its own writer)")
+                                  "asynchronous output server; default: yes (online one writer for the study, "
+                                  "offline one output service for the study that the analysis tasks add to)")
     mean_spread_files: bool = Field(
         default=True, description="also analysis_mean.nc and analysis_spread.nc in the restart's layout, written "
                                   "by the analysis itself (what enkflow demo and the fault trials read)")
@@ -256,7 +259,7 @@ class AnalysisOutputSection(Strict):
     complevel: int = Field(default=1, ge=1, le=9)
 
     def statistics_for(self, mode: str) -> bool:
-        return self.statistics if self.statistics is not None else mode == "online"
+        return self.statistics if self.statistics is not None else mode in ("online", "offline")
 
 
 class ArchiveSection(Strict):

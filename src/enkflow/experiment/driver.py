@@ -226,16 +226,62 @@ class Experiment:
                 self.on_cycle_end(k)
 
         self._retry_failed = retry_failed
+        service = self._start_output_service() if todo_cycles else None
         try:
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
             if archiver is not None:
                 archiver.finish()
+            if service is not None:
+                self._stop_output_service(service)
+                service = None
         finally:
+            if service is not None:  # a failure: what the service received complete is written, the rest dropped
+                try:
+                    self._stop_output_service(service)
+                except EnkflowError as exc:
+                    self._say(f"output service: {exc}")
             self.launcher.close()
             if archiver is not None:
                 archiver.close()
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
         return todo_cycles
+
+    def _start_output_service(self):
+        """The study's output service for the analysis statistics (docs/output.md), which the analysis
+        tasks add to instead of starting writers of their own; None when the statistics are off, the
+        analysis is an external program, or the service cannot start (the tasks then start their own)."""
+        cfg = self.cfg
+        ao = cfg.analysis_output
+        if cfg.state is None or cfg.analysis_task.command is not None or not ao.statistics_for("offline"):
+            return None
+        from enkflow.output.analysis_output import output_config, service_dir
+        from enkflow.output.service import OutputService
+        from enkflow.state import StateLayout
+
+        try:
+            layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
+            ocfg = output_config(layout, cfg.cycle_dir(1).parent, compression=ao.compression, complevel=ao.complevel)
+            # Analysis tasks on other nodes (SLURM) reach it over TCP; on this machine ipc is enough.
+            tcp = cfg.launcher.kind == "slurm"
+            svc = OutputService.start(ocfg, service_dir(cfg.expdir), transport="tcp" if tcp else "ipc",
+                                      bind="0.0.0.0" if tcp else "127.0.0.1")
+        except (EnkflowError, OSError) as exc:
+            self._say(f"output service not started ({exc}); each analysis task starts its own writer")
+            self.events.emit("output_service_failed", error=str(exc))
+            return None
+        self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
+        return svc
+
+    def _stop_output_service(self, svc) -> None:
+        """Stop the service: everything the analysis tasks added is written; raises its errors."""
+        t0 = time.perf_counter()
+        try:
+            res = svc.stop()
+        except EnkflowError as exc:
+            self.events.emit("output_service_end", error=str(exc))
+            raise
+        self.events.emit("output_service_end", stop_s=time.perf_counter() - t0, stats=res.get("stats", {}),
+                         notes=res.get("notes", []))
 
     def _copy_initial(self) -> None:
         """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble."""

@@ -12,7 +12,6 @@ failed ``max_failures`` times, bad input), which is not retried.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import socket
@@ -31,23 +30,13 @@ from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.local import LocalLauncher
 from enkflow.online.experiment import online_dir
+from enkflow.tokens import secret_file
 
 
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host if host not in ("*", "0.0.0.0") else "", 0))
         return int(s.getsockname()[1])
-
-
-def _secret_file(path: Path, make: Callable[[], str]) -> str:
-    """The secret in ``path``, created (mode 0600) on first use."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_name(path.name + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(make() + "\n")
-        os.replace(path.with_name(path.name + ".tmp"), path)
-    return path.read_text().strip()
 
 
 def copy_initial(cfg: ExperimentConfig) -> None:
@@ -66,13 +55,13 @@ def copy_initial(cfg: ExperimentConfig) -> None:
 def make_secrets(directory: Path, *, curve: bool) -> Path:
     """The experiment's token (and, with ``curve``, the server's CURVE key pair), made once; returns the token file."""
     token = directory / "token"
-    _secret_file(token, lambda: secrets.token_hex(32))
+    secret_file(token, lambda: secrets.token_hex(32))
     if curve and not (directory / "curve.key").exists():
         import zmq
 
         pub, sec = zmq.curve_keypair()
         write_bytes_atomic(directory / "curve.pub", pub + b"\n")
-        _secret_file(directory / "curve.key", lambda: sec.decode())
+        secret_file(directory / "curve.key", lambda: sec.decode())
     return token
 
 
@@ -92,6 +81,7 @@ class OnlineExperiment:
         self.events = EventLog(cfg.expdir / "events.jsonl")
         self.server_restarts = 0
         self.runner_starts = 0
+        self.output_service = None
 
     def _say(self, msg: str) -> None:
         if self.progress is not None:
@@ -135,10 +125,33 @@ class OnlineExperiment:
                 self.launcher = self._make_launcher()
             self.events.emit("experiment_start", mode="online", cycles=cfg.cycle_numbers, members=cfg.experiment.members,
                              runners=self.o.runners, ranks=self.o.ranks, launcher=cfg.launcher.kind)
+            self.output_service = self._start_output_service()
             try:
-                return self._supervise()
+                status = self._supervise()
+                if self.output_service is not None:
+                    self.output_service.stop()  # raises what went wrong in the runners' output
+                return status
             finally:
                 self.launcher.close()
+                if self.output_service is not None and self.output_service.result is None:
+                    try:  # a failure: what the service received complete is written, the rest dropped
+                        self.output_service.stop()
+                    except EnkflowError as exc:
+                        self._say(f"output service: {exc}")
+
+    def _start_output_service(self):
+        """The output service of ``[output]`` when it declares fields: the runners add to it
+        (``{output_address}``, ``{output_token_file}``; docs/output.md)."""
+        if self.cfg.output is None or not self.cfg.output.fields:
+            return None
+        from enkflow.output.analysis_output import service_dir
+        from enkflow.output.service import OutputService
+
+        tcp = self.cfg.launcher.kind == "slurm"  # runners on other nodes
+        svc = OutputService.start(self.cfg.output, service_dir(self.cfg.expdir), transport="tcp" if tcp else "ipc",
+                                  bind="0.0.0.0" if tcp else "127.0.0.1", base_dir=self.cfg.base_dir)
+        self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
+        return svc
 
     def _make_launcher(self) -> Launcher:
         if self.cfg.launcher.kind == "slurm":
@@ -176,7 +189,9 @@ class OnlineExperiment:
         curve = (self.dir / "curve.pub").read_text().strip() if self.o.curve else ""
         values = {"address": address, "token_file": self.token_file, "runner": k, "expdir": self.cfg.expdir,
                   "length": f"{self.cfg.experiment.forecast_length:g}", "steps": self.cfg.steps_per_cycle,
-                  "restart": self.cfg.restart_path(1), "curve_key": curve}
+                  "restart": self.cfg.restart_path(1), "curve_key": curve,
+                  "output_address": self.output_service.address if self.output_service else "",
+                  "output_token_file": self.output_service.token_file if self.output_service else ""}
         return [tok.format(**values) for tok in shlex.split(self.o.runner)]
 
     def _start_runner(self, address: str) -> str:

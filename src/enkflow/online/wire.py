@@ -22,7 +22,7 @@ count) followed by ``count`` raw array frames, sent and received without copies.
 
 from __future__ import annotations
 
-import hashlib
+from enkflow import tokens
 import json
 import struct
 from dataclasses import dataclass, replace
@@ -65,8 +65,7 @@ class Kind(IntEnum):
 
 def credential(token: str | bytes) -> bytes:
     """The 32-byte credential every message carries: SHA-256 of the token."""
-    raw = token.encode() if isinstance(token, str) else bytes(token)
-    return hashlib.sha256(b"enkflow-online-token\0" + raw).digest()
+    return tokens.credential(token, b"enkflow-online-token")
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,11 @@ _CELL = {"forecast_mean": "member: mean", "analysis_mean": "member: mean", "anal
          "analysis_increment": "member: mean"}
 
 
+def service_dir(expdir: str | os.PathLike[str]) -> Path:
+    """Where an offline study's output service keeps its ``address`` and ``token`` files."""
+    return Path(expdir) / "output_service"
+
+
 def field_name(variable: str, stat: str) -> str:
     return f"{variable}_{stat}"
 
@@ -83,13 +88,54 @@ class AnalysisOutput:
     ``cycles`` directory (files go to ``NNNN/`` below it)."""
 
     def __init__(self, layout: StateLayout, directory: str | os.PathLike[str], comm=None, *,
-                 compression: str = "zlib", complevel: int = 1):
-        from enkflow.output import Output
-
+                 compression: str = "zlib", complevel: int = 1, remote=None):
         self.layout = layout
         self.cfg = output_config(layout, Path(directory), compression=compression, complevel=complevel)
-        self.out = Output(self.cfg, comm=comm)
+        self.remote = remote is not None
+        if remote is not None:
+            self.out = remote
+        else:
+            from enkflow.output import Output
+
+            self.out = Output(self.cfg, comm=comm)
         self.add_s = 0.0
+
+    @classmethod
+    def through_service(cls, layout: StateLayout, directory: str | os.PathLike[str], service: str | os.PathLike[str],
+                        cycle: int, comm=None, *, compression: str = "zlib", complevel: int = 1) -> "AnalysisOutput | None":
+        """Every rank a client of the study's output service (:mod:`enkflow.output.service`) whose
+        ``address`` and ``token`` are in ``service``, after rank 0 discarded what an earlier attempt
+        of ``cycle`` added (collective). None on every rank when rank 0 finds no such service, or
+        one serving other fields (the caller then starts its own writer)."""
+        from enkflow.errors import EnkflowError
+        from enkflow.output.remote import RemoteOutput
+
+        want = output_config(layout, Path(directory), compression=compression, complevel=complevel)
+        remote, why = None, ""
+        if comm is None or comm.rank == 0:
+            try:
+                remote = RemoteOutput.from_dir(service, timeout=10.0)
+                if not _same_fields(remote.cfg, want):
+                    why = f"the output service in {service} serves other fields"
+                else:
+                    remote.discard(float(cycle))  # a rerun's pieces replace the earlier attempt's
+            except (EnkflowError, OSError) as exc:
+                why = f"no output service: {exc}"
+            if why and remote is not None:
+                remote.close(wait=False)
+                remote = None
+        if comm is not None:
+            why = comm.bcast(why, root=0)
+        if why:
+            import logging
+
+            logging.getLogger("enkflow.output").info("analysis statistics: %s; starting this task's own writer", why)
+            return None
+        if comm is not None:
+            comm.barrier()  # the discard is done before any rank adds
+            if comm.rank != 0:
+                remote = RemoteOutput.from_dir(service, timeout=30.0)
+        return cls(layout, directory, comm, compression=compression, complevel=complevel, remote=remote)
 
     def add(self, cycle: int, row_start: int, rows: dict[str, np.ndarray]) -> None:
         """This rank's rows ``row_start:`` of some of the statistics (any of :data:`STATS`)."""
@@ -111,11 +157,23 @@ class AnalysisOutput:
         return self.out.stats()
 
     def close(self) -> None:
-        """Wait until everything added is written and stop the writer (collective)."""
-        self.out.close()
+        """Wait until everything added is written and stop the writer (collective). Through the
+        service: only until the service has received this rank's adds (it writes them later)."""
+        if self.remote:
+            self.out.close(wait=False)
+        else:
+            self.out.close()
 
     def abandon(self) -> None:
         """After an error on this rank: stop the writer without the collective close (what it had
-        not written is lost; no file is left under its final name half-written)."""
+        not written is lost; no file is left under its final name half-written). Through the
+        service: disconnect; the next attempt of the cycle discards what this one added."""
         out, self.out = self.out, None
         del out  # Output's finalizer kills its writers and removes its runtime directory
+
+
+def _same_fields(a: OutputConfig, b: OutputConfig) -> bool:
+    """Whether the service's configuration ``a`` writes what ``b`` asks for, where ``b`` asks for it."""
+    keys = ("dims", "fields", "file", "compression", "complevel", "nan", "time_units")
+    da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
+    return all(da[k] == db[k] for k in keys) and Path(a.directory).resolve() == Path(b.directory).resolve()

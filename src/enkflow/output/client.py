@@ -115,6 +115,38 @@ def _normalize_region(region: Region, dims: list[str], shape: tuple[int, ...], a
     return tuple(out)
 
 
+def check_piece(cfg: OutputConfig, shapes: Mapping[str, tuple[int, ...]], name: str, array: Any, time: float,
+                member: int | None, region: Region) -> tuple[str, float, int | None, np.ndarray, Any, str]:
+    """The checks of :meth:`Output.add` (also :class:`~enkflow.output.remote.RemoteOutput`'s, before
+    anything is sent): ``(name, time, member, array, region as ((start, stop), ...) or None, what)``;
+    the array is float32/float64 (other real types converted to float64). Raises InputError."""
+    spec = cfg.fields.get(name)
+    if spec is None:
+        raise InputError(f"unknown output field {name!r}; [output.fields] declares "
+                         f"{', '.join(sorted(cfg.fields)) or 'none'}", item=str(name))
+    what = f"output field {name}" + (f" member {member}" if member is not None else "")
+    if spec.ensemble:
+        if not isinstance(member, (int, np.integer)) or not 1 <= int(member) <= cfg.members:
+            raise InputError(f"{what}: an ensemble field needs member = 1..{cfg.members}, got {member!r}",
+                             item=name)
+        member = int(member)
+    elif member is not None:
+        raise InputError(f"{what}: not an ensemble field (ensemble = false): member must be None", item=name)
+    try:
+        t = float(time)
+    except (TypeError, ValueError):
+        raise InputError(f"{what}: time {time!r} is not a number (in {cfg.time_units})", item=name) from None
+    if not math.isfinite(t):
+        raise InputError(f"{what}: time {time!r} is not finite", item=name)
+    a = np.asarray(array)
+    if a.dtype.kind not in "fiub" or a.dtype.kind == "b":
+        raise InputError(f"{what}: dtype {a.dtype} is not a real number type", item=name)
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
+        a = a.astype(np.float64)
+    reg = _normalize_region(region, spec.dims, shapes[name], a.shape, what)
+    return name, t, member, a, reg, what
+
+
 class Output:
     """Asynchronous output: ``add`` hands an array to a writer process and returns at once.
 
@@ -436,30 +468,7 @@ class Output:
         t0 = _now()
         if self._closed:
             raise OutputError("add after close")
-        spec = self.cfg.fields.get(name)
-        if spec is None:
-            raise InputError(f"unknown output field {name!r}; [output.fields] declares "
-                             f"{', '.join(sorted(self.cfg.fields)) or 'none'}", item=str(name))
-        what = f"output field {name}" + (f" member {member}" if member is not None else "")
-        if spec.ensemble:
-            if not isinstance(member, (int, np.integer)) or not 1 <= int(member) <= self.cfg.members:
-                raise InputError(f"{what}: an ensemble field needs member = 1..{self.cfg.members}, got {member!r}",
-                                 item=name)
-            member = int(member)
-        elif member is not None:
-            raise InputError(f"{what}: not an ensemble field (ensemble = false): member must be None", item=name)
-        try:
-            t = float(time)
-        except (TypeError, ValueError):
-            raise InputError(f"{what}: time {time!r} is not a number (in {self.cfg.time_units})", item=name) from None
-        if not math.isfinite(t):
-            raise InputError(f"{what}: time {time!r} is not finite", item=name)
-        a = np.asarray(array)
-        if a.dtype.kind not in "fiub" or a.dtype.kind == "b":
-            raise InputError(f"{what}: dtype {a.dtype} is not a real number type", item=name)
-        if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
-            a = a.astype(np.float64)
-        reg = _normalize_region(region, spec.dims, self._shapes[name], a.shape, what)
+        name, t, member, a, reg, what = check_piece(self.cfg, self._shapes, name, array, time, member, region)
         nbytes = a.nbytes
         if nbytes > self._limit:
             raise InputError(f"{what}: the array has {nbytes} bytes, more than output.buffer_mb "
@@ -555,6 +564,29 @@ class Output:
             raise OutputError("sync after close")
         self._roundtrip(P.SYNC, P.SYNCED)
         self._raise_failures()
+
+    def discard(self, time: float) -> list[str]:
+        """Forget what was added for ``time`` (every field): a rerun adds it again and its files
+        replace those already written; the fields with pieces still open are returned (their pieces
+        are dropped, no file is written for them). Earlier adds are handled first. Not for fields
+        with ``windows`` (a time already counted in a window is not uncounted)."""
+        if self._closed:
+            raise OutputError("discard after close")
+        dropped: list[str] = []
+        for ch in self._channels:
+            if not ch.alive:
+                continue
+            ch.seq += 1
+            upto = ch.ring.published if ch.ring is not None else 0
+            ch.sock.send(P.encode(P.DISCARD, seq=ch.seq, upto=upto, time=float(time)))
+        for ch in self._channels:
+            if ch.alive:
+                msg = self._wait(ch, lambda m: m["kind"] == P.DISCARDED)
+                self._release(ch)
+                if msg is not None:
+                    dropped += msg.get("dropped", [])
+        self._raise_failures()
+        return dropped
 
     def _roundtrip(self, kind: str, reply: str, **extra: Any) -> None:
         for ch in self._channels:

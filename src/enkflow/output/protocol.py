@@ -12,6 +12,9 @@ its slot of the sender's ring instead. Sender -> writer:
     sync    {seq}                                  reply synced {seq, stats}: all earlier puts are written
     bye     {seq}                                  reply bye {seq, stats}: this sender is done
     finish  {seq, finish_windows}                  reply finished {seq, stats, incomplete}; the writer exits
+    discard {seq, time}                            reply discarded {seq, dropped}: after the earlier puts, the
+                                                   writer forgets that time of its fields (open: abandoned,
+                                                   written: may be written again, replacing the file)
 
 The writer handles each sender's messages in order, so acknowledgements free ring slots in
 the order they were allocated. The writer's progress is not a message: its heartbeat page
@@ -28,6 +31,7 @@ from enkflow.errors import EnkflowError
 
 HELLO, WELCOME, PUT, ACK, ERROR, SYNC, SYNCED, BYE, FINISH, FINISHED = (
     "hello", "welcome", "put", "ack", "error", "sync", "synced", "bye", "finish", "finished")
+DISCARD, DISCARDED = "discard", "discarded"
 MAX_JSON_BYTES = 1 << 20
 
 

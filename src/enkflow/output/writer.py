@@ -304,6 +304,18 @@ class Writer:
             finally:
                 os.close(fd)
 
+    def discard(self, t: float) -> list[str]:
+        """Forget time ``t`` of this writer's fields: a rerun adds it again (its file replaces the old
+        one). The pieces of a time still open are dropped (its temporary file removed). Window
+        statistics already counted are not uncounted: for fields without windows (the analysis's)."""
+        dropped = []
+        for key in [k for k in self.open if k[1] == t]:
+            self._abandon(key, "discarded (a rerun adds it again)")
+            dropped.append(key[0])
+        for key in [k for k in self.done if k[1] == t]:
+            del self.done[key]
+        return dropped
+
     def finish(self, finish_windows: bool) -> list[str]:
         incomplete = []
         for (name, t), ot in list(self.open.items()):
@@ -423,6 +435,9 @@ class Writer:
                 if kind == P.BYE:
                     self.rings.pop(ident, None)
                 reply["stats"] = self.stats.to_json()
+            elif kind == P.DISCARD:
+                self._serve_ring(sock, ident, int(msg.get("upto", 0)))
+                reply = {"kind": P.DISCARDED, "seq": seq, "dropped": self.discard(float(msg["time"]))}
             elif kind == P.FINISH:
                 self.beat("finishing (incomplete times, windows, checkpoints)")
                 reply = {"kind": P.FINISHED, "seq": seq}

@@ -1,0 +1,408 @@
+"""A study-wide output service: one :class:`~enkflow.output.Output` (its writer processes) serving
+many client processes over ZeroMQ, as an I/O server does for a weather model.
+
+``python -m enkflow.output.service`` reads its start-up spec (JSON) on stdin, starts the
+Output's writers, binds a ROUTER socket (``ipc`` by default, ``tcp`` on request), writes the
+address atomically to ``DIR/address`` and prints ``READY <address>``. Its owner (the process that
+started it: the experiment driver, the online supervisor, a test) uses :class:`OutputService`;
+the other processes (analysis tasks, MPI ranks, model runners) use
+:class:`~enkflow.output.remote.RemoteOutput`.
+
+Messages (multipart: one UTF-8 JSON frame, never pickle, then for ``add`` one raw frame with the
+array's bytes, C order); client -> service, each reply to the same client:
+
+    hello    {credential, pid, host}           reply welcome {config, pid, host}, or error {error}
+    add      {seq, field, time, member, region, dtype, shape} + data     no reply
+    sync     {seq}                             reply synced {seq, error, stats}: every piece added so
+                                               far (by any client) is written
+    discard  {seq, time}                       reply discarded {seq, dropped, error}
+    bye      {seq}                             reply bye {seq, error, stats}: every add of this client
+                                               was received and handed to the writers (not yet written)
+    stop     {credential}   (the owner only)   reply stopped {error, stats, notes}; the service exits
+
+``credential`` is the hex SHA-256 of ``"enkflow-output-token" NUL token`` (:func:`enkflow.tokens.credential`).
+``dtype`` is ``"<f4"`` or ``"<f8"``; ``region`` ``[[start, stop], ...]`` per dimension or null (the
+whole field). Errors of an add (a writer's failure) are kept for the client that made it and
+returned by its next sync/discard/bye. Back-pressure: the service reads a client's messages
+only as fast as the writers take them (the Output's ``buffer_mb``); ZeroMQ's high-water marks
+(``HWM`` messages each side) bound what waits in between, and the client's send then blocks.
+
+A client that dies is noticed (same node: its pid) and forgotten; what it added stays, and a
+(field, time) it left incomplete is reported by the stop (as :meth:`Output.close` does) unless
+another client completes it or discards that time. The service stops on ``stop``, or when its
+owner dies (closing the Output: complete files are written, incomplete ones dropped).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from enkflow.errors import EnkflowError
+from enkflow.fsutil import write_bytes_atomic
+from enkflow.jobs.files import log_tail
+from enkflow.output import protocol as P
+from enkflow.output.client import Output, OutputError
+from enkflow.output.config import OutputConfig
+from enkflow.output.heartbeat import process_state
+from enkflow.tokens import credential, secret_file
+
+log = logging.getLogger("enkflow.output.service")
+
+DOMAIN = b"enkflow-output-token"
+HWM = 8  # messages queued per client on each side before its send blocks
+ADD, STOP, STOPPED = "add", "stop", "stopped"
+START_TIMEOUT_S = 60.0
+_CHECK_S = 0.5
+DTYPES = ("<f4", "<f8")
+
+
+def token_credential(token: str) -> str:
+    return credential(token, DOMAIN).hex()
+
+
+@dataclass
+class _Client:
+    pid: int
+    host: str
+    adds: int = 0
+    times: set = field(default_factory=set)  # (field, time) this client added to
+    errors: list[str] = field(default_factory=list)
+
+
+class _Service:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.cfg = OutputConfig.model_validate(spec["config"])
+        self.owner = int(spec["owner"])
+        self.dir = Path(spec["dir"])
+        self.endpoint = str(spec["endpoint"])
+        self.token = secret_file(spec["token_file"])
+        self.out = Output(self.cfg, coords=spec.get("coords") or None, base_dir=spec.get("base_dir"))
+        self.clients: dict[bytes, _Client] = {}
+        self.notes: list[str] = []
+        self.host = socket.gethostname()
+        self.address = ""
+
+    def _reply(self, sock: Any, ident: bytes, kind: str, **meta: Any) -> None:
+        sock.send_multipart([ident, P.encode(kind, **meta)])
+
+    def _errors(self, c: _Client, extra: str | None = None) -> str | None:
+        errs, c.errors = c.errors + ([extra] if extra else []), []
+        return "\n".join(errs) if errs else None
+
+    def _check_clients(self) -> None:
+        for ident, c in list(self.clients.items()):
+            if c.host != self.host or not c.pid:
+                continue
+            try:
+                os.kill(c.pid, 0)
+                gone = process_state(c.pid) == "a zombie"
+            except ProcessLookupError:
+                gone = True
+            except PermissionError:
+                gone = False
+            if gone:
+                del self.clients[ident]
+                if c.times:
+                    note = (f"client pid {c.pid} ended without bye after {c.adds} add(s); the times it added to "
+                            f"are incomplete unless completed or discarded: "
+                            + ", ".join(f"{f} {t:g}" for f, t in sorted(c.times)[:10]))
+                    log.warning("output service: %s", note)
+                    self.notes.append(note)
+
+    def _add(self, c: _Client, msg: dict[str, Any], frames: list[Any]) -> None:
+        what = f"add of field {msg.get('field')!r} time {msg.get('time')}"
+        if len(frames) != 3:
+            c.errors.append(f"{what}: expected one data frame, got {len(frames) - 2}")
+            return
+        dtype, shape = msg.get("dtype"), msg.get("shape")
+        if dtype not in DTYPES or not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+            c.errors.append(f"{what}: bad dtype {dtype!r} or shape {shape!r}")
+            return
+        buf = frames[2].buffer
+        if int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize != len(buf):
+            c.errors.append(f"{what}: {len(buf)} data bytes do not match dtype {dtype} shape {shape}")
+            return
+        a = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        region = msg.get("region")
+        reg = tuple(slice(int(s), int(e)) for s, e in region) if region is not None else None
+        try:
+            self.out.add(msg["field"], a, msg["time"], member=msg.get("member"), region=reg)
+        except (EnkflowError, KeyError, TypeError, ValueError) as exc:
+            c.errors.append(f"{what}: {exc}")
+            return
+        c.adds += 1
+        c.times.add((str(msg["field"]), float(msg["time"])))
+
+    def serve(self, sock: Any) -> dict[str, Any]:
+        """Serve until stopped (returns the stop's reply, sent) or the owner dies."""
+        last = time.monotonic()
+        while True:
+            if sock.poll(int(_CHECK_S * 1000), zmq.POLLIN):
+                frames = sock.recv_multipart(copy=False)
+                ident = frames[0].bytes
+                try:
+                    msg = P.decode(frames[1].bytes) if len(frames) >= 2 else None
+                except P.ProtocolError as exc:
+                    msg = None
+                    log.warning("output service: %s", exc)
+                if msg is None:
+                    continue
+                kind = msg["kind"]
+                c = self.clients.get(ident)
+                if kind in (P.HELLO, STOP):
+                    if not hmac.compare_digest(str(msg.get("credential", "")), token_credential(self.token)):
+                        self._reply(sock, ident, P.ERROR, error="the output service refused the connection: "
+                                    "wrong token (read the service's token file)")
+                        continue
+                    if kind == STOP:
+                        return self._stop(sock, ident)
+                    c = self.clients[ident] = _Client(int(msg.get("pid") or 0), str(msg.get("host") or ""))
+                    self._reply(sock, ident, P.WELCOME, config=self.cfg.model_dump(mode="json"), pid=os.getpid(),
+                                host=self.host)
+                elif c is None:
+                    if kind != ADD:  # adds of an unknown client get no reply; its next call learns
+                        self._reply(sock, ident, P.ERROR, error="the output service does not know this client "
+                                    "(say hello first; the service may have been restarted)")
+                elif kind == ADD:
+                    self._add(c, msg, frames)
+                elif kind == P.SYNC:
+                    err = None
+                    try:
+                        self.out.sync()
+                    except EnkflowError as exc:
+                        err = str(exc)
+                    self._reply(sock, ident, P.SYNCED, seq=msg.get("seq"), error=self._errors(c, err),
+                                stats=self._stats())
+                elif kind == P.DISCARD:
+                    err, dropped = None, []
+                    try:
+                        dropped = self.out.discard(float(msg["time"]))
+                    except (EnkflowError, KeyError, TypeError, ValueError) as exc:
+                        err = str(exc)
+                    self._reply(sock, ident, P.DISCARDED, seq=msg.get("seq"), dropped=dropped, error=self._errors(c, err))
+                elif kind == P.BYE:
+                    del self.clients[ident]
+                    self._reply(sock, ident, P.BYE, seq=msg.get("seq"), error=self._errors(c), stats=self._stats())
+                else:
+                    self._reply(sock, ident, P.ERROR, error=f"unknown message kind {kind!r}")
+            if time.monotonic() - last >= _CHECK_S:
+                last = time.monotonic()
+                if os.getppid() != self.owner:
+                    log.error("output service: its owner (pid %d) is gone; closing", self.owner)
+                    self._forget_address()
+                    self._close()
+                    if self.endpoint.startswith("ipc://"):  # nobody else will remove its temporary directory
+
+                        shutil.rmtree(Path(self.endpoint[6:]).parent, ignore_errors=True)
+                    return {}
+                self._check_clients()
+
+    def _forget_address(self) -> None:
+        """No client is sent here any more: remove the address file, unless a new service (of a
+        restarted owner) has written its own there."""
+        path = self.dir / "address"
+        try:
+            if path.read_text().strip() == self.address:
+                path.unlink()
+        except OSError:
+            pass
+
+    def _stats(self) -> dict[str, Any]:
+        s = self.out.stats()
+        s.pop("writers", None)
+        return s
+
+    def _close(self) -> str | None:
+        try:
+            self.out.close()
+        except EnkflowError as exc:
+            return str(exc)
+        return None
+
+    def _stop(self, sock: Any, ident: bytes) -> dict[str, Any]:
+        self._check_clients()
+        err = self._close()
+        pending = [e for c in self.clients.values() for e in c.errors]
+        if pending:
+            err = "\n".join(([err] if err else []) + pending)
+        reply = {"error": err, "stats": self._stats(), "notes": self.notes}
+        self._reply(sock, ident, STOPPED, **reply)
+        return reply
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    spec = json.loads(sys.stdin.read())
+    try:
+        svc = _Service(spec)
+    except Exception as exc:
+        print(f"enkflow.output.service: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    try:
+        sock.bind(spec["endpoint"])
+        address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        if address.startswith("tcp://0.0.0.0:"):
+            address = address.replace("0.0.0.0", socket.getfqdn(), 1)
+        svc.address = address
+        write_bytes_atomic(Path(spec["dir"]) / "address", (address + "\n").encode())
+    except Exception as exc:
+        svc._close()
+        print(f"enkflow.output.service: cannot bind {spec['endpoint']}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(f"READY {address}", flush=True)
+    try:
+        reply = svc.serve(sock)
+    except BaseException:
+        svc._close()
+        raise
+    finally:
+        sock.close()
+        ctx.term()
+    return 1 if reply.get("error") else 0
+
+
+class OutputService:
+    """The owner's handle on a running service (:meth:`start` it, :meth:`stop` it at the end).
+
+    ``directory``: where the service keeps ``address`` (the endpoint, one line), ``token`` (mode
+    0600, made once) and ``service.log``; an ipc socket is in a temporary directory. ``config``: the Output's
+    configuration (a relative ``directory`` is relative to ``base_dir``)."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, directory: Path, runtime: Path | None) -> None:
+        self.proc = proc
+        self.address = address
+        self.directory = directory
+        self.token_file = directory / "token"
+        self.log = directory / "service.log"
+        self._runtime = runtime
+        self.result: dict[str, Any] | None = None
+
+    @classmethod
+    def start(cls, config: OutputConfig | dict[str, Any], directory: str | os.PathLike[str], *, transport: str = "ipc",
+              bind: str = "127.0.0.1", base_dir: str | os.PathLike[str] | None = None,
+              coords: dict[str, Any] | None = None, timeout: float = START_TIMEOUT_S) -> "OutputService":
+        """Start the service (its writers are ready when this returns); raises OutputError."""
+        cfg = config if isinstance(config, OutputConfig) else OutputConfig.model_validate(config)
+        d = Path(directory).resolve()
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "address").unlink(missing_ok=True)
+        secret_file(d / "token")
+        runtime = None
+        if transport == "tcp":
+            endpoint = f"tcp://{bind}:*"
+        elif transport == "ipc":
+            # Not in the experiment directory: a socket file there would stop it from being copied,
+            # and the path could be longer than an ipc address may be.
+            runtime = Path(tempfile.mkdtemp(prefix="enkflow-outsvc-"))
+            endpoint = f"ipc://{runtime / 'service.sock'}"
+        else:
+            raise ValueError(f"transport {transport!r}: 'ipc' or 'tcp'")
+        spec = {"config": cfg.model_dump(mode="json"), "owner": os.getpid(), "token_file": str(d / "token"),
+                "endpoint": endpoint, "dir": str(d), "base_dir": str(base_dir or os.getcwd()), "coords": coords or {}}
+        try:
+            with open(d / "service.log", "ab") as err:
+                proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.service"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err)
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+
+            if not select.select([proc.stdout], [], [], timeout)[0]:
+                proc.kill()
+                proc.wait()
+                raise OutputError(f"the output service did not start within {timeout:g} s; killed:\n"
+                                  f"{log_tail(d / 'service.log', 20)}")
+            line = proc.stdout.readline().decode().strip()
+            proc.stdout.close()
+            if not line.startswith("READY "):
+                proc.wait(timeout=START_TIMEOUT_S)
+                raise OutputError(f"the output service did not start (exit {proc.returncode}):\n"
+                                  f"{log_tail(d / 'service.log', 20)}")
+        except BaseException:
+            if runtime is not None:
+
+                shutil.rmtree(runtime, ignore_errors=True)
+            raise
+        return cls(proc, line.split(" ", 1)[1], d, runtime)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float | None = None) -> dict[str, Any]:
+        """Close the Output (everything received is written), stop the service; returns its
+        figures. Raises OutputError with what went wrong (a writer's error, incomplete output)."""
+        if self.result is not None:
+            return self.result
+        try:
+            if self.proc.poll() is not None:
+                raise OutputError(f"the output service (pid {self.proc.pid}) ended early (exit {self.proc.returncode}); "
+                                  f"what it had not written is lost:\n{log_tail(self.log, 20)}")
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.connect(self.address)
+                sock.send(P.encode(STOP, credential=token_credential(secret_file(self.token_file))))
+                deadline = None if timeout is None else time.monotonic() + timeout
+                while not sock.poll(200, zmq.POLLIN):
+                    if self.proc.poll() is not None:
+                        raise OutputError(f"the output service (pid {self.proc.pid}) died while stopping (exit "
+                                          f"{self.proc.returncode}):\n{log_tail(self.log, 20)}")
+                    if deadline is not None and time.monotonic() > deadline:
+                        self.proc.kill()
+                        raise OutputError(f"the output service did not stop within {timeout:g} s; killed")
+                msg = P.decode(sock.recv())
+            finally:
+                sock.close()
+                ctx.term()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            if msg.get("kind") != STOPPED or msg.get("error"):
+                raise OutputError(f"the output service: {msg.get('error') or msg}"
+                                  + "".join(f"\n  note: {n}" for n in msg.get("notes", [])))
+            self.result = msg
+            return msg
+        finally:
+            self._cleanup()
+
+    def kill(self) -> None:
+        """Stop the service at once (after an error): its writers see it go and drop what is
+        incomplete; no file is left under its final name half-written."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        (self.directory / "address").unlink(missing_ok=True)
+        if self._runtime is not None:
+
+            shutil.rmtree(self._runtime, ignore_errors=True)
+            self._runtime = None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
