@@ -86,6 +86,13 @@ static void drain_monitor(ekf_conn *c) {
     }
 }
 
+int ekf_conn_check(ekf_conn *c, char *err, size_t errsize) {
+    drain_monitor(c);
+    if (!c->lost) return ENKFLOW_OK;
+    snprintf(err, errsize, "the server at %s went away", c->address);
+    return ENKFLOW_ELOST;
+}
+
 int ekf_conn_send(ekf_conn *c, const void *const *data, const size_t *sizes, size_t nframes, int copy, char *err,
                   size_t errsize) {
     for (size_t k = 0; k < nframes; k++) {

@@ -97,6 +97,9 @@ typedef int (*ekf_accept_fn)(const ekf_header *h, const void *ctx);
 int ekf_conn_open(ekf_conn *c, void *zctx, const char *address, const char *curve_key, const char *monitor_endpoint,
                   char *err, size_t errsize);
 void ekf_conn_close(ekf_conn *c, int linger_ms);
+/* ENKFLOW_ELOST when the peer went away since the connection was opened (ZeroMQ may have connected to
+ * a new server at the same address since: a message meant for the old one must not go there). */
+int ekf_conn_check(ekf_conn *c, char *err, size_t errsize);
 /* Send nframes frames (the first is the packed header); with copy = 0, frames of EKF_COPY_BELOW
  * bytes or more are sent without a copy and must stay valid until the reply. */
 int ekf_conn_send(ekf_conn *c, const void *const *data, const size_t *sizes, size_t nframes, int copy, char *err,

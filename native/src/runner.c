@@ -779,6 +779,13 @@ static int put_rank(enkflow_runner *r, int *sent) {
         rc = set_err(r, ENKFLOW_ENOMEM, "PUT");
         goto done;
     }
+    /* A server that went away while the model ran may have been replaced at the same addresses: the task
+     * is the old server's, and its id may be another member's task in the new one. Greet the new one. */
+    for (int s = 0; s < r->ndata; s++)
+        if ((rc = ekf_conn_check(&r->data[s], err, sizeof err))) {
+            rc = set_err(r, rc, "server rank %d: %s while the model ran", s, err);
+            goto done;
+        }
     for (int s = 0; s < r->ndata; s++) {
         size_t n = pieces(r, s, idx);
         sent[s] = 0;

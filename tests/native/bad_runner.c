@@ -8,7 +8,8 @@
  * nan: its first forecast holds a NaN (the server rejects it), then it behaves. wait-sigterm: joins, waits
  * for a task until SIGTERM sets its stop flag, then leaves (BYE). retry-after-sigterm: SIGTERM while its first
  * task's state arrives, then it clears the flag and serves on. fork-finalize: a child forked after init
- * calls enkflow_runner_finalize (as an atexit handler would), then the parent serves. Every library error is
+ * calls enkflow_runner_finalize (as an atexit handler would), then the parent serves. slow: good, with
+ * forecasts of 1.5 s. Every library error is
  * printed as "rc=CODE NAME: MESSAGE" on stdout; the exit status is 0 when the mode's expectations held
  * on the runner's side (the test checks the messages). */
 #define _POSIX_C_SOURCE 200809L
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,11 +43,19 @@ static int report(enkflow_runner *r, int rc) {
     return rc;
 }
 
+static double model_s = 0; /* mode slow: each forecast takes this long */
+
 static int serve(enkflow_runner *r, double *x, int spoil) {
     int64_t nsteps;
     int rc = enkflow_runner_expose(r, &nsteps);
     while (rc == ENKFLOW_OK && nsteps > 0) {
         model(x, nsteps, enkflow_runner_cycle(r));
+        if (model_s > 0) {
+            struct timespec ts = {(time_t)model_s, (long)((model_s - (double)(time_t)model_s) * 1e9)};
+            printf("forecast\n");
+            fflush(stdout);
+            nanosleep(&ts, NULL);
+        }
         if (spoil) {
             x[0] = NAN;
             spoil = 0;
@@ -130,6 +140,10 @@ int main(int argc, char **argv) {
         report(r, rc);
         enkflow_runner_finalize(r);
         return rc == ENKFLOW_EINTR && stop ? 0 : 16;
+    }
+    if (!strcmp(mode, "slow")) { /* good, with forecasts of 1.5 s ("forecast" on stdout at the start of each) */
+        model_s = 1.5;
+        mode = "good";
     }
     if (!strcmp(mode, "good") || !strcmp(mode, "nan") || !strcmp(mode, "bind-checks")) {
         rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);

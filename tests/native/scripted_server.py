@@ -19,15 +19,20 @@ from enkflow.online.wire import Header, Kind, credential, decode_index
 class ScriptedServer:
     def __init__(self, token: str, tasks: list[tuple[int, int, int]], *, ranks: int = 2,
                  put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7,
-                 hold: bool = False, hold_get: set[int] = frozenset()):
+                 hold: bool = False, hold_get: set[int] = frozenset(), like: "ScriptedServer | None" = None):
         self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
         self.hold, self.hold_get = hold, set(hold_get)
         self.ctx = zmq.Context()
         self.control = self.ctx.socket(zmq.ROUTER)
-        port = self.control.bind_to_random_port("tcp://127.0.0.1")
-        self.address = f"tcp://127.0.0.1:{port}"
         self.data = [self.ctx.socket(zmq.ROUTER) for _ in range(ranks)]
-        self.data_addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in self.data]
+        if like is not None:  # a restarted server: the addresses of the closed one ``like``
+            self.address, self.data_addresses = like.address, list(like.data_addresses)
+            self.control.bind(self.address)
+            for sock, address in zip(self.data, self.data_addresses):
+                sock.bind(address)
+        else:
+            self.address = f"tcp://127.0.0.1:{self.control.bind_to_random_port('tcp://127.0.0.1')}"
+            self.data_addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in self.data]
         self.received: list[tuple[str, int, int]] = []  # (kind, task, data rank or -1)
         self.fails: list[str] = []
         self.done = threading.Event()

@@ -116,3 +116,25 @@ def test_a_forked_child_cannot_finalize_its_parents_runner(bad_runner: Path) -> 
     assert p.returncode == 0, (p.returncode, p.stdout)
     assert "child rc=2" in p.stdout, p.stdout
     assert [k for k, _, _ in server.received].count("BYE") == 1 and ("PUT", 1, 0) in server.received, server.received
+
+
+def test_a_forecast_of_a_server_that_restarted_meanwhile_is_not_sent_to_the_new_one(bad_runner: Path) -> None:
+    """The server dies and a new one comes up on the same addresses while the runner runs its model: the
+    forecast belongs to the old server's task, whose id the new server may have given to another member. The
+    runner notices the lost connection before it sends, greets the new server and serves it."""
+    old = ScriptedServer(TOKEN, [(1, 3, 1)], ranks=1)
+    new = None
+    try:
+        p = subprocess.Popen([str(bad_runner), old.address, TOKEN, "slow"], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "forecast"
+        old.close()
+        new = ScriptedServer(TOKEN, [(1, 4, 1)], ranks=1, like=old)
+        out = p.communicate(timeout=30)[0]
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    assert p.returncode == 0, out
+    kinds = [(k, t) for k, t, _ in new.received]
+    # The old task's PUT never reached the new server: its only PUT is of its own task 1 (member 4).
+    assert kinds.count(("PUT", 1)) == 1 and kinds.index(("PUT", 1)) > kinds.index(("GET", 1)), kinds
