@@ -211,9 +211,10 @@ class RawClient:
         self.sock.connect(address)
         self.cred = credential(token)
         self.runner = runner
+        self.epoch = 0  # the server incarnation that welcomed this client (join_raw sets it)
 
     def header(self, kind: Kind, **kw: int) -> bytes:
-        return Header(kind, self.cred, self.runner, **kw).pack()
+        return Header(kind, self.cred, self.runner, **({"epoch": self.epoch} | kw)).pack()
 
     def send(self, *frames: object) -> None:
         self.sock.send_multipart(list(frames))
@@ -239,7 +240,11 @@ def join_raw(study: Study, runner: int = 0xBAD) -> tuple[RawClient, list[RawClie
     c.send(c.header(Kind.HELLO), encode_json({"name": "raw", "fields": [f.as_json() for f in FIELDS], "ranks": 1}))
     hdr, frames = c.recv()
     assert hdr.kind is Kind.WELCOME
-    data = [RawClient(a, runner=runner) for a in decode_json(frames[0], "welcome")["data"]]
+    welcome = decode_json(frames[0], "welcome")
+    c.epoch = int(welcome["epoch"])
+    data = [RawClient(a, runner=runner) for a in welcome["data"]]
+    for d in data:
+        d.epoch = c.epoch
     c.send(c.header(Kind.READY))
     task, _ = c.recv()
     assert task.kind is Kind.TASK and task.cycle == 1
@@ -621,3 +626,85 @@ def test_a_piece_sent_to_a_rank_that_does_not_own_it_is_rejected(tmp_path: Path,
     assert rq["member"] == task.member and rq["reason"] == "rejected" and "server rank 1 rejected" in rq["error"]
     for x in (c, d0, d1, bus):
         x.close()
+
+
+def test_a_put_meant_for_an_earlier_server_incarnation_is_refused_and_changes_nothing(
+        tmp_path: Path, reference: np.ndarray) -> None:
+    # A runner's socket reconnects to a restarted server and delivers the PUT it had queued for the old
+    # one: the new server's task of the same id (another member, maybe) must not take it.
+    study, gate = gated_study(tmp_path)
+    c, (d,), task = join_raw(study)
+    x = initial_ensemble()[:, task.member - 1].copy()
+    d.send(*put_frames(c, task, [(0, 0, N_X)], [x.tobytes()]) if False else
+           [d.header(Kind.PUT, task=task.task, member=task.member, cycle=task.cycle, count=1, epoch=c.epoch ^ 0x5A5A),
+            encode_index(np.array([[0, 0, N_X]], dtype=np.int64)), x.tobytes()])
+    assert "another incarnation of the server" in d.error()
+    d.send(d.header(Kind.GET, task=task.task, member=task.member, cycle=task.cycle, count=1, epoch=1),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)))
+    assert "greet again" in d.error()
+    c.send(c.header(Kind.BYE))
+    gate.open()
+    np.testing.assert_array_equal(study.finish(), reference)
+    assert not study.events("task_requeue") or all(e["reason"] != "rejected" for e in study.events("task_requeue"))
+    c.close()
+    d.close()
+
+
+def test_another_members_data_under_a_task_id_is_not_taken_as_that_tasks_forecast(
+        tmp_path: Path, reference: np.ndarray) -> None:
+    study, gate = gated_study(tmp_path)
+    c, (d,), task = join_raw(study)
+    other = task.member % N_MEMBERS + 1
+    x = initial_ensemble()[:, other - 1].copy()
+    d.send(d.header(Kind.PUT, task=task.task, member=other, cycle=task.cycle, count=1),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)), x.tobytes())
+    d.recv()  # the data rank acknowledges the piece; rank 0 then drops it (not this task's member)
+    c.send(c.header(Kind.BYE))
+    gate.open()
+    np.testing.assert_array_equal(study.finish(), reference)
+    c.close()
+    d.close()
+
+
+def test_a_task_whose_get_failed_is_given_back_not_sent_as_a_forecast(tmp_path: Path, reference: np.ndarray) -> None:
+    # The model catches the error of an interrupted GET and calls expose again: its array holds no
+    # state of that member, so the task goes back (FAIL) instead of being PUT as the member's forecast.
+    study = Study(tmp_path)
+    sent: list[int] = []
+
+    def run() -> None:
+        r = Runner(study.address, TOKEN, name="interrupted", timeout_s=WAIT_S, reconnect_s=2.0)
+        real_get, real_put = r._get, r._put
+        calls = {"get": 0}
+
+        def get(arrays):
+            calls["get"] += 1
+            if calls["get"] == 1:
+                raise ServerError("interrupted while receiving the state")
+            real_get(arrays)
+
+        def put(arrays):
+            sent.append(r.member)
+            real_put(arrays)
+
+        r._get, r._put = get, put
+        try:
+            r.init(FIELDS)
+            x = np.full(N_X, -999.0)
+            try:
+                x, n = r.expose(x)
+            except ServerError:
+                x, n = r.expose(x)  # the model goes on
+            while n:
+                x[...] = model(x, r.cycle, n)
+                x, n = r.expose(x)
+        finally:
+            r.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    np.testing.assert_array_equal(study.finish(), reference)
+    t.join(WAIT_S)
+    failed = [e for e in study.events("task_requeue") if e.get("reason") == "failed"]
+    assert len(failed) == 1 and "never arrived" in json.dumps(study.events("task_fail") or failed)
+    assert len(sent) == N_MEMBERS * len(CYCLES)  # every PUT was a real forecast; none for the failed task

@@ -62,9 +62,12 @@ class Connection:
     def send(self, frames: Sequence[object]) -> None:
         self.sock.send_multipart(list(frames), copy=False)
 
-    def recv(self, timeout_s: float, accept: Callable[[Header], bool]) -> tuple[Header, list[zmq.Frame]]:
+    def recv(self, timeout_s: float, accept: Callable[[Header], bool], *,
+             epoch: int = 0, task: int = 0) -> tuple[Header, list[zmq.Frame]]:
         """The next reply that ``accept`` takes (older, stale replies are skipped); ERROR, or a reply in
-        another protocol version, raises ServerError."""
+        another protocol version, raises ServerError. With ``epoch`` (the server incarnation that welcomed
+        us), a reply from another incarnation raises ServerLost: the server restarted, greet it again.
+        With ``task``, an ERROR about another task (a late refusal of an earlier request) is stale too."""
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -86,7 +89,11 @@ class Connection:
                 raise ServerError(f"the server at {self.address} runs another enkflow: {exc}") from None
             except ProtocolError:
                 continue
+            if epoch and hdr.epoch and hdr.epoch != epoch:
+                raise ServerLost(f"the server at {self.address} restarted (epoch {hdr.epoch}, welcomed by {epoch})")
             if hdr.kind is Kind.ERROR:
+                if task and hdr.task and hdr.task != task:
+                    continue
                 msg = decode_json(frames[1].buffer, "error").get("error", "?") if len(frames) > 1 else "?"
                 raise ServerError(str(msg))
             if accept(hdr):

@@ -71,6 +71,7 @@ class Runner:
         self._epoch = 0
         self._hb: _Heartbeat | None = None
         self._waited_us = 0
+        self._have_state = False
         self.task = 0
         self.member = 0
         self.cycle = 0
@@ -141,8 +142,12 @@ class Runner:
         runner has a single field.
         """
         arrays = self._arrays(state)
-        if self.task:
+        if self.task and self._have_state:
             self._put(arrays)
+        elif self.task:
+            # The GET of this task did not complete (an error or an interruption the model caught): the
+            # arrays hold no forecast of this member. Give the task back instead of sending them.
+            self.fail("the member's state never arrived (its GET was interrupted); nothing was forecast")
         while True:
             try:
                 hdr = self._next_task()
@@ -151,6 +156,7 @@ class Runner:
                     return state, 0
                 self._set_task(hdr.task, hdr.member, hdr.cycle, hdr.nsteps)
                 self._get(arrays)
+                self._have_state = True
                 return state, self.nsteps
             except ServerLost:
                 self._set_task(0, 0, 0, 0)
@@ -190,6 +196,7 @@ class Runner:
 
     def _set_task(self, task: int, member: int, cycle: int, nsteps: int) -> None:
         self.task, self.member, self.cycle, self.nsteps = task, member, cycle, nsteps
+        self._have_state = False  # set once the task's GET completed
         if self._hb is not None:
             self._hb.task = task
 
@@ -248,7 +255,8 @@ class Runner:
                 self._data[r].send(frames)
                 sent.append(r)
             for r in sent:
-                self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.ACK and h.task == task)
+                self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.ACK and h.task == task, epoch=self._epoch,
+                                   task=task)
 
         try:
             self._collective(put)
@@ -310,7 +318,8 @@ class Runner:
                 self._data[r].send([Header(Kind.GET, self._cred, self.id, task, member, cycle, count=len(pieces),
                                            epoch=self._epoch).pack(), encode_index(idx)])
             for r, pieces in routes.items():
-                hdr, frames = self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.DATA and h.task == task)
+                hdr, frames = self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.DATA and h.task == task,
+                                                 epoch=self._epoch, task=task)
                 idx = decode_index(frames[0].buffer, hdr.count)
                 if hdr.count != len(pieces) or len(frames) != 1 + hdr.count or not np.array_equal(idx, np.array(pieces).reshape(-1, 3)):
                     raise ServerError(f"server rank {r} answered with other pieces than asked for")

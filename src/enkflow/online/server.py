@@ -164,7 +164,8 @@ class Server:
         self.active = [r for r in range(self.size) if any(a < b for a, b in self.own.table()[r])]
         self.store = MemoryStore(self.own, self.comm, problem.n_members)
         self.cred = credential(config.token)
-        self.epoch = int.from_bytes(np.random.default_rng().bytes(7), "little") or 1
+        # One incarnation number for all ranks: data messages must carry the one the runner was welcomed with.
+        self.epoch = self.comm.bcast(int.from_bytes(np.random.default_rng().bytes(7), "little") or 1, root=0)
         self.ckpt = ckpt.Checkpointer(config.checkpoint_dir, self.rank, self.own.fields, self.size) if config.checkpoint_dir else None
         self.cycle = -1
         self._kept: dict[int, list[np.ndarray]] = {}
@@ -530,7 +531,7 @@ class Server:
             self._on_compare(op, member, rank, reason)
             return
         t = self.sched.current(task, cycle)
-        if t is None:
+        if t is None or t.member != member:  # stale, or another member's data under this task id
             self._bus_send(rank, _DROP, task, member, cycle)
             return
         if op == _PART_REJECT:
@@ -681,6 +682,13 @@ class Server:
             return
         if not hmac.compare_digest(hdr.credential, self.cred):
             self._refuse(identity, hdr, "authentication failed: wrong token")
+            return
+        if hdr.kind in (Kind.PUT, Kind.GET) and hdr.epoch != self.epoch:
+            # Meant for an earlier incarnation of this server and delivered to this one when the runner's
+            # socket reconnected: its task ids are not this server's. Refused without touching any task;
+            # the runner greets again.
+            self._refuse(identity, hdr, f"stale {hdr.kind.name}: the runner was welcomed by another incarnation of "
+                                        f"the server (epoch {hdr.epoch}, now {self.epoch}); greet again")
             return
         try:
             if hdr.kind is Kind.PUT:
