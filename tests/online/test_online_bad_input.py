@@ -635,9 +635,8 @@ def test_a_put_meant_for_an_earlier_server_incarnation_is_refused_and_changes_no
     study, gate = gated_study(tmp_path)
     c, (d,), task = join_raw(study)
     x = initial_ensemble()[:, task.member - 1].copy()
-    d.send(*put_frames(c, task, [(0, 0, N_X)], [x.tobytes()]) if False else
-           [d.header(Kind.PUT, task=task.task, member=task.member, cycle=task.cycle, count=1, epoch=c.epoch ^ 0x5A5A),
-            encode_index(np.array([[0, 0, N_X]], dtype=np.int64)), x.tobytes()])
+    d.send(d.header(Kind.PUT, task=task.task, member=task.member, cycle=task.cycle, count=1, epoch=c.epoch ^ 0x5A5A),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)), x.tobytes())
     assert "another incarnation of the server" in d.error()
     d.send(d.header(Kind.GET, task=task.task, member=task.member, cycle=task.cycle, count=1, epoch=1),
            encode_index(np.array([[0, 0, N_X]], dtype=np.int64)))
