@@ -151,6 +151,28 @@ def test_kill_9_of_the_service_is_a_clear_error_and_leaves_no_half_written_file(
     assert np.array_equal(read(out / "s_1.nc", "s")[0], value("s", 1, None))
 
 
+def test_the_service_closes_when_its_owner_dies(tmp_path: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom enkflow.output.service import OutputService\n"
+        f"svc = OutputService.start({config(tmp_path)!r}, {str(tmp_path / 'svc')!r})\n"
+        "print(svc.proc.pid, flush=True)\ntime.sleep(120)\n")], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    pid = int(owner.stdout.readline())
+    r = RemoteOutput.from_dir(tmp_path / "svc")
+    r.add("s", value("s", 1, None), 1)
+    r.sync()
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists(), "the service must end with its owner"
+    assert not (tmp_path / "svc" / "address").exists()
+    with pytest.raises(ServiceLost, match="is gone"):
+        r.sync()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s_1.nc"]
+
+
 def test_bad_input_is_rejected_before_anything_is_sent(tmp_path: Path) -> None:
     svc = OutputService.start(config(tmp_path), tmp_path / "svc")
     try:
@@ -175,6 +197,48 @@ def test_bad_input_is_rejected_before_anything_is_sent(tmp_path: Path) -> None:
     finally:
         svc.kill()
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_writers_error_goes_to_the_client_whose_add_caused_it(tmp_path: Path) -> None:
+    svc = OutputService.start(config(tmp_path), tmp_path / "svc")  # nan = "error"
+    try:
+        a, b = RemoteOutput.from_dir(tmp_path / "svc"), RemoteOutput.from_dir(tmp_path / "svc")
+        bad = value("s", 5, None)
+        bad[2, 3] = np.nan
+        a.add("s", bad, 5)
+        b.add("s", value("s", 6, None), 6)
+        b.sync()  # b's adds are fine: a's error is not b's
+        with pytest.raises(OutputError, match=r"field s time 5: 1 NaN value\(s\)"):
+            a.sync()
+        a.sync()  # reported once
+        a.close()
+        b.close()
+        svc.stop()
+    finally:
+        svc.kill()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s_6.nc"]
+
+
+def test_back_pressure_bounds_what_is_in_flight_and_is_measured(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    cfg["dims"]["z"] = {"size": 1 << 14}
+    cfg["fields"]["big"] = {"dims": ["z"], "ensemble": False, "dtype": "float64"}
+    cfg.update(buffer_mb=0.25, complevel=9)  # two pieces of 128 KiB in flight at most; slow compression
+    svc = OutputService.start(cfg, tmp_path / "svc")
+    rng = np.random.default_rng(1)
+    pieces = [rng.standard_normal(1 << 14) for _ in range(60)]
+    try:
+        with RemoteOutput.from_dir(tmp_path / "svc") as r:
+            for t, x in enumerate(pieces):
+                r.add("big", x, t)
+            r.sync()
+            s = r.stats()
+        svc.stop()
+    finally:
+        svc.kill()
+    assert s["adds"] == 60 and s["blocked_s"] > 0  # the client waited for the service ...
+    assert s["service"]["blocked_s"] > 0 and s["service"]["backlog_max_bytes"] <= 0.25 * 2**20  # ... and it for its writer
+    assert np.array_equal(read(tmp_path / "out" / "big_59.nc", "big")[0], pieces[59])
 
 
 def test_offline_experiment_writes_the_statistics_through_one_service_by_default(tmp_path: Path) -> None:

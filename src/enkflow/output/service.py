@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from enkflow.errors import EnkflowError
+from enkflow.errors import EnkflowError, StorageError
 from enkflow.fsutil import write_bytes_atomic
 from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
@@ -125,6 +125,17 @@ class _Service:
                     log.warning("output service: %s", note)
                     self.notes.append(note)
 
+    def _route(self, text: str, caller: _Client) -> str | None:
+        """A failure of the writers goes to the clients that added to the (field, time) it names
+        (their next call raises it); to ``caller`` when it names none of theirs. Returns what
+        ``caller`` gets now."""
+        owners = [c for c in self.clients.values()
+                  if any(f"field {f} time {t:g}" in text for f, t in c.times)] or [caller]
+        for c in owners:
+            if c is not caller:
+                c.errors.append(text)
+        return text if caller in owners else None
+
     def _add(self, c: _Client, msg: dict[str, Any], frames: list[Any]) -> None:
         what = f"add of field {msg.get('field')!r} time {msg.get('time')}"
         if len(frames) != 3:
@@ -142,7 +153,15 @@ class _Service:
         region = msg.get("region")
         reg = tuple(slice(int(s), int(e)) for s, e in region) if region is not None else None
         try:
-            self.out.add(msg["field"], a, msg["time"], member=msg.get("member"), region=reg)
+            try:
+                self.out.add(msg["field"], a, msg["time"], member=msg.get("member"), region=reg)
+            except (OutputError, StorageError) as exc:
+                # A failure of earlier pieces (maybe another client's), raised before this one was sent:
+                # to whom it concerns; then this piece, once more.
+                err = self._route(str(exc), c)
+                if err:
+                    c.errors.append(err)
+                self.out.add(msg["field"], a, msg["time"], member=msg.get("member"), region=reg)
         except (EnkflowError, KeyError, TypeError, ValueError) as exc:
             c.errors.append(f"{what}: {exc}")
             return
@@ -166,7 +185,8 @@ class _Service:
                 kind = msg["kind"]
                 c = self.clients.get(ident)
                 if kind in (P.HELLO, STOP):
-                    if not hmac.compare_digest(str(msg.get("credential", "")), token_credential(self.token)):
+                    given = str(msg.get("credential", "")).encode("utf-8", "replace")
+                    if not hmac.compare_digest(given, token_credential(self.token).encode()):
                         self._reply(sock, ident, P.ERROR, error="the output service refused the connection: "
                                     "wrong token (read the service's token file)")
                         continue
@@ -186,7 +206,7 @@ class _Service:
                     try:
                         self.out.sync()
                     except EnkflowError as exc:
-                        err = str(exc)
+                        err = self._route(str(exc), c)
                     self._reply(sock, ident, P.SYNCED, seq=msg.get("seq"), error=self._errors(c, err),
                                 stats=self._stats())
                 elif kind == P.DISCARD:
