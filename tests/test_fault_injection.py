@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import random
 import re
-from pathlib import Path
 
 import pytest
 

@@ -9,7 +9,6 @@ fault-free result.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal

@@ -5,7 +5,6 @@ write into the next member's state."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 

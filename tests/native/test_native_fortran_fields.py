@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from enkflow.analysis import ETKF, ObsSet
 from enkflow.online import Field, Problem, Runner, SchedulerConfig, Server, ServerConfig

@@ -4,7 +4,6 @@ real server gives only in rare interleavings, on demand."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 

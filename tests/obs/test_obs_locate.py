@@ -13,12 +13,12 @@ import netCDF4
 import numpy as np
 import pytest
 
-from enkflow.analysis import LETKF, LocalDomains, Localization, ObsSet
+from enkflow.analysis import LETKF, LocalDomains, Localization
 from enkflow.config import LocalizationConfig, Metric
 from enkflow.errors import ConfigError, FileFormatError
 from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse
 from enkflow.obs.config import ObsSettingsConfig
-from enkflow.obs.obsfile import ObsFile, ObsSettings, load_for_state, write_obs_file
+from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
 from enkflow.parallel import SerialComm
 from enkflow.state import StateLayout
