@@ -21,6 +21,18 @@ from typing import Any
 from enkflow.errors import StorageError
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this node (the owner of a temporary file, say); one that
+    exists but belongs to another user counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a rename inside directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import RecoveryError
-from enkflow.fsutil import fsync_dir, write_bytes_atomic, write_json_atomic
+from enkflow.fsutil import fsync_dir, pid_alive, write_bytes_atomic, write_json_atomic
 from enkflow.io import library
 from enkflow.io.rowio import pread_full, pwrite_full
 
@@ -252,16 +252,6 @@ def _remove_stale_logs(directory: Path, tag: str) -> None:
             continue
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_tmp(directory: str) -> None:
     """Delete half-written markers of dead processes (the temporaries of
     :func:`enkflow.fsutil.write_bytes_atomic`, ``.<marker>.tmp.<pid>.<thread>``): a kill during the
@@ -271,7 +261,7 @@ def _remove_stale_tmp(directory: str) -> None:
             pid = int(t.rsplit(".tmp.", 1)[1].split(".")[0])
         except (ValueError, IndexError):
             continue
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             try:
                 os.unlink(t)
             except OSError:

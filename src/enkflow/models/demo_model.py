@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import FileFormatError, InputError
+from enkflow.fsutil import atomic_output
 
 DT_HOURS = 1.0
 ADVECTION = 0.2  # cells per hour, eastwards
@@ -139,26 +140,10 @@ def run_model(restart: str | os.PathLike[str], model: DemoModel, *, output: str 
     if model.sleep:
         time.sleep(model.sleep)
     t3 = time.perf_counter()
-    final = Path(output) if output is not None else src
-    tmp = final.with_name(f".{final.name}.model-{os.getpid()}.tmp")
-    try:
+    with atomic_output(Path(output) if output is not None else src) as tmp:
         shutil.copyfile(src, tmp)
         with netCDF4.Dataset(tmp, "r+") as ds:
             ds.variables[model.variable][:] = x_new
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
     t4 = time.perf_counter()
     return {"read_s": t1 - t0, "compute_s": t2 - t1, "sleep_s": t3 - t2, "write_s": t4 - t3}
 

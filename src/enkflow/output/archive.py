@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enkflow.errors import EnkflowError, StorageError
-from enkflow.fsutil import fsync_dir, write_json_atomic
+from enkflow.fsutil import fsync_dir, pid_alive, write_json_atomic
 
 MANIFEST = "MANIFEST.json"
 VERSION = 1
@@ -88,22 +88,12 @@ def listed_cycles(root: Path) -> list[int]:
     return sorted(out)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale(root: Path) -> list[Path]:
     """Remove the temporary directories of archivers (or stagings) that died; returns them."""
     gone = []
     for p in Path(root).glob(".cycle_*"):
         m = _TMP.match(p.name)
-        if m and not _pid_alive(int(m.group(2))):
+        if m and not pid_alive(int(m.group(2))):
             shutil.rmtree(p, ignore_errors=True)
             gone.append(p)
     return gone
