@@ -45,7 +45,7 @@ import numpy as np
 from enkflow.errors import EnkflowError, InputError
 from enkflow.online.connection import ServerError
 from enkflow.online.fields import Field
-from enkflow.online.runner import Runner
+from enkflow.online.runner import Runner, run_runner_process
 
 # The segment's layout: native/intercept/intercept_shm.h (change both together, with the version).
 MAGIC = b"ENKFSHM1"
@@ -357,27 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     except (EnkflowError, OSError) as exc:
         print(f"enkflow intercept: error: {exc}", file=sys.stderr, flush=True)
         return 1
-    previous = signal.signal(signal.SIGTERM, _leave)
-    try:
-        return loop.run()
-    except Exception as exc:
-        print(f"enkflow intercept: error: {exc}", file=sys.stderr, flush=True)
-        if runner.task:
-            runner.fail(f"{type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the BYE short
+
+    def stop_model() -> None:
         loop.stop_model()
-        runner.close()
-        signal.signal(signal.SIGTERM, previous)
         if o.timings is not None:
             o.timings.write_text("".join(json.dumps(t) + "\n" for t in loop.timings))
 
-
-def _leave(signum: int, frame: object) -> None:
-    """SIGTERM: unwind to ``main``'s ``finally``, which stops the model and says BYE."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
+    return run_runner_process(runner, loop.run, name="enkflow intercept", before_close=stop_model)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ at once instead of waiting for its heartbeats to stop.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.online.fields import Field
-from enkflow.online.runner import Runner
+from enkflow.online.runner import Runner, run_runner_process
 
 
 def demo_runner(runner: Runner, grid: Path, length: float, variable: str = "soil_moisture", sleep: float = 0.0) -> int:
@@ -88,27 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("the demo runner needs --grid")
     token = Path(args.token_file).read_text().strip()
     runner = Runner(args.address, token, curve_server_key=args.curve_key or None)
-    previous = signal.signal(signal.SIGTERM, _leave)
-    try:
+
+    def body() -> int:
         if args.model == "demo":
             return demo_runner(runner, Path(args.grid), args.length, sleep=args.sleep)
         return l96_runner(runner, sleep=args.sleep)
-    except Exception as exc:
-        print(f"enkflow runner: error: {exc}", file=sys.stderr, flush=True)
-        if runner.task:
-            runner.fail(f"{type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the BYE short
-        runner.close()
-        signal.signal(signal.SIGTERM, previous)
 
-
-def _leave(signum: int, frame: object) -> None:
-    """SIGTERM: unwind out of the model or the exchange (SystemExit is no model error: no FAIL is sent)
-    to ``main``'s ``finally``, which says BYE."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise SystemExit(128 + signum)
+    return run_runner_process(runner, body, name="enkflow runner")
 
 
 if __name__ == "__main__":

@@ -28,10 +28,12 @@ checkpoint) is greeted again transparently; the task in hand is then dropped.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import zmq
@@ -363,3 +365,32 @@ class _Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def run_runner_process(runner: Runner, body: Callable[[], int], *, name: str,
+                       before_close: Callable[[], None] | None = None) -> int:
+    """``body()`` as the work of a runner process, its exit status returned. SIGTERM unwinds out of the
+    model or the exchange (SystemExit is no model error: no FAIL is sent); an exception is printed
+    as ``NAME: error: ...`` and FAILs the member held; either way ``before_close()`` runs, then the
+    runner says BYE (a second SIGTERM must not cut it short)."""
+    previous = signal.signal(signal.SIGTERM, _leave)
+    try:
+        return body()
+    except Exception as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr, flush=True)
+        if runner.task:
+            runner.fail(f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            if before_close is not None:
+                before_close()
+        finally:
+            runner.close()
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _leave(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
