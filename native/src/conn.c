@@ -171,18 +171,20 @@ int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const voi
             return ENKFLOW_EINTR;
         }
         drain_monitor(c);
-        if (c->lost) {
-            snprintf(err, errsize, "the server at %s went away", c->address);
-            return ENKFLOW_ELOST;
-        }
         double left = deadline - ekf_now();
-        if (left <= 0) {
+        if (!c->lost && left <= 0) {
             snprintf(err, errsize, "no reply from the server at %s within %g s", c->address, timeout_s);
             return ENKFLOW_ELOST;
         }
         zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {c->mon, 0, ZMQ_POLLIN, 0}};
-        long ms = (long)((left < 1.0 ? left : 1.0) * 1000.0) + 1;
-        int rc = zmq_poll(items, 2, ms);
+        /* A reply the server sent before it went (the ERROR that stopped the study) is still queued and
+           may be read after the disconnect is seen: it comes first, so a lost server only polls. */
+        long ms = c->lost ? 0 : (long)((left < 1.0 ? left : 1.0) * 1000.0) + 1;
+        int rc = zmq_poll(items, c->lost ? 1 : 2, ms);
+        if (c->lost && rc == 0) {
+            snprintf(err, errsize, "the server at %s went away", c->address);
+            return ENKFLOW_ELOST;
+        }
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             snprintf(err, errsize, "polling %s failed: %s", c->address, zmq_strerror(zmq_errno()));

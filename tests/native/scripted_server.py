@@ -1,13 +1,15 @@
 """A scripted enkflow server for protocol corner cases the real server does not produce on demand: a control
 ROUTER and ``ranks`` data ROUTERs on loopback that speak enkflow.online.wire, hand out the tasks of
 ``tasks`` in order, then STOP (or, with ``hold``, leave READY unanswered), leave the GETs of the tasks in ``hold_get`` unanswered, and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
-ERROR with that text). It records what the runner sent. One float64 field "x" of ``n`` elements, split
+ERROR with that text; after ``put_delay[rank]`` seconds). With ``close_after_error``, a data rank closes its
+socket right after an ERROR, as a server that stopped the study does. It records what the runner sent. One float64 field "x" of ``n`` elements, split
 over the data ranks as enkflow.online.fields.Ownership splits an assimilated field."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -19,9 +21,12 @@ from enkflow.online.wire import Header, Kind, credential, decode_index
 class ScriptedServer:
     def __init__(self, token: str, tasks: list[tuple[int, int, int]], *, ranks: int = 2,
                  put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7,
-                 hold: bool = False, hold_get: set[int] = frozenset(), like: "ScriptedServer | None" = None):
+                 hold: bool = False, hold_get: set[int] = frozenset(), like: "ScriptedServer | None" = None,
+                 put_delay: dict[int, float] | None = None, close_after_error: bool = False):
         self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
         self.hold, self.hold_get = hold, set(hold_get)
+        self.put_delay, self.close_after_error = dict(put_delay or {}), close_after_error
+        self._later: list[tuple[float, int, list[bytes]]] = []  # (when, data rank, frames): delayed replies
         self.ctx = zmq.Context()
         self.control = self.ctx.socket(zmq.ROUTER)
         self.data = [self.ctx.socket(zmq.ROUTER) for _ in range(ranks)]
@@ -44,13 +49,20 @@ class ScriptedServer:
         for s in (self.control, *self.data):
             poller.register(s, zmq.POLLIN)
         while not self.done.is_set():
-            for sock, _ in poller.poll(100):
+            for sock, _ in poller.poll(20):
                 frames = sock.recv_multipart()
                 hdr = Header.unpack(frames[1])
                 if sock is self.control:
                     self._on_control(frames[0], hdr, frames[2:])
                 else:
-                    self._on_data(sock, self.data.index(sock), frames[0], hdr, frames[2:])
+                    self._on_data(self.data.index(sock), frames[0], hdr, frames[2:])
+            for item in [x for x in self._later if x[0] <= time.monotonic()]:
+                self._later.remove(item)
+                sock = self.data[item[1]]
+                sock.send_multipart(item[2])
+                if self.close_after_error and Header.unpack(item[2][1]).kind is Kind.ERROR:
+                    poller.unregister(sock)
+                    sock.close(linger=1000)
         for s in (self.control, *self.data):
             s.close(0)
         self.ctx.term()
@@ -77,7 +89,8 @@ class ScriptedServer:
         elif hdr.kind is Kind.BYE:
             self.done.set()
 
-    def _on_data(self, sock: zmq.Socket, rank: int, identity: bytes, hdr: Header, rest: list[bytes]) -> None:
+    def _on_data(self, rank: int, identity: bytes, hdr: Header, rest: list[bytes]) -> None:
+        sock = self.data[rank]
         self.received.append((hdr.kind.name, hdr.task, rank))
         idx = decode_index(rest[0], hdr.count)
         if hdr.kind is Kind.GET and hdr.task in self.hold_get:
@@ -87,11 +100,9 @@ class ScriptedServer:
             sock.send_multipart([identity, hdr.reply(Kind.DATA, epoch=self.epoch).pack(), rest[0], *frames])
         elif hdr.kind is Kind.PUT:
             error = self.put_reply(hdr.task, rank)
-            if error is None:
-                sock.send_multipart([identity, hdr.reply(Kind.ACK, epoch=self.epoch).pack()])
-            else:
-                sock.send_multipart([identity, hdr.reply(Kind.ERROR, epoch=self.epoch).pack(),
-                                     json.dumps({"error": error}).encode()])
+            reply = ([identity, hdr.reply(Kind.ACK, epoch=self.epoch).pack()] if error is None else
+                     [identity, hdr.reply(Kind.ERROR, epoch=self.epoch).pack(), json.dumps({"error": error}).encode()])
+            self._later.append((time.monotonic() + self.put_delay.get(rank, 0.0), rank, reply))
 
     def close(self) -> None:
         self.done.set()

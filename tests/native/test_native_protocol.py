@@ -137,3 +137,20 @@ def test_a_forecast_of_a_server_that_restarted_meanwhile_is_not_sent_to_the_new_
     kinds = [(k, t) for k, t, _ in new.received]
     # The old task's PUT never reached the new server: its only PUT is of its own task 1 (member 4).
     assert kinds.count(("PUT", 1)) == 1 and kinds.index(("PUT", 1)) > kinds.index(("GET", 1)), kinds
+
+
+def test_a_refusal_sent_just_before_the_server_went_is_read_not_taken_for_a_lost_server(bad_runner: Path) -> None:
+    """The ERROR that stops a study leaves just before the server closes its sockets. By the time the runner
+    reads that rank, the disconnect is already known: the queued ERROR must still be read first (it said the
+    server went away, and the forecast's refusal was never reported)."""
+    server = ScriptedServer(TOKEN, [(1, 3, 1)], put_delay={0: 0.5}, close_after_error=True,
+                            put_reply=lambda task, rank: "element 0 is nan (NaN or Inf in the forecast)" if rank == 1
+                            else None)
+    try:
+        p = subprocess.run([str(bad_runner), server.address, TOKEN, "nan"], capture_output=True, text=True,
+                           timeout=60)
+    finally:
+        server.close()
+    lines = [line for line in p.stdout.splitlines() if line.startswith("rc=")]
+    assert p.returncode == 0, (p.returncode, lines, p.stderr)
+    assert len(lines) == 1 and "rc=7 refused by the server" in lines[0] and "element 0 is nan" in lines[0], lines

@@ -74,13 +74,15 @@ class Connection:
         poller.register(self.monitor, zmq.POLLIN)
         while True:
             self._drain_monitor()
-            if self.lost:
-                raise ServerLost(f"the server at {self.address} went away")
             left = deadline - time.monotonic()
-            if left <= 0:
+            if self.lost:
+                # A reply the server sent before it went (the ERROR that stopped the study) is still
+                # queued here, and may be read after the disconnect is seen: it comes first.
+                if not self.sock.poll(0):
+                    raise ServerLost(f"the server at {self.address} went away")
+            elif left <= 0:
                 raise ServerLost(f"no reply from the server at {self.address} within {timeout_s:g} s")
-            ready = dict(poller.poll(min(left, 1.0) * 1000))
-            if self.sock not in ready:
+            elif self.sock not in dict(poller.poll(min(left, 1.0) * 1000)):
                 continue
             frames = self.sock.recv_multipart(copy=False)
             try:
