@@ -32,15 +32,33 @@ module enkflow_runner_mod
   integer, parameter, public :: ENKFLOW_OK = 0, ENKFLOW_EINVAL = 1, ENKFLOW_ESTATE = 2, ENKFLOW_ENOMEM = 3, &
                                 ENKFLOW_EFIELD = 4, ENKFLOW_ETYPE = 5, ENKFLOW_ESIZE = 6, ENKFLOW_EREFUSED = 7, &
                                 ENKFLOW_ELOST = 8, ENKFLOW_EPROTOCOL = 9, ENKFLOW_EZMQ = 10, ENKFLOW_EIO = 11, &
-                                ENKFLOW_EINTR = 12
+                                ENKFLOW_EINTR = 12, ENKFLOW_EOUTPUT = 13
 
   type, public :: enkflow_runner
     type(c_ptr) :: ptr = c_null_ptr
   end type enkflow_runner
 
+  !> A client of the study's output service (enkflow_output.h).
+  type, public :: enkflow_output
+    type(c_ptr) :: ptr = c_null_ptr
+  end type enkflow_output
+
+  !> enkflow_output_stats of C: pieces added, their bytes, seconds in add, of them waiting (back-pressure).
+  type, public, bind(c) :: enkflow_output_stats
+    integer(c_int64_t) :: adds = 0, bytes = 0
+    real(c_double) :: add_s = 0, blocked_s = 0
+  end type enkflow_output_stats
+
   public :: enkflow_create, enkflow_set_timeouts, enkflow_set_name, enkflow_set_curve_key, enkflow_add_field, &
             enkflow_set_slice, enkflow_set_comm, enkflow_init, enkflow_bind, enkflow_expose, enkflow_fail, enkflow_finalize, &
             enkflow_errmsg, enkflow_strerror, enkflow_member, enkflow_cycle, enkflow_nsteps, enkflow_read_token_file
+  public :: enkflow_output_open, enkflow_output_open_dir, enkflow_output_set_timeout, enkflow_output_add, &
+            enkflow_output_sync, enkflow_output_discard, enkflow_output_dropped, enkflow_output_close, enkflow_output_free, &
+            enkflow_output_errmsg, enkflow_output_get_stats, enkflow_output_service_stats, enkflow_output_members
+
+  interface enkflow_output_add
+    module procedure output_add_r4, output_add_r8
+  end interface enkflow_output_add
 
   interface enkflow_add_field
     module procedure add_field_i4, add_field_i8
@@ -146,6 +164,79 @@ module enkflow_runner_mod
       character(kind=c_char), intent(in) :: path(*)
       character(kind=c_char), intent(out) :: buf(*), errbuf(*)
       integer(c_size_t), value :: size, errsize
+    end function
+    integer(c_int) function c_out_open(out, address, token_file, timeout_s) bind(c, name="enkflow_output_open")
+      import :: c_int, c_ptr, c_char, c_double
+      type(c_ptr), intent(out) :: out
+      character(kind=c_char), intent(in) :: address(*), token_file(*)
+      real(c_double), value :: timeout_s
+    end function
+    integer(c_int) function c_out_open_dir(out, directory, timeout_s) bind(c, name="enkflow_output_open_dir")
+      import :: c_int, c_ptr, c_char, c_double
+      type(c_ptr), intent(out) :: out
+      character(kind=c_char), intent(in) :: directory(*)
+      real(c_double), value :: timeout_s
+    end function
+    integer(c_int) function c_out_set_timeout(o, timeout_s) bind(c, name="enkflow_output_set_timeout")
+      import :: c_int, c_ptr, c_double
+      type(c_ptr), value :: o
+      real(c_double), value :: timeout_s
+    end function
+    integer(c_int) function c_out_add(o, name, dtype, data, ndim, shape, time, member, region) &
+        bind(c, name="enkflow_output_add")
+      import :: c_int, c_ptr, c_char, c_int64_t, c_double
+      type(c_ptr), value :: o, data, region
+      character(kind=c_char), intent(in) :: name(*)
+      integer(c_int), value :: dtype, ndim
+      integer(c_int64_t), intent(in) :: shape(*)
+      real(c_double), value :: time
+      integer(c_int64_t), value :: member
+    end function
+    integer(c_int) function c_out_sync(o) bind(c, name="enkflow_output_sync")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: o
+    end function
+    integer(c_int) function c_out_discard(o, time, ndropped) bind(c, name="enkflow_output_discard")
+      import :: c_int, c_ptr, c_double, c_int64_t
+      type(c_ptr), value :: o
+      real(c_double), value :: time
+      integer(c_int64_t), intent(out) :: ndropped
+    end function
+    type(c_ptr) function c_out_dropped(o) bind(c, name="enkflow_output_dropped")
+      import :: c_ptr
+      type(c_ptr), value :: o
+    end function
+    integer(c_int) function c_out_close(o, wait) bind(c, name="enkflow_output_close")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: o
+      integer(c_int), value :: wait
+    end function
+    subroutine c_out_free(o) bind(c, name="enkflow_output_free")
+      import :: c_ptr
+      type(c_ptr), value :: o
+    end subroutine
+    type(c_ptr) function c_out_errmsg(o) bind(c, name="enkflow_output_errmsg")
+      import :: c_ptr
+      type(c_ptr), value :: o
+    end function
+    integer(c_int) function c_out_set_error(o, code, message) bind(c, name="enkflow_output_set_error")
+      import :: c_int, c_ptr, c_char
+      type(c_ptr), value :: o
+      integer(c_int), value :: code
+      character(kind=c_char), intent(in) :: message(*)
+    end function
+    integer(c_int) function c_out_get_stats(o, stats) bind(c, name="enkflow_output_get_stats")
+      import :: c_int, c_ptr, enkflow_output_stats
+      type(c_ptr), value :: o
+      type(enkflow_output_stats), intent(out) :: stats
+    end function
+    type(c_ptr) function c_out_service_stats(o) bind(c, name="enkflow_output_service_stats")
+      import :: c_ptr
+      type(c_ptr), value :: o
+    end function
+    integer(c_int64_t) function c_out_members(o) bind(c, name="enkflow_output_members")
+      import :: c_int64_t, c_ptr
+      type(c_ptr), value :: o
     end function
     integer(c_size_t) function c_strlen(s) bind(c, name="strlen")
       import :: c_size_t, c_ptr
@@ -398,5 +489,171 @@ contains
     type(enkflow_runner), intent(in) :: r
     enkflow_nsteps = c_nsteps(r%ptr)
   end function enkflow_nsteps
+
+  ! --- the output service's client (enkflow_output.h) ------------------------------------------------
+
+  !> Connect to the output service at address ({output_address}) with the token in token_file
+  !> ({output_token_file}); timeout_s: the wait for its welcome (default 30 s).
+  subroutine enkflow_output_open(o, address, token_file, ierr, timeout_s)
+    type(enkflow_output), intent(out) :: o
+    character(len=*), intent(in) :: address, token_file
+    integer, intent(out) :: ierr
+    real(8), intent(in), optional :: timeout_s
+    real(c_double) :: t
+    t = 0
+    if (present(timeout_s)) t = timeout_s
+    ierr = c_out_open(o%ptr, cstr(address), cstr(token_file), t)
+  end subroutine enkflow_output_open
+
+  !> The same from the service's directory (its address and token files).
+  subroutine enkflow_output_open_dir(o, directory, ierr, timeout_s)
+    type(enkflow_output), intent(out) :: o
+    character(len=*), intent(in) :: directory
+    integer, intent(out) :: ierr
+    real(8), intent(in), optional :: timeout_s
+    real(c_double) :: t
+    t = 0
+    if (present(timeout_s)) t = timeout_s
+    ierr = c_out_open_dir(o%ptr, cstr(directory), t)
+  end subroutine enkflow_output_open_dir
+
+  !> The longest silence of the service (s) before ENKFLOW_ELOST (default 600).
+  subroutine enkflow_output_set_timeout(o, timeout_s, ierr)
+    type(enkflow_output), intent(in) :: o
+    real(8), intent(in) :: timeout_s
+    integer, intent(out) :: ierr
+    ierr = c_out_set_timeout(o%ptr, real(timeout_s, c_double))
+  end subroutine enkflow_output_set_timeout
+
+  ! The array is copied before add returns, so a section is fine (the compiler passes a contiguous copy).
+  ! Shapes and start are in Fortran order; the field's dims (C order, slowest first) are reversed.
+  subroutine output_add(o, name, dtype, p, shp, time, member, start, ierr)
+    type(enkflow_output), intent(in) :: o
+    character(len=*), intent(in) :: name
+    integer, intent(in) :: dtype
+    type(c_ptr), intent(in) :: p
+    integer(c_int64_t), intent(in) :: shp(:)
+    real(8), intent(in) :: time
+    integer, intent(in), optional :: member
+    integer, intent(in), optional :: start(:)
+    integer, intent(out) :: ierr
+    integer(c_int64_t) :: cshape(max(1, size(shp)))
+    integer(c_int64_t), target :: region(max(2, 2 * size(shp)))
+    integer(c_int64_t) :: m
+    integer :: k, n
+    type(c_ptr) :: reg
+    n = size(shp)
+    m = 0
+    if (present(member)) m = member
+    reg = c_null_ptr
+    do k = 1, n
+      cshape(k) = shp(n + 1 - k)
+    end do
+    if (present(start)) then
+      if (size(start) /= n) then
+        ierr = c_out_set_error(o%ptr, int(ENKFLOW_ESIZE, c_int), cstr("output field " // trim(name) // &
+          ": start has another number of entries than the array has dimensions"))
+        return
+      end if
+      do k = 1, n
+        region(2 * k - 1) = start(n + 1 - k) - 1
+        region(2 * k) = start(n + 1 - k) - 1 + cshape(k)
+      end do
+      reg = c_loc(region)
+    end if
+    ierr = c_out_add(o%ptr, cstr(name), int(dtype, c_int), p, int(n, c_int), cshape, real(time, c_double), m, reg)
+  end subroutine output_add
+
+  !> Add x (real(4), any rank) as field name at time; member: 1..members of an ensemble field (absent: none);
+  !> start: the 1-based index in the field of x's first element, per Fortran dimension (absent: x is the
+  !> whole field).
+  subroutine output_add_r4(o, name, x, time, ierr, member, start)
+    type(enkflow_output), intent(in) :: o
+    character(len=*), intent(in) :: name
+    real(c_float), dimension(..), contiguous, intent(in), target :: x
+    real(8), intent(in) :: time
+    integer, intent(out) :: ierr
+    integer, intent(in), optional :: member
+    integer, intent(in), optional :: start(:)
+    call output_add(o, name, ENKFLOW_FLOAT32, c_loc(x), shape(x, kind=c_int64_t), time, member, start, ierr)
+  end subroutine output_add_r4
+
+  subroutine output_add_r8(o, name, x, time, ierr, member, start)
+    type(enkflow_output), intent(in) :: o
+    character(len=*), intent(in) :: name
+    real(c_double), dimension(..), contiguous, intent(in), target :: x
+    real(8), intent(in) :: time
+    integer, intent(out) :: ierr
+    integer, intent(in), optional :: member
+    integer, intent(in), optional :: start(:)
+    call output_add(o, name, ENKFLOW_FLOAT64, c_loc(x), shape(x, kind=c_int64_t), time, member, start, ierr)
+  end subroutine output_add_r8
+
+  !> Wait until everything added is written; ENKFLOW_EOUTPUT: the writers failed on this client's adds.
+  subroutine enkflow_output_sync(o, ierr)
+    type(enkflow_output), intent(in) :: o
+    integer, intent(out) :: ierr
+    ierr = c_out_sync(o%ptr)
+  end subroutine enkflow_output_sync
+
+  !> Forget time (every field) before adding it again; ndropped: fields whose open pieces were dropped.
+  subroutine enkflow_output_discard(o, time, ierr, ndropped)
+    type(enkflow_output), intent(in) :: o
+    real(8), intent(in) :: time
+    integer, intent(out) :: ierr
+    integer(c_int64_t), intent(out), optional :: ndropped
+    integer(c_int64_t) :: n
+    ierr = c_out_discard(o%ptr, real(time, c_double), n)
+    if (present(ndropped)) ndropped = n
+  end subroutine enkflow_output_discard
+
+  !> The fields the last discard dropped, comma-separated.
+  function enkflow_output_dropped(o) result(s)
+    type(enkflow_output), intent(in) :: o
+    character(len=:), allocatable :: s
+    s = fstr(c_out_dropped(o%ptr))
+  end function enkflow_output_dropped
+
+  !> Goodbye; wait (default .true.): first wait until everything is written. o stays for errmsg and stats.
+  subroutine enkflow_output_close(o, ierr, wait)
+    type(enkflow_output), intent(in) :: o
+    integer, intent(out) :: ierr
+    logical, intent(in), optional :: wait
+    integer(c_int) :: w
+    w = 1
+    if (present(wait)) w = merge(1_c_int, 0_c_int, wait)
+    ierr = c_out_close(o%ptr, w)
+  end subroutine enkflow_output_close
+
+  subroutine enkflow_output_free(o)
+    type(enkflow_output), intent(inout) :: o
+    call c_out_free(o%ptr)
+    o%ptr = c_null_ptr
+  end subroutine enkflow_output_free
+
+  function enkflow_output_errmsg(o) result(msg)
+    type(enkflow_output), intent(in) :: o
+    character(len=:), allocatable :: msg
+    msg = fstr(c_out_errmsg(o%ptr))
+  end function enkflow_output_errmsg
+
+  subroutine enkflow_output_get_stats(o, stats, ierr)
+    type(enkflow_output), intent(in) :: o
+    type(enkflow_output_stats), intent(out) :: stats
+    integer, intent(out) :: ierr
+    ierr = c_out_get_stats(o%ptr, stats)
+  end subroutine enkflow_output_get_stats
+
+  !> The service's own figures at the last sync or close, as JSON.
+  function enkflow_output_service_stats(o) result(s)
+    type(enkflow_output), intent(in) :: o
+    character(len=:), allocatable :: s
+    s = fstr(c_out_service_stats(o%ptr))
+  end function enkflow_output_service_stats
+
+  integer(c_int64_t) function enkflow_output_members(o)
+    type(enkflow_output), intent(in) :: o
+    enkflow_output_members = c_out_members(o%ptr)
+  end function enkflow_output_members
 
 end module enkflow_runner_mod

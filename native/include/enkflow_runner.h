@@ -66,7 +66,8 @@ enum {
     ENKFLOW_EPROTOCOL = 9, /* a malformed reply, or a server speaking another protocol version */
     ENKFLOW_EZMQ = 10,     /* a ZeroMQ call failed (bad address, no CURVE support...) */
     ENKFLOW_EIO = 11,      /* reading a token file failed */
-    ENKFLOW_EINTR = 12     /* the caller's stop flag was set while the runner waited (enkflow_runner_set_stop_flag) */
+    ENKFLOW_EINTR = 12,    /* the caller's stop flag was set while the runner waited (enkflow_runner_set_stop_flag) */
+    ENKFLOW_EOUTPUT = 13   /* the output service reported a failure of this client's adds (enkflow_output.h) */
 };
 
 typedef struct enkflow_runner enkflow_runner;

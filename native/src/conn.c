@@ -18,6 +18,11 @@ double ekf_now(void) {
 
 int ekf_conn_open(ekf_conn *c, void *zctx, const char *address, const char *curve_key, const char *monitor_endpoint,
                   char *err, size_t errsize) {
+    return ekf_conn_open_hwm(c, zctx, address, curve_key, monitor_endpoint, 0, err, errsize);
+}
+
+int ekf_conn_open_hwm(ekf_conn *c, void *zctx, const char *address, const char *curve_key, const char *monitor_endpoint,
+                      int sndhwm, char *err, size_t errsize) {
     memset(c, 0, sizeof *c);
     c->address = strdup(address);
     if (!c->address) { snprintf(err, errsize, "out of memory"); return ENKFLOW_ENOMEM; }
@@ -25,6 +30,8 @@ int ekf_conn_open(ekf_conn *c, void *zctx, const char *address, const char *curv
     if (!c->sock) goto zfail;
     int zero = 0;
     if (zmq_setsockopt(c->sock, ZMQ_LINGER, &zero, sizeof zero)) goto zfail;
+    /* Before the connect: ZeroMQ sizes a connection's queue when it makes it. */
+    if (sndhwm > 0 && zmq_setsockopt(c->sock, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm)) goto zfail;
     if (curve_key && curve_key[0]) {
         char pub[41], sec[41];
         if (!zmq_has("curve")) {

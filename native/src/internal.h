@@ -96,6 +96,9 @@ typedef int (*ekf_accept_fn)(const ekf_header *h, const void *ctx);
 /* Connect; monitor_endpoint is a unique inproc:// name. Returns an ENKFLOW_ code. */
 int ekf_conn_open(ekf_conn *c, void *zctx, const char *address, const char *curve_key, const char *monitor_endpoint,
                   char *err, size_t errsize);
+/* The same with a send high-water mark (messages queued before a send would block; 0: ZeroMQ's default). */
+int ekf_conn_open_hwm(ekf_conn *c, void *zctx, const char *address, const char *curve_key,
+                      const char *monitor_endpoint, int sndhwm, char *err, size_t errsize);
 void ekf_conn_close(ekf_conn *c, int linger_ms);
 /* ENKFLOW_ELOST when the peer went away since the connection was opened (ZeroMQ may have connected to
  * a new server at the same address since: a message meant for the old one must not go there). */

@@ -76,6 +76,7 @@ static const char *const MESSAGES[] = {
     "ZeroMQ error",
     "cannot read the token file",
     "interrupted",
+    "the output service reported an error",
 };
 
 const char *enkflow_strerror(int code) {
