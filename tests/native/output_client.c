@@ -9,6 +9,8 @@
  *   nan       a NaN in field t (nan = "error"), then sync: "sync RC MESSAGE"
  *   wait      open, add one piece, print "OPEN", read a line from stdin, then sync: "sync RC MESSAGE";
  *             with a third argument, set_timeout(that many seconds) first
+ *   flood N   open, print "OPEN", read a line from stdin, then add N pieces of 1 MiB (field big, times 0..N-1),
+ *             "stats ADDS BYTES BLOCKED_S", close(wait): "close RC MESSAGE"
  * The exit status is the last call's code. */
 #include <math.h>
 #include <stdio.h>
@@ -157,6 +159,25 @@ int main(int argc, char **argv) {
         if (!fgets(line, sizeof line, stdin)) line[0] = 0;
         rc = report("sync", enkflow_output_sync(o), o);
         report("close", enkflow_output_close(o, 1), o);
+    } else if (strcmp(mode, "flood") == 0 && argc > 3) {
+        enum { BY = 512, BX = 256 };
+        static double big[BY * BX];
+        int64_t shape[2] = {BY, BX};
+        printf("OPEN\n");
+        fflush(stdout);
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) line[0] = 0;
+        int n = atoi(argv[3]);
+        for (int k = 0; k < n && !rc; k++) {
+            for (int e = 0; e < BY * BX; e++) big[e] = k + e / 8.0;
+            rc = enkflow_output_add(o, "big", ENKFLOW_FLOAT64, big, 2, shape, (double)k, 0, NULL);
+        }
+        if (rc) report("add", rc, o);
+        enkflow_output_stats s;
+        enkflow_output_get_stats(o, &s);
+        printf("stats %lld %lld %.6f\n", (long long)s.adds, (long long)s.bytes, s.blocked_s);
+        int rc2 = report("close", enkflow_output_close(o, 1), o);
+        if (!rc) rc = rc2;
     } else {
         fprintf(stderr, "unknown mode %s\n", mode);
         rc = 2;

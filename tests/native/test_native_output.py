@@ -224,13 +224,54 @@ def test_a_writer_failure_comes_back_at_the_next_sync(clients, tmp_path: Path) -
         assert p.returncode == rc == EOUTPUT, p.stdout + p.stderr
         assert msg.startswith("output service: ") and "t" in msg and "12" in msg and "nan" in msg.lower(), msg
         assert got["close"][0] == 0, p.stdout  # reported once, like Python's OutputError
-        try:
-            svc.stop()
-        except Exception:
-            pass  # the service may still name the refused time at its stop; the client was told
+        res = svc.stop()
     finally:
         svc.kill()
+    assert not res.get("error") and res["stats"]["nan"] == {"t": 1}
     assert not (tmp_path / "out" / "t_12.nc").exists()
+
+
+@pytest.mark.parametrize("then", ["cont", "kill9"])
+def test_back_pressure_waits_for_a_stopped_service_and_loses_nothing(clients, tmp_path: Path, then: str) -> None:
+    """20 pieces of 1 MiB while the service is stopped (SIGSTOP) for 1.5 s: add waits once ZeroMQ's queue
+    (8 messages) is full, the wait is counted in blocked_s, and after SIGCONT every piece is written.
+    Killed (kill -9) instead of continued: the waiting add returns ENKFLOW_ELOST."""
+    n = 20
+    cfg = {"directory": str(tmp_path / "out"), "transport": "ipc", "compression": "none", "diagnostics": False,
+           "dims": {"by": {"size": 512}, "bx": {"size": 256}},
+           "fields": {"big": {"dims": ["by", "bx"], "ensemble": False, "dtype": "float64"}}}
+    svc = OutputService.start(cfg, tmp_path / "svc")
+    try:
+        proc = subprocess.Popen([str(clients["c"]), "flood", str(tmp_path / "svc"), str(n)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "OPEN"
+        os.kill(svc.proc.pid, signal.SIGSTOP)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        time.sleep(1.5)
+        blocked = proc.poll() is None
+        os.kill(svc.proc.pid, signal.SIGCONT if then == "cont" else signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        assert blocked, "add did not wait for the stopped service: " + out
+        if then == "kill9":
+            rc, msg = lines(out)["add"]
+            assert proc.returncode == rc == ELOST and f"(pid {svc.proc.pid}) is" in msg, out + err
+            assert lines(out)["close"][0] == ELOST
+            return
+        assert proc.returncode == 0, out + err
+        adds, nbytes, blocked_s = out.split("stats ", 1)[1].split()[:3]
+        assert int(adds) == n and int(nbytes) == n * 512 * 256 * 8
+        assert float(blocked_s) >= 1.0, out
+        res = svc.stop()
+    finally:
+        if svc.proc.poll() is None:
+            os.kill(svc.proc.pid, signal.SIGCONT)
+        svc.kill()
+    assert res["stats"]["adds"] == n and not res.get("error")
+    for k in (0, n - 1):
+        with netCDF4.Dataset(tmp_path / "out" / f"big_{k}.nc") as ds:
+            assert np.array_equal(ds["big"][0], k + np.arange(512 * 256).reshape(512, 256) / 8.0)
 
 
 @pytest.mark.parametrize("how", ["kill9", "silent"])
