@@ -318,3 +318,54 @@ def test_a_lost_service_ends_the_wait_with_elost(clients, tmp_path: Path, how: s
         if svc.proc.poll() is None:
             os.kill(svc.proc.pid, signal.SIGCONT)
         svc.kill()
+
+
+def test_the_c_demo_runner_writes_its_forecasts_through_the_service(native_build, tmp_path: Path) -> None:
+    """enkflow_demo_c with --output-address={output_address} in an online study with [output]: `enkflow run`
+    starts the service, every forecast is written (one file per cycle, every member), and the service's
+    inline ensemble mean of the forecasts is the analysis's own forecast mean (cycles/NNNN/*_forecast_mean.nc).
+    stateless_check = false: that check runs member 1 twice, whose second add the writer refuses as a piece
+    added twice (docs/native.md, "Model output")."""
+    from demo_study import CYCLES, MEMBERS, make_forcing, online_study, run_study
+
+    exe = native_build.exe("enkflow_demo_c")
+    forcing = tmp_path / "forcing.nc"
+    study = online_study(tmp_path / "study", f"{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
+                                             f"--forcing {forcing} --length {{length}} --curve-key={{curve_key}} "
+                                             "--output-address={output_address} --output-token-file={output_token_file} "
+                                             "--output-field forecast", online="stateless_check = false\n")
+    restart = study.directory / "members" / "member_0001.nc"
+    make_forcing(restart, forcing)
+    with netCDF4.Dataset(restart) as ds:
+        ny, nx = len(ds.dimensions["lat"]), len(ds.dimensions["lon"])
+        li, lj = np.asarray(ds["land_i"][:]), np.asarray(ds["land_j"][:])
+    study.toml.write_text(study.toml.read_text() + f"""
+[output]
+directory = "model_output"
+members = {MEMBERS}
+transport = "ipc"
+[output.dims.lat]
+size = {ny}
+[output.dims.lon]
+size = {nx}
+[output.fields.forecast]
+dims = ["lat", "lon"]
+dtype = "float64"
+""")
+    run_study(study)
+    assert study.rc == 0, f"enkflow run failed ({study.rc}):\n{study.log}\n{study.runner_logs()}"
+    out = study.directory / "model_output"
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"forecast_{6 * k}.nc" for k in range(1, CYCLES + 1))
+    sea = np.ones((ny, nx), dtype=bool)
+    sea[lj, li] = False
+    for k in range(1, CYCLES + 1):
+        with netCDF4.Dataset(out / f"forecast_{6 * k}.nc") as ds:
+            members = np.asarray(ds["forecast"][0])
+            mean = np.asarray(ds["forecast_mean"][0])
+        assert members.shape == (MEMBERS, ny, nx) and np.all(members[:, sea] == 0.0)
+        assert np.all(np.std(members[:, ~sea], axis=0) > 0)  # eight different forecasts
+        with netCDF4.Dataset(study.run_dir / "cycles" / f"{k:04d}" / "soil_moisture_forecast_mean.nc") as ds:
+            analysis_fmean = np.asarray(ds["soil_moisture_forecast_mean"][0])
+        assert np.allclose(mean[lj, li], analysis_fmean, rtol=0, atol=1e-12), k
+    for log in (study.run_dir / "online" / "logs").glob("runner-*.log"):
+        assert "output" not in log.read_text(), log.read_text()

@@ -2,6 +2,7 @@
  *
  *   enkflow_demo_c --address ADDR --token-file FILE --grid RESTART --forcing FORCING.nc --length HOURS
  *                  [--curve-key KEY] [--sleep S] [--crash-in-library MARKER] [--abort-in-cycle K --marker MARKER]
+ *                  [--output-address ADDR --output-token-file FILE [--output-field NAME]]
  *
  * The same floating-point operations in the same order as DemoModel.advance, on the whole (lat, lon) grid,
  * so a forecast is bitwise the Python model's. The forcing pattern comes from FORCING.nc (written by
@@ -12,6 +13,11 @@
  * crashes (SIGSEGV) writing the first member it receives; --abort-in-cycle K calls abort() right after
  * receiving a member of cycle K. SIGTERM makes the runner leave cleanly (BYE), from a forecast or from a
  * wait for the server (enkflow_runner_set_stop_flag), with exit status 143 as the Python runner.
+ *
+ * Model output (enkflow_output.h): with --output-address (the {output_address} of the runner command; empty:
+ * none), every forecast's (lat, lon) grid is added to the study's output service as field NAME (default
+ * the state variable's name; [output.fields] must declare it with dims ["lat", "lon"]) at its end hour,
+ * for its member; the writers write it while the model goes on. An output error stops the runner.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
@@ -25,6 +31,7 @@
 
 #include <netcdf.h>
 
+#include "enkflow_output.h"
 #include "enkflow_runner.h"
 
 #define DT_HOURS 1.0
@@ -133,12 +140,14 @@ static int once(const char *marker) {
 static void usage(void) {
     fprintf(stderr, "usage: enkflow_demo_c --address ADDR --token-file FILE --grid RESTART --forcing FORCING.nc "
                     "--length HOURS [--variable NAME] [--curve-key KEY] [--sleep S] [--crash-in-library MARKER] "
-                    "[--abort-in-cycle K --marker MARKER]\n");
+                    "[--abort-in-cycle K --marker MARKER] [--output-address ADDR --output-token-file FILE "
+                    "[--output-field NAME]]\n");
 }
 
 int main(int argc, char **argv) {
     const char *address = NULL, *token_file = NULL, *restart = NULL, *forcing = NULL, *curve = "", *variable = "soil_moisture";
     const char *crash_marker = NULL, *marker = NULL;
+    const char *out_address = "", *out_token = "", *out_field = NULL;
     double length = 6.0, sleep_s = 0.0;
     long abort_cycle = -1;
     for (int a = 1; a < argc; a++) {
@@ -167,6 +176,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(opt, "--crash-in-library")) crash_marker = val;
         else if (!strcmp(opt, "--abort-in-cycle")) abort_cycle = strtol(val, NULL, 10);
         else if (!strcmp(opt, "--marker")) marker = val;
+        else if (!strcmp(opt, "--output-address")) out_address = val;
+        else if (!strcmp(opt, "--output-token-file")) out_token = val;
+        else if (!strcmp(opt, "--output-field")) out_field = val;
         else {
             usage();
             return 2;
@@ -203,6 +215,18 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_term;
     sigaction(SIGTERM, &sa, NULL);
 
+    enkflow_output *out = NULL;
+    if (*out_address) {
+        rc = enkflow_output_open(&out, out_address, out_token, 0);
+        if (rc) {
+            fprintf(stderr, "enkflow_demo_c: output: error %d: %s\n", rc, enkflow_output_errmsg(out));
+            enkflow_output_free(out);
+            return 1;
+        }
+    }
+    int64_t grid_shape[2] = {(int64_t)g.ny, (int64_t)g.nx};
+    int out_rc = 0;
+
     enkflow_runner *r = NULL;
     int64_t n = (int64_t)g.nland, nsteps = 0;
     rc = enkflow_runner_create(&r, address, token);
@@ -218,7 +242,16 @@ int main(int argc, char **argv) {
         for (size_t at = 0; at < cells; at++) u[at] = 0.0;
         for (size_t p = 0; p < g.nland; p++)
             u[(size_t)g.lj[p] * g.nx + (size_t)g.li[p]] = dtype == ENKFLOW_FLOAT64 ? ((double *)x)[p] : ((float *)x)[p];
-        advance(&g, u, tend, nsteps, (double)(enkflow_runner_cycle(r) - 1) * length);
+        double start_hour = (double)(enkflow_runner_cycle(r) - 1) * length;
+        advance(&g, u, tend, nsteps, start_hour);
+        if (out) { /* copied before add returns; written by the service while the model goes on */
+            out_rc = enkflow_output_add(out, out_field ? out_field : variable, ENKFLOW_FLOAT64, u, 2, grid_shape,
+                                        start_hour + (double)nsteps * DT_HOURS, enkflow_runner_member(r), NULL);
+            if (out_rc) {
+                rc = enkflow_runner_fail(r, enkflow_output_errmsg(out)); /* the member goes to another runner */
+                break;
+            }
+        }
         for (size_t p = 0; p < g.nland; p++) {
             double v = u[(size_t)g.lj[p] * g.nx + (size_t)g.li[p]];
             if (dtype == ENKFLOW_FLOAT64) ((double *)x)[p] = v;
@@ -234,9 +267,15 @@ int main(int argc, char **argv) {
     }
     if (rc && !(rc == ENKFLOW_EINTR && leave)) fprintf(stderr, "enkflow_demo_c: error %d: %s\n", rc, enkflow_runner_errmsg(r));
     enkflow_runner_finalize(r); /* BYE: a member held (SIGTERM mid-forecast) goes to another runner at once */
+    if (out) {
+        /* wait = 1: the writers' errors about this runner's fields come back here */
+        if (!out_rc) out_rc = enkflow_output_close(out, !leave);
+        if (out_rc) fprintf(stderr, "enkflow_demo_c: output: error %d: %s\n", out_rc, enkflow_output_errmsg(out));
+        enkflow_output_free(out);
+    }
     free(u);
     free(tend);
     free(x);
     if (leave) return 128 + SIGTERM;
-    return rc ? 1 : 0;
+    return rc || out_rc ? 1 : 0;
 }
