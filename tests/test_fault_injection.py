@@ -62,8 +62,10 @@ def _choose(tr: faults.Trace, point: str) -> faults.Call:
         found = [c for c in calls[commit + 1:] if c.name in WRITES and any(re.search(r"/members/member_\d+\.nc$", p) for p in c.paths)]
     elif point == "marker unlink":
         found = [c for c in calls if c.name.startswith("unlink") and c.desc.startswith("unlink members/.enkflow-update-<key>.json #")]
-    elif point == "mean write":
-        found = [c for c in calls if c.name in WRITES and "analysis_mean.nc" in c.desc]
+    elif point == "diagnostics write":
+        # The analysis's own output file (its statistics, and the mean and spread files made from them,
+        # are written by the output service and the driver).
+        found = [c for c in calls if c.name in WRITES and "obs_diag.nc" in c.desc]
         found = found[len(found) // 2:]
     elif point == "last call before exit":
         found = [c for c in calls if c.tid == tr.pid][-1:]
@@ -73,7 +75,7 @@ def _choose(tr: faults.Trace, point: str) -> faults.Call:
     return found[0]
 
 
-@pytest.mark.parametrize("point", ["member write after commit", "marker unlink", "mean write", "last call before exit"])
+@pytest.mark.parametrize("point", ["member write after commit", "marker unlink", "diagnostics write", "last call before exit"])
 def test_kill_analysis_at_syscall(harness: faults.FaultHarness, traced, point: str) -> None:
     tr, plan = traced
     target = _choose(tr, point)

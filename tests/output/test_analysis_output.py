@@ -106,3 +106,60 @@ def test_online_statistics_equal_the_mean_spread_files(tmp_path: Path) -> None:
         assert np.array_equal(got["analysis_increment"], got["analysis_mean"] - got["forecast_mean"])
         with netCDF4.Dataset(c / f"{STATE_VARIABLE}_analysis_spread.nc") as ds:
             assert ds.Conventions.startswith("CF-") and float(ds["time"][0]) == k
+
+
+def _file(path: Path, root: Path) -> list:
+    """A netCDF file's dimensions, attributes and variables (values and attributes), all but its history;
+    paths relative to ``root``."""
+    with netCDF4.Dataset(path) as ds:
+        out: list = [dict((k, len(d)) for k, d in ds.dimensions.items()),
+                     {k: str(ds.getncattr(k)).replace(str(root), "ROOT") for k in ds.ncattrs() if k != "history"}]
+        for name, v in ds.variables.items():
+            v.set_auto_maskandscale(False)
+            out.append((name, str(v.dtype), v.dimensions, {k: str(v.getncattr(k)) for k in v.ncattrs()},
+                        np.asarray(v[...]).tobytes()))
+    return out
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_offline_mean_spread_files_are_written_off_the_analysis_path_bitwise_as_by_the_analysis(
+        tmp_path: Path, problem: Path) -> None:
+    """With the study's output service, the analysis tasks leave analysis_mean.nc and analysis_spread.nc to
+    the driver, which writes them from the statistics the service wrote: the same files (bitwise, but for
+    the history) as the analysis writes itself without a service. A driver that stops before writing them
+    (a crash) has them written by the next run, from the statistics."""
+    runs = {}
+    for stats in ("true", "false"):
+        d = tmp_path / stats
+        d.mkdir()
+        cfg = load_experiment(write_builtin_experiment(d, problem, members=N, cycles=2,
+                                                       extra=f"\n[analysis_output]\nstatistics = {stats}\n"))
+        Experiment(cfg).run()
+        runs[stats] = cfg
+        task_ends = [e for e in iter_events(cfg.expdir / "events.jsonl") if e["event"] == "task_end" and e["task"] == N + 1]
+        assert len(task_ends) == 2 and all(e["timings"].get("stats_remote", 0.0) == (stats == "true") for e in task_ends)
+    for k in (1, 2):
+        for name in ("analysis_mean.nc", "analysis_spread.nc"):
+            a, b = (_file(runs[s].cycle_dir(k) / name, tmp_path / s) for s in ("true", "false"))
+            assert a == b, (k, name)
+
+    # A crash after the first cycle, before its files were written: the next run writes them.
+    d = tmp_path / "crash"
+    d.mkdir()
+    cfg = load_experiment(write_builtin_experiment(d, problem, members=N, cycles=2,
+                                                   extra="\n[analysis_output]\nstatistics = true\n"))
+
+    def stop(k: int) -> None:
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        Experiment(cfg, on_cycle_end=stop).run()
+    for name in ("analysis_mean.nc", "analysis_spread.nc"):
+        (cfg.cycle_dir(1) / name).unlink()
+    Experiment(cfg).run()
+    for k in (1, 2):
+        for name in ("analysis_mean.nc", "analysis_spread.nc"):
+            assert _file(cfg.cycle_dir(k) / name, d) == _file(runs["true"].cycle_dir(k) / name, tmp_path / "true"), (k, name)

@@ -90,7 +90,9 @@ def analyse_files(
     the seconds spent computing and adding them, and waiting for the writer at the end.
     ``stats_service``: the directory of the study's output service (:mod:`enkflow.output.service`);
     when one runs there, every rank adds its rows through it instead (no writer is started here,
-    and the end waits only until the service has received them).
+    and the end waits only until the service has received them), and ``mean_path`` and
+    ``spread_path`` are not written here: the service's owner (the experiment driver) writes
+    them from the statistics (:class:`enkflow.output.mean_spread_files.MeanSpreadFromStatistics`).
 
     ``obs_diag_dir``: write the observation-space diagnostics file ``obs_diag.nc`` there
     (:mod:`enkflow.obs.diagnostics`). ``inflation_files`` (adaptive inflation): the previous
@@ -125,6 +127,10 @@ def analyse_files(
         store = FileStore(ens, applied=applied)
         # After the open: it finished any interrupted update, which writes the record.
         record = store.applied_record(cycle)
+        if out is not None and out.remote:
+            # The driver writes the mean and spread files from the statistics the service writes
+            # (enkflow.output.mean_spread_files): not on this task's path.
+            mean_path = spread_path = None
         if record is not None:
             res = _redo_outputs(store, record, cycle, mean_path, spread_path, t0, out)
             if out is not None:
@@ -179,10 +185,10 @@ def _adaptive_field(f, inflation_files, layout: StateLayout, store: FileStore, c
     adaptive = getattr(f, "adaptive", None)
     if adaptive is None:
         return None, store.record
-    from enkflow.analysis.adaptive_inflation import read_field, write_field
+    from enkflow.analysis.adaptive_inflation import read_state, write_field
 
     prev, new = inflation_files or (None, None)
-    full = read_field(prev, layout.n_rows) if prev is not None else adaptive.initial_field(layout.n_rows)
+    full = read_state(prev, layout.n_rows, adaptive.sd) if prev is not None else adaptive.initial_field(layout.n_rows)
     field = np.array(adaptive.forecast(full)[store.row_start:store.row_stop], dtype=np.float64)
 
     def before(Xa: np.ndarray, diag: dict[str, float]) -> None:

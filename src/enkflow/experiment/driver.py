@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Callable
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
@@ -217,6 +218,8 @@ class Experiment:
             archiver.poll()  # cycles an earlier run staged but did not archive
 
         def cycle_end(k: int, diag: dict[str, float]) -> None:
+            if files is not None:
+                files.submit(k)
             if archiver is not None:
                 # Before the cycle counts as done: a crash in between stages it again on the rerun.
                 archiver.stage(k, archived_restarts(cfg), {"mode": "offline", "members": cfg.experiment.members})
@@ -227,15 +230,23 @@ class Experiment:
 
         self._retry_failed = retry_failed
         service = self._start_output_service() if todo_cycles else None
+        files = self._mean_spread_files(service, state.cycles_done)
         try:
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
             if archiver is not None:
                 archiver.finish()
+            if files is not None:
+                files.wait()
             if service is not None:
                 self._stop_output_service(service)
                 service = None
         finally:
             if service is not None:  # a failure: what the service received complete is written, the rest dropped
+                try:
+                    if files is not None:
+                        files.wait()
+                except EnkflowError as exc:
+                    self._say(f"analysis mean and spread files: {exc}")
                 try:
                     self._stop_output_service(service)
                 except EnkflowError as exc:
@@ -271,6 +282,25 @@ class Experiment:
             return None
         self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
         return svc
+
+    def _mean_spread_files(self, service, done: Iterable[int]):
+        """With the study's output service and ``[analysis_output] mean_spread_files``: the driver
+        writes each cycle's analysis_mean.nc and analysis_spread.nc from the statistics the service
+        wrote (the analysis tasks then leave them out); first those of finished cycles an earlier
+        run ended before writing."""
+        if service is None or not self.cfg.analysis_output.mean_spread_files:
+            return None
+        from enkflow.output.mean_spread_files import MeanSpreadFromStatistics
+
+        files = MeanSpreadFromStatistics(self.cfg, service.directory)
+        for k in sorted(done):
+            if files.missing(k):
+                try:
+                    files.write_now(k)
+                except EnkflowError as exc:
+                    self.events.emit("mean_spread_missing", cycle=k, error=str(exc))
+                    self._say(f"cycle {k}: analysis_mean.nc and analysis_spread.nc cannot be written: {exc}")
+        return files
 
     def _stop_output_service(self, svc) -> None:
         """Stop the service: everything the analysis tasks added is written; raises its errors."""

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from enkflow.errors import FileFormatError, InputError
+from enkflow.fsutil import atomic_output
 from enkflow.io.lustre import setstripe
 from enkflow.parallel import Comm, SerialComm
 from enkflow.state import StateLayout
@@ -48,68 +51,112 @@ def write_mean_spread(
     mask hold the fill value. Collective; rank 0 writes (atomically: temporary file + rename).
     """
     comm = comm or SerialComm()
+    mean, spread = gather_mean_spread(X, layout, comm)
+    if comm.rank == 0:
+        MeanSpreadTemplate.read(layout).write(mean_path, spread_path, mean, spread, title=title, n_ens=X.shape[1])
+    comm.barrier()
+
+
+def gather_mean_spread(X: np.ndarray, layout: StateLayout, comm: Comm) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and spread (n_rows,) of the whole state from every rank's row block ``X``
+    (n_local_rows, n_ens) (collective; every rank gets them)."""
     mean_l, spread_l = ensemble_mean_spread(np.asarray(X, dtype=np.float64))
     mean = comm.allgather_rows(mean_l)
     spread = comm.allgather_rows(spread_l)
     if mean.size != layout.n_rows:
         raise InputError(f"the row blocks add up to {mean.size} rows, the layout has {layout.n_rows}", item="X")
-    if comm.rank == 0:
-        _write(Path(mean_path), layout, mean, "mean", title, X.shape[1])
-        if spread_path is not None:
-            _write(Path(spread_path), layout, spread, "standard_deviation", title, X.shape[1])
-    comm.barrier()
+    return mean, spread
 
 
-def _write(path: Path, layout: StateLayout, x: np.ndarray, stat: str, title: str, n_ens: int) -> None:
-    import netCDF4
+@dataclass(frozen=True)
+class _Var:
+    name: str
+    dtype: np.dtype
+    dims: tuple[str, ...]
+    attrs: dict[str, Any]
+    data: np.ndarray | None = None  # a coordinate's values; None for a state variable
 
-    fields = layout.to_fields(x, fill=np.nan)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    setstripe(tmp)
-    try:
-        src = netCDF4.Dataset(layout.template, "r")
-    except OSError as exc:
-        raise FileFormatError(f"cannot open the template: {exc}", path=layout.template) from None
-    try:
-        src.set_auto_maskandscale(False)
-        dst = netCDF4.Dataset(tmp, "w", format="NETCDF4")
+
+@dataclass(frozen=True)
+class MeanSpreadTemplate:
+    """What the mean and spread files copy from the template (dimensions, coordinate variables,
+    the state variables' attributes)."""
+
+    layout: StateLayout
+    dims: dict[str, int | None]  # None: unlimited
+    coords: tuple[_Var, ...]
+    variables: tuple[_Var, ...]
+
+    source: str = ""  # the template named in the files (default: the layout's)
+
+    @classmethod
+    def read(cls, layout: StateLayout, source: str | os.PathLike[str] | None = None) -> "MeanSpreadTemplate":
+        """From ``layout``'s template; ``source``: the file the written files name as their template
+        (when ``layout`` was read from a copy of it)."""
+        import netCDF4
+
         try:
-            needed_vars: list[str] = []
+            src = netCDF4.Dataset(layout.template, "r")
+        except OSError as exc:
+            raise FileFormatError(f"cannot open the template: {exc}", path=layout.template) from None
+        try:
+            src.set_auto_maskandscale(False)
+            needed: list[str] = []
             for v in layout.variables:
                 sv = src.variables[v.name]
                 aux = str(sv.getncattr("coordinates")).split() if "coordinates" in sv.ncattrs() else []
                 for c in list(v.dims) + aux:
-                    if c in src.variables and c not in needed_vars and c not in layout.names:
-                        needed_vars.append(c)
-            dims: list[str] = []
-            for name in list(layout.names) + needed_vars:
+                    if c in src.variables and c not in needed and c not in layout.names:
+                        needed.append(c)
+            dims: dict[str, int | None] = {}
+            for name in list(layout.names) + needed:
                 for d in src.variables[name].dimensions:
                     if d not in dims:
-                        dims.append(d)
-            for d in dims:
-                dim = src.dimensions[d]
-                dst.createDimension(d, None if dim.isunlimited() else len(dim))
-            for c in needed_vars:
-                sv = src.variables[c]
-                out = dst.createVariable(c, sv.dtype, sv.dimensions)
-                out.setncatts({k: sv.getncattr(k) for k in sv.ncattrs() if k != "_FillValue"})
-                out[...] = sv[...]
+                        dim = src.dimensions[d]
+                        dims[d] = None if dim.isunlimited() else len(dim)
+            coords = tuple(_Var(c, src.variables[c].dtype, src.variables[c].dimensions,
+                                {k: src.variables[c].getncattr(k) for k in src.variables[c].ncattrs() if k != "_FillValue"},
+                                np.asarray(src.variables[c][...])) for c in needed)
+            variables = []
             for v in layout.variables:
                 sv = src.variables[v.name]
-                out = dst.createVariable(v.name, "f8", v.dims, fill_value=netCDF4.default_fillvals["f8"])
-                out.setncatts({k: sv.getncattr(k) for k in sv.ncattrs() if k in _KEEP_ATTRS})
-                ln = sv.getncattr("long_name") if "long_name" in sv.ncattrs() else v.name
-                out.long_name = f"{ln} (ensemble {stat.replace('_', ' ')})"
-                out.cell_methods = f"member: {stat}"
-                f = fields[v.name]
-                out[...] = np.ma.masked_invalid(f) if v.index is not None else f
-            dst.setncatts({
-                "Conventions": "CF-1.8", "title": f"{title}: ensemble {stat.replace('_', ' ')}",
-                "source": "enkflow", "ensemble_size": np.int32(n_ens), "template": os.path.abspath(layout.template),
-                "history": f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} enkflow write_mean_spread",
-            })
+                attrs = {k: sv.getncattr(k) for k in sv.ncattrs() if k in _KEEP_ATTRS}
+                attrs["long_name"] = sv.getncattr("long_name") if "long_name" in sv.ncattrs() else v.name
+                variables.append(_Var(v.name, np.dtype("f8"), tuple(v.dims), attrs))
         finally:
-            dst.close()
-    finally:
-        src.close()
-    os.replace(tmp, path)
+            src.close()
+        return cls(layout, dims, coords, tuple(variables), os.path.abspath(source or layout.template))
+
+    def write(self, mean_path: str | os.PathLike[str], spread_path: str | os.PathLike[str] | None,
+              mean: np.ndarray, spread: np.ndarray, *, title: str, n_ens: int) -> None:
+        """The mean file (and the spread file) of the state's ``mean`` and ``spread`` (n_rows,)."""
+        self._write(Path(mean_path), mean, "mean", title, n_ens)
+        if spread_path is not None:
+            self._write(Path(spread_path), spread, "standard_deviation", title, n_ens)
+
+    def _write(self, path: Path, x: np.ndarray, stat: str, title: str, n_ens: int) -> None:
+        import netCDF4
+
+        fields = self.layout.to_fields(x, fill=np.nan)
+        with atomic_output(path) as tmp:
+            setstripe(tmp)
+            with netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:
+                for d, n in self.dims.items():
+                    dst.createDimension(d, n)
+                for c in self.coords:
+                    out = dst.createVariable(c.name, c.dtype, c.dims)
+                    out.setncatts(c.attrs)
+                    out[...] = c.data
+                for v, lv in zip(self.variables, self.layout.variables):
+                    out = dst.createVariable(v.name, "f8", v.dims, fill_value=netCDF4.default_fillvals["f8"])
+                    out.setncatts(v.attrs)
+                    out.long_name = f"{v.attrs['long_name']} (ensemble {stat.replace('_', ' ')})"
+                    out.cell_methods = f"member: {stat}"
+                    f = fields[v.name]
+                    out[...] = np.ma.masked_invalid(f) if lv.index is not None else f
+                dst.setncatts({
+                    "Conventions": "CF-1.8", "title": f"{title}: ensemble {stat.replace('_', ' ')}",
+                    "source": "enkflow", "ensemble_size": np.int32(n_ens),
+                    "template": self.source or os.path.abspath(self.layout.template),
+                    "history": f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} enkflow write_mean_spread",
+                })
