@@ -253,8 +253,9 @@ class AnalysisOutputSection(Strict):
                                   "asynchronous output server; default: yes (online one writer for the study, "
                                   "offline one output service for the study that the analysis tasks add to)")
     mean_spread_files: bool = Field(
-        default=True, description="also analysis_mean.nc and analysis_spread.nc in the restart's layout, written "
-                                  "by the analysis itself (what enkflow demo and the fault trials read)")
+        default=True, description="also analysis_mean.nc and analysis_spread.nc in the restart's layout (what "
+                                  "enkflow demo and the report's maps read); offline with the output service the "
+                                  "driver writes them from the statistics, off the analysis's path")
     compression: Literal["none", "zlib", "zstd"] = Field(default="zlib", description="of the statistics files")
     complevel: int = Field(default=1, ge=1, le=9)
 
@@ -400,7 +401,7 @@ class ExperimentConfig(Strict):
 _LATER_ANALYSIS_KEYS = {
     "localization": {"max_obs": None, "vertical_radius": None, "vertical_coordinate": None, "vertical_taper": None},
     "inflation": {"adaptive": "none", "adaptive_initial": 1.0, "adaptive_sd": 0.04, "adaptive_minimum": 1.0,
-                  "adaptive_maximum": 10.0, "adaptive_relax": 0.0},
+                  "adaptive_maximum": 10.0, "adaptive_relax": 0.0, "adaptive_sd_initial": 0.6},
 }
 
 
