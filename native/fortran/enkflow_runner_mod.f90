@@ -23,6 +23,16 @@
 ! A non-contiguous array section is refused by enkflow_bind (ENKFLOW_EINVAL).
 ! Every routine returns its error code in ierr (ENKFLOW_OK = 0); enkflow_errmsg(r) gives the detail.
 ! Nothing here stops the program.
+!
+! Model output through the study's output service (enkflow_output.h):
+!   type(enkflow_output) :: o
+!   call enkflow_output_open(o, output_address, output_token_file, ierr)
+!   call enkflow_output_add(o, 'sst', x, hour, ierr, member=m, start=[i0, j0])   ! real(4)/real(8), any rank
+!   call enkflow_output_close(o, ierr)                                           ! waits until written
+!   if (ierr /= ENKFLOW_OK) print *, enkflow_output_errmsg(o)
+!   call enkflow_output_free(o)
+! The field's dims in [output] are in C order, the Fortran array's reversed (as for enkflow_add_field);
+! start: the 1-based index in the field of x's first element per Fortran dimension (absent: the whole field).
 module enkflow_runner_mod
   use, intrinsic :: iso_c_binding
   implicit none
