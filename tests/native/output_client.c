@@ -9,6 +9,8 @@
  *   nan       a NaN in field t (nan = "error"), then sync: "sync RC MESSAGE"
  *   wait      open, add one piece, print "OPEN", read a line from stdin, then sync: "sync RC MESSAGE";
  *             with a third argument, set_timeout(that many seconds) first
+ *   twice     t at time 24 for members 1..3, member 1 again (the same values), sync: "same RC MESSAGE";
+ *             then member 2 again with other values, sync: "other RC MESSAGE"
  *   flood N   open, print "OPEN", read a line from stdin, then add N pieces of 1 MiB (field big, times 0..N-1),
  *             "stats ADDS BYTES BLOCKED_S", close(wait): "close RC MESSAGE"
  * The exit status is the last call's code. */
@@ -158,6 +160,22 @@ int main(int argc, char **argv) {
         char line[64];
         if (!fgets(line, sizeof line, stdin)) line[0] = 0;
         rc = report("sync", enkflow_output_sync(o), o);
+        report("close", enkflow_output_close(o, 1), o);
+    } else if (strcmp(mode, "twice") == 0) {
+        double t[NY][NX];
+        int64_t whole[2] = {NY, NX};
+        for (int m = 1; m <= 3 && !rc; m++) {
+            for (int i = 0; i < NY; i++)
+                for (int j = 0; j < NX; j++) t[i][j] = t_value(m, 4, i, j);
+            rc = enkflow_output_add(o, "t", ENKFLOW_FLOAT64, t, 2, whole, 24.0, m, NULL);
+        }
+        for (int i = 0; i < NY; i++)
+            for (int j = 0; j < NX; j++) t[i][j] = t_value(1, 4, i, j);
+        if (!rc) rc = enkflow_output_add(o, "t", ENKFLOW_FLOAT64, t, 2, whole, 24.0, 1, NULL);
+        report("same", rc ? rc : enkflow_output_sync(o), o);
+        t[0][0] += 1.0;
+        rc = enkflow_output_add(o, "t", ENKFLOW_FLOAT64, t, 2, whole, 24.0, 2, NULL);
+        rc = report("other", rc ? rc : enkflow_output_sync(o), o);
         report("close", enkflow_output_close(o, 1), o);
     } else if (strcmp(mode, "flood") == 0 && argc > 3) {
         enum { BY = 512, BX = 256 };

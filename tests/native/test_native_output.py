@@ -231,6 +231,26 @@ def test_a_writer_failure_comes_back_at_the_next_sync(clients, tmp_path: Path) -
     assert not (tmp_path / "out" / "t_12.nc").exists()
 
 
+def test_a_rerun_s_identical_piece_is_dropped_another_is_refused(clients, tmp_path: Path) -> None:
+    """An online member run twice (the stateless check, a lost runner's rerun) adds the same piece again: the
+    service drops an identical one (the file is written once, as the first add gave it); one with other
+    values still fails that piece, at the next sync."""
+    svc = OutputService.start(config(tmp_path / "out"), tmp_path / "svc")
+    try:
+        p = run([clients["c"], "twice", tmp_path / "svc"])
+        got = lines(p.stdout)
+        assert got["same"] == (0, ""), p.stdout + p.stderr
+        rc, msg = got["other"]
+        assert p.returncode == rc == EOUTPUT and "field t time 24 member 2" in msg, p.stdout
+        assert "written already" in msg or "overlaps" in msg, msg
+        res = svc.stop()
+    finally:
+        svc.kill()
+    assert res["stats"]["duplicates_dropped"] == 1 and res["stats"]["adds"] == 4, res["stats"]
+    with netCDF4.Dataset(tmp_path / "out" / "t_24.nc") as ds:
+        assert np.array_equal(ds["t"][0], np.stack([t_value(m, 4) for m in (1, 2, 3)]))
+
+
 @pytest.mark.parametrize("then", ["cont", "kill9"])
 def test_back_pressure_waits_for_a_stopped_service_and_loses_nothing(clients, tmp_path: Path, then: str) -> None:
     """20 pieces of 1 MiB while the service is stopped (SIGSTOP) for 1.5 s: add waits once ZeroMQ's queue
@@ -324,8 +344,8 @@ def test_the_c_demo_runner_writes_its_forecasts_through_the_service(native_build
     """enkflow_demo_c with --output-address={output_address} in an online study with [output]: `enkflow run`
     starts the service, every forecast is written (one file per cycle, every member), and the service's
     inline ensemble mean of the forecasts is the analysis's own forecast mean (cycles/NNNN/*_forecast_mean.nc).
-    stateless_check = false: that check runs member 1 twice, whose second add the writer refuses as a piece
-    added twice (docs/native.md, "Model output")."""
+    With the stateless check (on by default), which runs member 1 of the first cycle twice: the service drops
+    the rerun's identical pieces."""
     from demo_study import CYCLES, MEMBERS, make_forcing, online_study, run_study
 
     exe = native_build.exe("enkflow_demo_c")
@@ -333,7 +353,7 @@ def test_the_c_demo_runner_writes_its_forecasts_through_the_service(native_build
     study = online_study(tmp_path / "study", f"{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
                                              f"--forcing {forcing} --length {{length}} --curve-key={{curve_key}} "
                                              "--output-address={output_address} --output-token-file={output_token_file} "
-                                             "--output-field forecast", online="stateless_check = false\n")
+                                             "--output-field forecast")
     restart = study.directory / "members" / "member_0001.nc"
     make_forcing(restart, forcing)
     with netCDF4.Dataset(restart) as ds:
@@ -367,5 +387,6 @@ dtype = "float64"
         with netCDF4.Dataset(study.run_dir / "cycles" / f"{k:04d}" / "soil_moisture_forecast_mean.nc") as ds:
             analysis_fmean = np.asarray(ds["soil_moisture_forecast_mean"][0])
         assert np.allclose(mean[lj, li], analysis_fmean, rtol=0, atol=1e-12), k
+    assert [e["ok"] for e in study.events() if e.get("event") == "stateless_check"] == [True]
     for log in (study.run_dir / "online" / "logs").glob("runner-*.log"):
         assert "output" not in log.read_text(), log.read_text()

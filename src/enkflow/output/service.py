@@ -23,7 +23,8 @@ array's bytes, C order); client -> service, each reply to the same client:
 ``credential`` is the hex SHA-256 of ``"enkflow-output-token" NUL token`` (:func:`enkflow.tokens.credential`).
 ``dtype`` is ``"<f4"`` or ``"<f8"``; ``region`` ``[[start, stop], ...]`` per dimension or null (the
 whole field). Errors of an add (a writer's failure) are kept for the client that made it and
-returned by its next sync/discard/bye. Back-pressure: the service reads a client's messages
+returned by its next sync/discard/bye. A piece identical to one already received (same field, time,
+member, region and bytes: an online member run twice) is dropped. Back-pressure: the service reads a client's messages
 only as fast as the writers take them (the Output's ``buffer_mb``); ZeroMQ's high-water marks
 (``HWM`` messages each side) bound what waits in between, and the client's send then blocks.
 
@@ -35,6 +36,7 @@ owner dies (closing the Output: complete files are written, incomplete ones drop
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,9 @@ ADD, STOP, STOPPED = "add", "stop", "stopped"
 START_TIMEOUT_S = 60.0
 _CHECK_S = 0.5
 DTYPES = ("<f4", "<f8")
+# Pieces remembered to recognise a rerun's identical piece (most recent first kept): a rerun comes within
+# its cycle, long before this many pieces later.
+SEEN_PIECES = 1 << 16
 
 
 def token_credential(token: str) -> str:
@@ -97,6 +103,11 @@ class _Service:
         self.notes: list[str] = []
         self.host = socket.gethostname()
         self.address = ""
+        # (field, time, member, region) -> digest of the bytes: an online member run twice (the stateless
+        # check, a lost runner's rerun) adds the same piece again; an identical one is dropped here, as the
+        # writer would refuse it ("added twice") and lose that time's file. One with other values still is.
+        self.seen: OrderedDict[tuple, bytes] = OrderedDict()
+        self.duplicates = 0
 
     def _reply(self, sock: Any, ident: bytes, kind: str, **meta: Any) -> None:
         sock.send_multipart([ident, P.encode(kind, **meta)])
@@ -153,6 +164,18 @@ class _Service:
         region = msg.get("region")
         reg = tuple(slice(int(s), int(e)) for s, e in region) if region is not None else None
         try:
+            key = (str(msg["field"]), float(msg["time"]), msg.get("member"),
+                   None if reg is None else tuple((r.start, r.stop) for r in reg))
+        except (KeyError, TypeError, ValueError) as exc:
+            c.errors.append(f"{what}: {exc}")
+            return
+        digest = hashlib.blake2b(buf, digest_size=16).digest()
+        if self.seen.get(key) == digest:
+            self.duplicates += 1
+            c.adds += 1
+            c.times.add(key[:2])
+            return
+        try:
             try:
                 self.out.add(msg["field"], a, msg["time"], member=msg.get("member"), region=reg)
             except (OutputError, StorageError) as exc:
@@ -166,7 +189,11 @@ class _Service:
             c.errors.append(f"{what}: {exc}")
             return
         c.adds += 1
-        c.times.add((str(msg["field"]), float(msg["time"])))
+        c.times.add(key[:2])
+        self.seen[key] = digest
+        self.seen.move_to_end(key)
+        if len(self.seen) > SEEN_PIECES:
+            self.seen.popitem(last=False)
 
     def serve(self, sock: Any) -> dict[str, Any]:
         """Serve until stopped (returns the stop's reply, sent) or the owner dies."""
@@ -213,6 +240,8 @@ class _Service:
                     err, dropped = None, []
                     try:
                         dropped = self.out.discard(float(msg["time"]))
+                        for k in [k for k in self.seen if k[1] == float(msg["time"])]:
+                            del self.seen[k]
                     except (EnkflowError, KeyError, TypeError, ValueError) as exc:
                         err = str(exc)
                     self._reply(sock, ident, P.DISCARDED, seq=msg.get("seq"), dropped=dropped, error=self._errors(c, err))
@@ -246,6 +275,7 @@ class _Service:
     def _stats(self) -> dict[str, Any]:
         s = self.out.stats()
         s.pop("writers", None)
+        s["duplicates_dropped"] = self.duplicates
         return s
 
     def _close(self) -> str | None:
