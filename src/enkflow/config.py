@@ -102,7 +102,8 @@ class InflationConfig(Strict):
     # Adaptive prior inflation (local filters): enkflow.analysis.adaptive_inflation, docs/analysis.md.
     adaptive: str = Field(default="none", pattern="^(none|miyoshi2011)$", description="none | miyoshi2011")
     adaptive_initial: float = Field(default=1.0, gt=0.0, description="covariance inflation factor at the first cycle")
-    adaptive_sd: float = Field(default=0.04, gt=0.0, description="error standard deviation of the prior estimate")
+    adaptive_sd: float = Field(default=0.04, gt=0.0, description="lower bound of the prior estimate's standard deviation")
+    adaptive_sd_initial: float = Field(default=0.6, gt=0.0, description="standard deviation of the estimate at the first cycle")
     adaptive_minimum: float = Field(default=1.0, gt=0.0, description="lower bound of the estimate")
     adaptive_maximum: float = Field(default=10.0, gt=0.0, description="upper bound of the estimate")
     adaptive_relax: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation towards adaptive_initial per cycle")

@@ -4,24 +4,39 @@ Miyoshi, T. (2011): The Gaussian approach to adaptive covariance inflation and i
 implementation with the local ensemble transform Kalman filter. Mon. Wea. Rev. 139, 1519-1535.
 
 Each local domain carries a covariance inflation factor rho (the prior covariance is
-rho P^f; its anomalies are multiplied by sqrt(rho)). Every cycle, before the domain's
-analysis, the factor is updated from the domain's own observations, localized as the
-analysis localizes them (R^{-1} times the taper weight w_i):
+rho P^f; its anomalies are multiplied by sqrt(rho)) and the standard deviation s of that
+estimate. Every cycle, before the domain's analysis, the factor is updated from the domain's
+own observations, localized as the analysis localizes them (R^{-1} times the taper weight w_i),
+as in Miyoshi's LETKF code (``letkf_core``):
 
 - observation estimate ``rho_o = (d^T R~^{-1} d - p) / tr(H P^f H^T R~^{-1})``,
   with d = y - H x^f, R~^{-1} = diag(w_i / r_i), p = sum_i w_i and P^f the
-  *uninflated* sample covariance;
-- its error variance ``sigma_o^2 = (2 / p) ((rho_b tr + p) / tr)^2``;
-- Gaussian update of the prior estimate rho_b with error standard deviation ``sigma_b``:
-  ``rho_a = rho_b + sigma_b^2 / (sigma_b^2 + sigma_o^2) (rho_o - rho_b)``;
+  *uninflated* sample covariance (Li et al. 2009, eq. for the innovation statistic
+  d^T R~^{-1} d = rho tr(H P^f H^T R~^{-1}) + p);
+- its error variance ``v_o = (2 / p) ((rho_b tr + p) / tr)^2``;
+- Gaussian update of the prior estimate rho_b of variance v_b:
+  ``rho_a = rho_b + v_b / (v_b + v_o) (rho_o - rho_b)``, ``v_a = v_b v_o / (v_b + v_o)``.
 
-and rho_a inflates this cycle's analysis (as in Miyoshi's LETKF code, where the estimate
-precedes the transform). The next cycle's prior estimate is rho_a (persistence, the paper's
-choice), or with ``relax`` > 0 relaxed towards ``initial`` by that fraction. Domains without
-observations (p = 0) keep their prior estimate. The result is clipped to ``[minimum, maximum]``.
+Miyoshi fixes v_b = sigma_b^2 (0.04^2) every cycle, so that the estimate keeps adapting. Where
+the innovations carry little signal per cycle (tr / p small: dense, accurate-enough observations
+every few model steps, as in Lorenz-96 with R = I) v_o is of order 100 and the gain
+sigma_b^2 / v_o of order 1e-5: from a first guess of 1 the estimate needs tens of thousands of
+cycles to reach its equilibrium. Here the variance is carried from cycle to cycle as in a
+Kalman filter for rho, from ``sd_initial`` (DART's ``inf_sd_initial``, 0.6 recommended
+there) at the first cycle, and bounded below by sigma_b (``sd``; DART's ``inf_sd_lower_bound``):
+``v_b(t+1) = max(v_a(t), sigma_b^2)``. While v_b is large the estimate is the information-weighted
+mean of the observation estimates so far; once v_b reaches sigma_b^2 it is Miyoshi's scheme
+exactly. ``sd_initial <= sd`` gives Miyoshi's fixed variance from the first cycle.
 
-The factors are kept per state row (the rows of a domain share one value), so that the
-field can be carried from cycle to cycle whatever the domains or the ranks' row blocks.
+rho_a inflates this cycle's analysis (as DART's adaptive inflation does; Miyoshi's code updates
+after the transform and uses the estimate from the next cycle on). The next cycle's prior
+estimate is rho_a (persistence, the paper's choice), or with ``relax`` > 0 relaxed towards
+``initial`` by that fraction. Domains without observations (p = 0) keep their prior estimate.
+rho is clipped to ``[minimum, maximum]``.
+
+The state is kept per state row (the rows of a domain share one value), so that it can be
+carried from cycle to cycle whatever the domains or the ranks' row blocks: a *field* of shape
+(n_rows, 2), column 0 the factor rho, column 1 the standard deviation s of the estimate.
 """
 
 from __future__ import annotations
@@ -35,16 +50,18 @@ from enkflow.errors import InputError
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Miyoshi2011:
-    """Parameters of the estimate; ``sd`` is the paper's sigma_b (0.04 there)."""
+    """Parameters of the estimate; ``sd`` is the paper's sigma_b (0.04 there), the lower bound of
+    the estimate's standard deviation, ``sd_initial`` that deviation at the first cycle."""
 
     initial: float = 1.0  # covariance factor at the first cycle
-    sd: float = 0.04  # error standard deviation of the prior estimate (sigma_b)
+    sd: float = 0.04  # lower bound of the standard deviation of the prior estimate (sigma_b)
+    sd_initial: float = 0.6  # standard deviation of the estimate at the first cycle (DART's inf_sd_initial)
     minimum: float = 1.0
     maximum: float = 10.0
     relax: float = 0.0  # 0: persistence; r: rho_b(t+1) = rho_a(t) + r (initial - rho_a(t))
 
     def __post_init__(self) -> None:
-        for name in ("initial", "sd", "minimum", "maximum"):
+        for name in ("initial", "sd", "sd_initial", "minimum", "maximum"):
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):
                 raise InputError(f"inflation.adaptive_{name} must be a finite number > 0, got {v!r}",
@@ -56,18 +73,23 @@ class Miyoshi2011:
             raise InputError(f"inflation.adaptive_relax must be in [0, 1], got {self.relax!r}", item="inflation.adaptive_relax")
 
     def initial_field(self, n_rows: int) -> np.ndarray:
-        """The field of the first cycle: (n_rows,) float64, ``initial`` everywhere."""
-        return np.full(n_rows, self.initial)
+        """The field of the first cycle: (n_rows, 2) float64, ``initial`` and ``sd_initial`` everywhere."""
+        out = np.empty((n_rows, 2))
+        out[:, 0], out[:, 1] = self.initial, self.sd_initial
+        return out
 
     def forecast(self, field: np.ndarray) -> np.ndarray:
-        """The prior estimate of the next cycle from this cycle's posterior ``field`` (n_rows,)."""
-        if self.relax == 0.0:
-            return field
-        return field + self.relax * (self.initial - field)
+        """The prior field of the next cycle from this cycle's posterior ``field`` (n_rows, 2), a new
+        array: the factor persists (or relaxes towards ``initial``), its deviation is at least ``sd``."""
+        out = np.array(field, dtype=np.float64, copy=True)
+        if self.relax != 0.0:
+            out[:, 0] += self.relax * (self.initial - out[:, 0])
+        np.maximum(out[:, 1], self.sd, out=out[:, 1])
+        return out
 
     def update(self, prior: np.ndarray, offsets: np.ndarray, idx: np.ndarray, weight: np.ndarray,
                rinv: np.ndarray, dy: np.ndarray, yvar: np.ndarray) -> np.ndarray:
-        """Posterior factors (n_dom,) from the prior factors ``prior`` (n_dom,).
+        """Posterior (factor, deviation) (n_dom, 2) from the prior ones ``prior`` (n_dom, 2).
 
         Domain k uses observations ``idx[offsets[k]:offsets[k+1]]`` with taper weights
         ``weight`` (same length as ``idx``); ``rinv`` (n_obs,) 1 / error variance, ``dy``
@@ -81,29 +103,33 @@ class Miyoshi2011:
         out = np.array(prior, dtype=np.float64, copy=True)
         ok = (p > 0) & (tr > 0)
         if ok.any():
-            rb, t, pk = out[ok], tr[ok], p[ok]
+            rb, t, pk = out[ok, 0], tr[ok], p[ok]
+            vb = np.maximum(out[ok, 1], self.sd) ** 2
             rho_o = (drd[ok] - pk) / t
             var_o = 2.0 / pk * ((rb * t + pk) / t) ** 2
-            gain = self.sd**2 / (self.sd**2 + var_o)
-            out[ok] = rb + gain * (rho_o - rb)
-        np.clip(out, self.minimum, self.maximum, out=out)
+            gain = vb / (vb + var_o)
+            out[ok, 0] = rb + gain * (rho_o - rb)
+            out[ok, 1] = np.sqrt(gain * var_o)  # v_a = v_b v_o / (v_b + v_o)
+        np.clip(out[:, 0], self.minimum, self.maximum, out=out[:, 0])
         return out
 
 
 def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Sums of ``values[offsets[k]:offsets[k+1]]`` for every k: (len(offsets) - 1,) float64 (0 if empty)."""
+    """Sums of ``values[offsets[k]:offsets[k+1]]`` (along axis 0) for every k: (len(offsets) - 1,
+    *values.shape[1:]) float64 (0 if empty)."""
     n = offsets.size - 1
-    out = np.zeros(max(n, 0))
+    out = np.zeros((max(n, 0),) + values.shape[1:])
     starts = offsets[:-1]
     full = offsets[1:] > starts
     if full.any():  # a segment of reduceat runs to the next index: the empty ones between add nothing
-        out[full] = np.add.reduceat(values[: offsets[-1]], starts[full])
+        out[full] = np.add.reduceat(values[: offsets[-1]], starts[full], axis=0)
     return out
 
 
 def domain_values(field: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The mean of ``field`` (n_rows,) over each domain's rows (CSR ``offsets``, ``rows``): (n_dom,)."""
-    counts = np.diff(offsets)
+    """The mean of ``field`` (n_rows, ...) over each domain's rows (CSR ``offsets``, ``rows``):
+    (n_dom, ...); 1 for a domain without rows."""
+    counts = np.diff(offsets).reshape((-1,) + (1,) * (field.ndim - 1))
     sums = segment_sums(field[rows], offsets)
     return np.divide(sums, counts, out=np.ones_like(sums), where=counts > 0)
 
@@ -112,57 +138,81 @@ def from_config(cfg) -> Miyoshi2011 | None:
     """The scheme an ``[analysis.inflation]`` table (:class:`enkflow.config.InflationConfig`) names, or None."""
     if cfg.adaptive == "none":
         return None
-    return Miyoshi2011(initial=cfg.adaptive_initial, sd=cfg.adaptive_sd, minimum=cfg.adaptive_minimum,
-                       maximum=cfg.adaptive_maximum, relax=cfg.adaptive_relax)
+    return Miyoshi2011(initial=cfg.adaptive_initial, sd=cfg.adaptive_sd, sd_initial=cfg.adaptive_sd_initial,
+                       minimum=cfg.adaptive_minimum, maximum=cfg.adaptive_maximum, relax=cfg.adaptive_relax)
 
 
 FILE_NAME = "inflation.nc"
 
 
 def read_field(path, n_rows: int) -> np.ndarray:
-    """The field a previous cycle wrote with :func:`write_field`: (n_rows,) float64. A missing
+    """The factors a previous cycle wrote with :func:`write_field`: (n_rows,) float64. A missing
     file, another number of rows or a value that is not finite and > 0 is an InputError naming it."""
+    return _read(path, n_rows, ("inflation",))[0]
+
+
+def read_state(path, n_rows: int, sd_missing: float) -> np.ndarray:
+    """The field (n_rows, 2) a previous cycle wrote with :func:`write_field`: the factors and the
+    standard deviations of the estimates. A file without ``inflation_sd`` (written before the
+    deviation was carried) gives ``sd_missing`` everywhere. Errors as :func:`read_field`."""
+    f, sd = _read(path, n_rows, ("inflation", "inflation_sd"))
+    return np.column_stack([f, np.full(n_rows, float(sd_missing)) if sd is None else sd])
+
+
+def _read(path, n_rows: int, names: tuple[str, ...]) -> list[np.ndarray | None]:
     import netCDF4
 
     from enkflow.errors import FileFormatError
 
+    out: list[np.ndarray | None] = []
     try:
         with netCDF4.Dataset(path, "r") as ds:
             if "inflation" not in ds.variables:
                 raise FileFormatError("no variable 'inflation'", path=str(path), variable="inflation")
             ds.set_auto_mask(False)
-            f = np.asarray(ds.variables["inflation"][:], dtype=np.float64).reshape(-1)
+            for name in names:
+                v = ds.variables.get(name)
+                out.append(None if v is None else np.asarray(v[:], dtype=np.float64).reshape(-1))
     except OSError as exc:
         raise InputError(f"cannot read the previous cycle's adaptive inflation field {path}: {exc} (it carries the "
                          "inflation from cycle to cycle)", item=str(path)) from None
-    if f.size != n_rows:
-        raise FileFormatError(f"the inflation field has {f.size} rows, the state {n_rows}", path=str(path),
-                              variable="inflation")
-    if not (np.isfinite(f).all() and (f > 0).all()):
-        raise FileFormatError("the inflation field holds values that are not finite and > 0", path=str(path),
-                              variable="inflation")
-    return f
+    for name, f in zip(names, out):
+        if f is None:
+            continue
+        if f.size != n_rows:
+            raise FileFormatError(f"the inflation field has {f.size} rows, the state {n_rows}", path=str(path),
+                                  variable=name)
+        if not (np.isfinite(f).all() and (f > 0).all()):
+            raise FileFormatError("the inflation field holds values that are not finite and > 0", path=str(path),
+                                  variable=name)
+    return out
 
 
 def write_field(path, field: np.ndarray, *, cycle: int, coords: np.ndarray | None = None) -> None:
-    """Write the posterior field (n_rows,) of ``cycle`` atomically to ``path`` (NetCDF-4):
-    ``inflation(row)`` and, with ``coords`` (n_rows, n_dim), ``row_coords(row, coord)``."""
+    """Write the posterior field (n_rows, 2) of ``cycle`` atomically to ``path`` (NetCDF-4):
+    ``inflation(row)``, ``inflation_sd(row)`` and, with ``coords`` (n_rows, n_dim), ``row_coords(row, coord)``."""
     import time
 
     import netCDF4
 
     from enkflow.fsutil import atomic_output
 
+    if field.ndim != 2 or field.shape[1] != 2:
+        raise InputError(f"an adaptive inflation field is (n_rows, 2), got {field.shape}", item="infl_field")
     with atomic_output(path) as tmp:
         ds = netCDF4.Dataset(tmp, "w", format="NETCDF4")
         try:
-            ds.createDimension("row", field.size)
+            ds.createDimension("row", field.shape[0])
             v = ds.createVariable("inflation", "f8", ("row",))
             v.long_name = "adaptive prior covariance inflation factor of each state row (Miyoshi 2011)"
             v.units = "1"
-            v[:] = field
+            v[:] = field[:, 0]
+            v = ds.createVariable("inflation_sd", "f8", ("row",))
+            v.long_name = "standard deviation of the inflation factor's estimate"
+            v.units = "1"
+            v[:] = field[:, 1]
             if coords is not None:
-                c = np.asarray(coords, dtype=np.float64).reshape(field.size, -1)
+                c = np.asarray(coords, dtype=np.float64).reshape(field.shape[0], -1)
                 ds.createDimension("coord", c.shape[1])
                 cv = ds.createVariable("row_coords", "f8", ("row", "coord"))
                 cv.long_name = "localization coordinates of each state row"
@@ -186,12 +236,12 @@ class FieldCarrier:
         self._cycle: int | None = None
 
     def prior(self, cycle: int, row_start: int, row_stop: int) -> np.ndarray:
-        """This rank's rows of the prior field of ``cycle``: (row_stop - row_start,) float64, a new array."""
+        """This rank's rows of the prior field of ``cycle``: (row_stop - row_start, 2) float64, a new array."""
         from pathlib import Path
 
         if self._field is None or self._cycle != cycle - 1:
             prev = Path(self.dir_of(cycle - 1)) / FILE_NAME if self.dir_of is not None else None
-            full = read_field(prev, self.n_rows) if prev is not None and prev.is_file() else \
+            full = read_state(prev, self.n_rows, self.scheme.sd) if prev is not None and prev.is_file() else \
                 self.scheme.initial_field(self.n_rows)
             self._field = full[row_start:row_stop]
         return np.array(self.scheme.forecast(self._field), dtype=np.float64)

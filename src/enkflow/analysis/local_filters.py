@@ -81,14 +81,15 @@ class _LocalFilter(Filter):
         ``X`` (n_rows, N) prior rows of this rank; ``HX`` (n_obs, N) the full
         observation-space ensemble; ``out`` (n_rows, N) F-order may be ``X``
         itself for an in-place update. Rows in no domain are copied unchanged.
-        ``infl_field`` (n_rows,) float64, with ``adaptive`` only: the prior covariance inflation
-        factor of every row, replaced in place by the posterior estimate that inflated this analysis
+        ``infl_field`` (n_rows, 2) float64, with ``adaptive`` only: the prior covariance inflation
+        factor of every row and the standard deviation of its estimate, replaced in place by the
+        posterior ones; the posterior factor inflated this analysis
         (:mod:`enkflow.analysis.adaptive_inflation`).
         """
         self._check(X, HX, obs)
         if self.adaptive is not None:
-            if infl_field is None or infl_field.shape != (X.shape[0],) or infl_field.dtype != np.float64:
-                raise InputError(f"adaptive inflation needs the inflation field of the rows, float64 ({X.shape[0]},)",
+            if infl_field is None or infl_field.shape != (X.shape[0], 2) or infl_field.dtype != np.float64:
+                raise InputError(f"adaptive inflation needs the inflation field of the rows, float64 ({X.shape[0]}, 2)",
                                  item="infl_field")
             if not (np.isfinite(infl_field).all() and (infl_field > 0).all()):
                 raise InputError("the inflation field holds values that are not finite and > 0", item="infl_field")
@@ -114,15 +115,17 @@ class _LocalFilter(Filter):
         rho = self.inflation.forgetting_factor
         N = X.shape[1]
         st = self.stats
-        yvar = np.einsum("ij,ij->i", Yp, Yp) / (N - 1) if self.adaptive is not None else None
+        # The adaptive factor multiplies the covariance already inflated by the fixed prior factor
+        # (1 / rho): its innovation statistic takes the variance of that prior.
+        yvar = np.einsum("ij,ij->i", Yp, Yp) / (N - 1) / rho if self.adaptive is not None else None
         for sub, offsets, idx, wt in self._local_obs(geometry, domains, obs):
             t1 = time.perf_counter()
             rho_k, gamma_dom = rho, None
             if self.adaptive is not None:
                 post = self.adaptive.update(domain_values(infl_field, sub.offsets, sub.rows), offsets, idx, wt, rinv,
                                             dy, yvar)
-                infl_field[sub.rows] = np.repeat(post, np.diff(sub.offsets))
-                rho_k = rho / post
+                infl_field[sub.rows] = np.repeat(post, np.diff(sub.offsets), axis=0)
+                rho_k = rho / post[:, 0]
                 gamma_dom = rho_k * (N - 1)
             if self.kernel is Kernel.COMPILED:
                 failed = local_analysis(

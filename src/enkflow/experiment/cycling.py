@@ -235,9 +235,10 @@ def analyse(
     the diagnostics add ``qc_rejected``, ``qc_gross``, ``qc_buddy`` and ``qc_rejected:KIND`` per kind
     (names from ``obs.kind_names`` where it has them).
 
-    ``infl_field`` (row_stop - row_start,): this rank's rows of the adaptive inflation field of a
-    local filter with ``adaptive`` set, updated in place (:mod:`enkflow.analysis.adaptive_inflation`);
-    the diagnostics add ``inflation_mean``, ``inflation_min`` and ``inflation_max`` over all rows.
+    ``infl_field`` (row_stop - row_start, 2): this rank's rows of the adaptive inflation field of a
+    local filter with ``adaptive`` set (factor, deviation of its estimate), updated in place
+    (:mod:`enkflow.analysis.adaptive_inflation`); the diagnostics add ``inflation_mean``,
+    ``inflation_min`` and ``inflation_max`` of the factors over all rows.
 
     ``obs_diag`` (:class:`enkflow.obs.diagnostics.ObsDiagnosticsWriter`): the observation-space
     diagnostics file of the cycle (every observation's prior and posterior H(x) mean and spread and
@@ -288,8 +289,9 @@ def analyse(
         diag["rmse_prior"] = float(np.sqrt(sq[0] / store.n_rows))
         diag["rmse_analysis"] = float(np.sqrt(sq[1] / store.n_rows))
     if infl_field is not None:
-        ext = np.array(comm.allgather_obj((float(infl_field.sum()), float(infl_field.min(initial=np.inf)),
-                                           float(infl_field.max(initial=-np.inf)))), dtype=np.float64).reshape(-1, 3)
+        fac = infl_field[:, 0]
+        ext = np.array(comm.allgather_obj((float(fac.sum()), float(fac.min(initial=np.inf)),
+                                           float(fac.max(initial=-np.inf)))), dtype=np.float64).reshape(-1, 3)
         diag.update(inflation_mean=float(ext[:, 0].sum() / store.n_rows), inflation_min=float(ext[:, 1].min()),
                     inflation_max=float(ext[:, 2].max()))
     diag["analysis_s"] = time.perf_counter() - t0
@@ -358,7 +360,7 @@ def _decomposed_analysis(
     s0, k0 = flt.stats.search_s, flt.stats.kernel_s
     fkw: dict = {}
     if infl_field is not None:  # the field's rows travel with the rows of X
-        fkw["infl_field"] = comm.alltoallv_rows(infl_field[:, None], send, recv)[:, 0].copy() if balance else infl_field
+        fkw["infl_field"] = comm.alltoallv_rows(infl_field, send, recv) if balance else infl_field
     Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb, **fkw)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     search, kernel = flt.stats.search_s - s0, flt.stats.kernel_s - k0
@@ -368,7 +370,7 @@ def _decomposed_analysis(
     if balance:
         X[...] = comm.alltoallv_rows(Xb, recv, send)
         if infl_field is not None:
-            infl_field[...] = comm.alltoallv_rows(fkw["infl_field"][:, None], recv, send)[:, 0]
+            infl_field[...] = comm.alltoallv_rows(fkw["infl_field"], recv, send)
     t4 = time.perf_counter()
     work = _balance.part_costs(cost, bounds)
     total = float(work.sum()) or 1.0
