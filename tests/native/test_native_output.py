@@ -331,7 +331,7 @@ def test_a_lost_service_ends_the_wait_with_elost(clients, tmp_path: Path, how: s
             assert f"(pid {pid}) is" in msg and ("gone" in msg or "zombie" in msg), msg
             assert "may not be written (1 add(s) in all)" in msg, msg
         else:
-            assert f"no answer from the output service" in msg and "within 1 s" in msg, msg
+            assert "no answer from the output service" in msg and "within 1 s" in msg, msg
             assert waited >= 1.0
         assert got["close"][0] == ELOST  # and it stays lost
     finally:
