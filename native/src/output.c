@@ -374,7 +374,7 @@ static int hello(enkflow_output *o, const char *token, double timeout_s) {
     if (rc == ENKFLOW_EREFUSED) {
         char tmp[ERRSIZE];
         snprintf(tmp, sizeof tmp, "%s", o->err);
-        return set_err(o, rc, "the output service at %s: %s", o->address, tmp);
+        return set_err(o, rc, "%s (at %s)", tmp, o->address);
     }
     if (rc) return rc;
     const ekf_json *pid = ekf_json_get(w, "pid"), *h = ekf_json_get(w, "host");

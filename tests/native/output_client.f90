@@ -1,7 +1,8 @@
 ! The data set of test_native_output.py (the C client's "fields" mode) written from Fortran arrays through
 ! enkflow_runner_mod: the output fields are declared (y, x) and (z, y, x) in C order, so the Fortran arrays
 ! are t(x, y) and q(x, y, z), and a part is given by the 1-based index of its first element (start).
-! Usage: output_client_f SERVICE_DIR. Prints "stats ADDS BYTES"; exit status 1 on an error.
+! Usage: output_client_f SERVICE_DIR. Prints three refused adds ("NAME RC MESSAGE") and "stats ADDS BYTES";
+! exit status 1 on an error.
 program output_client_f
   use, intrinsic :: iso_c_binding
   use enkflow_runner_mod
@@ -52,6 +53,13 @@ program output_client_f
     call enkflow_output_add(o, 'p', p(4:5), times(ti + 1), ierr, start=[4])
     call check('add p')
   end do
+  ! Refused before sending (the module's own check, then the library's): printed, not fatal.
+  call enkflow_output_add(o, 't', t, 0d0, ierr, member=1, start=[1])
+  write (*, '(a, i0, 1x, a)') 'start_size ', ierr, enkflow_output_errmsg(o)
+  call enkflow_output_add(o, 't', t(:, 1:2), 0d0, ierr, member=1, start=[1, 4])
+  write (*, '(a, i0, 1x, a)') 'start_outside ', ierr, enkflow_output_errmsg(o)
+  call enkflow_output_add(o, 'salinity', t, 0d0, ierr, member=1)
+  write (*, '(a, i0, 1x, a)') 'unknown_field ', ierr, enkflow_output_errmsg(o)
   call enkflow_output_close(o, ierr)
   call check('close')
   call enkflow_output_get_stats(o, st, ierr)

@@ -125,11 +125,13 @@ def serve(tmp: Path, name: str, client) -> tuple[Path, dict[str, Any]]:
 
 def test_c_and_fortran_clients_write_bitwise_what_python_writes(clients, tmp_path: Path) -> None:
     outputs = {}
+    fortran_stdout = []
 
     def native(exe: Path, *args: str):
         def go(sdir: Path) -> None:
             p = run([exe, *args, sdir])
             assert p.returncode == 0, p.stdout + p.stderr
+            fortran_stdout[:] = [p.stdout]
             stats = p.stdout.split("stats ", 1)[1].split()
             assert int(stats[0]) == 22 and int(stats[1]) == 2 * (3 * (NY * NX * 8 + NZ * NY * NX * 4) + NX * 8)
         return go
@@ -137,6 +139,11 @@ def test_c_and_fortran_clients_write_bitwise_what_python_writes(clients, tmp_pat
     outputs["python"], res = serve(tmp_path, "python", python_client)
     outputs["c"], res_c = serve(tmp_path, "c", native(clients["c"], "fields"))
     outputs["fortran"], res_f = serve(tmp_path, "fortran", native(clients["fortran"]))
+    refused = lines(fortran_stdout[0])
+    assert refused["start_size"][0] == ESIZE and "start has another number of entries" in refused["start_size"][1]
+    # Fortran t(:, 1:2) with start [1, 4] is rows [3, 5) of the (y, x) field: outside y's 4 points.
+    assert refused["start_outside"] == (ESIZE, "output field t member 1 time 0: region [3, 5) along y is outside [0, 4)")
+    assert refused["unknown_field"][0] == EFIELD and "'salinity'" in refused["unknown_field"][1]
     for r in (res, res_c, res_f):
         assert r["stats"]["adds"] == 22 and not r["notes"] and not r.get("error")
 
