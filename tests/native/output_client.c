@@ -10,7 +10,8 @@
  *   wait      open, add one piece, print "OPEN", read a line from stdin, then sync: "sync RC MESSAGE";
  *             with a third argument, set_timeout(that many seconds) first
  *   twice     t at time 24 for members 1..3, member 1 again (the same values), sync: "same RC MESSAGE";
- *             then member 2 again with other values, sync: "other RC MESSAGE"
+ *             then member 2 again with other values, sync: "other RC MESSAGE"; then discard time 24
+ *             ("discard RC NDROPPED [NAMES]") and add members 1..3 again (other values), sync: "rerun RC"
  *   flood N   open, print "OPEN", read a line from stdin, then add N pieces of 1 MiB (field big, times 0..N-1),
  *             "stats ADDS BYTES BLOCKED_S", close(wait): "close RC MESSAGE"
  * The exit status is the last call's code. */
@@ -176,6 +177,16 @@ int main(int argc, char **argv) {
         t[0][0] += 1.0;
         rc = enkflow_output_add(o, "t", ENKFLOW_FLOAT64, t, 2, whole, 24.0, 2, NULL);
         rc = report("other", rc ? rc : enkflow_output_sync(o), o);
+        /* A rerun of time 24: discard it, add every member again (other values), written anew. */
+        int64_t ndropped = -1;
+        int rc2 = enkflow_output_discard(o, 24.0, &ndropped);
+        printf("discard %d %lld [%s] %s\n", rc2, (long long)ndropped, enkflow_output_dropped(o), enkflow_output_errmsg(o));
+        for (int m = 1; m <= 3 && !rc2; m++) {
+            for (int i = 0; i < NY; i++)
+                for (int j = 0; j < NX; j++) t[i][j] = t_value(m, 5, i, j);
+            rc2 = enkflow_output_add(o, "t", ENKFLOW_FLOAT64, t, 2, whole, 24.0, m, NULL);
+        }
+        report("rerun", rc2 ? rc2 : enkflow_output_sync(o), o);
         report("close", enkflow_output_close(o, 1), o);
     } else if (strcmp(mode, "flood") == 0 && argc > 3) {
         enum { BY = 512, BX = 256 };

@@ -241,7 +241,7 @@ def test_a_writer_failure_comes_back_at_the_next_sync(clients, tmp_path: Path) -
 def test_a_rerun_s_identical_piece_is_dropped_another_is_refused(clients, tmp_path: Path) -> None:
     """An online member run twice (the stateless check, a lost runner's rerun) adds the same piece again: the
     service drops an identical one (the file is written once, as the first add gave it); one with other
-    values still fails that piece, at the next sync."""
+    values still fails that piece, at the next sync. After discard(time) the time is added anew."""
     svc = OutputService.start(config(tmp_path / "out"), tmp_path / "svc")
     try:
         p = run([clients["c"], "twice", tmp_path / "svc"])
@@ -250,12 +250,16 @@ def test_a_rerun_s_identical_piece_is_dropped_another_is_refused(clients, tmp_pa
         rc, msg = got["other"]
         assert p.returncode == rc == EOUTPUT and "field t time 24 member 2" in msg, p.stdout
         assert "written already" in msg or "overlaps" in msg, msg
+        # discard(24) then every member again: the file is written anew with the rerun's values.
+        assert got["discard"][0] == 0 and got["rerun"] == (0, ""), p.stdout
+        assert got["close"] == (0, ""), p.stdout
+        with netCDF4.Dataset(tmp_path / "out" / "t_24.nc") as ds:
+            first = np.asarray(ds["t"][0])
         res = svc.stop()
     finally:
         svc.kill()
-    assert res["stats"]["duplicates_dropped"] == 1 and res["stats"]["adds"] == 4, res["stats"]
-    with netCDF4.Dataset(tmp_path / "out" / "t_24.nc") as ds:
-        assert np.array_equal(ds["t"][0], np.stack([t_value(m, 4) for m in (1, 2, 3)]))
+    assert res["stats"]["duplicates_dropped"] == 1 and res["stats"]["adds"] == 7, res["stats"]
+    assert np.array_equal(first, np.stack([t_value(m, 5) for m in (1, 2, 3)]))
 
 
 @pytest.mark.parametrize("then", ["cont", "kill9"])
