@@ -177,6 +177,25 @@ def test_field_file_round_trip_and_a_file_without_deviations(tmp_path):
     assert not (tmp_path / "x.nc").exists()
 
 
+def test_a_restarted_carrier_resumes_factor_and_deviation_from_the_last_file(tmp_path):
+    """The online server's FieldCarrier: cycle 2's prior from memory equals the one a new carrier
+    (a restarted server) reads from cycle 1's file, deviation included."""
+    from enkflow.analysis.adaptive_inflation import FieldCarrier
+    from enkflow.parallel import SerialComm
+
+    ad = Miyoshi2011(sd=0.05, sd_initial=0.5)
+    dir_of = lambda c: tmp_path / f"{c:04d}"  # noqa: E731
+    a = FieldCarrier(ad, 6, SerialComm(), dir_of)
+    p1 = a.prior(1, 0, 6)
+    np.testing.assert_array_equal(p1, ad.initial_field(6))
+    post = np.column_stack([np.linspace(1.0, 1.5, 6), np.array([0.5, 0.3, 0.2, 0.04, 0.01, 0.3])])
+    a.posterior(1, post)
+    mem = a.prior(2, 0, 6)
+    np.testing.assert_array_equal(mem[:, 1], np.maximum(post[:, 1], 0.05))
+    np.testing.assert_array_equal(FieldCarrier(ad, 6, SerialComm(), dir_of).prior(2, 0, 6), mem)
+    np.testing.assert_array_equal(FieldCarrier(ad, 6, SerialComm(), dir_of).prior(2, 2, 6), mem[2:])
+
+
 def test_config_keys_reach_the_scheme():
     from enkflow.analysis.adaptive_inflation import from_config
 
