@@ -74,10 +74,9 @@ SCENARIOS = ("runner-kill", "runner-stop", "server-before-ckpt", "server-after-c
 ANALYSIS_POINTS: dict[str, tuple[str, str, tuple[int, ...], str]] = {
     # The analysis starts: every forecast of K is in and checkpointed; the observations are read.
     "obs-read": ("openat", "{obs}", (1,), "any"),
-    # The analysis mean and spread files (temporary name, then renamed).
-    "mean-write": ("openat", "{run}/cycles/{cycle:04d}/analysis_mean.nc.tmp{pid}", (1,), "any"),
-    "mean-rename": ("rename", "{run}/cycles/{cycle:04d}/analysis_mean.nc.tmp{pid}", (1,), "any"),
-    "spread-write": ("openat", "{run}/cycles/{cycle:04d}/analysis_spread.nc.tmp{pid}", (1,), "any"),
+    # The analysis mean and spread handed to the writer of the mean/spread files (raw rows; the files
+    # themselves are written by that process, and the checkpoint waits for them).
+    "rows-write": ("openat", "{run}/online/mean_spread_{cycle:04d}.f8", (1,), "any"),
     # The analysis checkpoint (background thread): its writes, its publication, the pruning after it.
     "ckpt-write": ("pwrite64", "{ckpt}/.analysis_{cycle:04d}.rank_0000.h5.{pid}.tmp", (1, 2, 3, 4), "any"),
     "ckpt-rename": ("rename", "{ckpt}/.analysis_{cycle:04d}.rank_0000.h5.{pid}.tmp", (1,), "any"),

@@ -77,9 +77,9 @@ def test_server_kill_in_analysis(harness: OnlineFaultHarness) -> None:
     why = strace_missing_reason(install=False)
     if why:
         pytest.skip(why)
-    # Between the analysis and its checkpoint: the mean file was being written (a restarted server
-    # used to skip the cycle here, its analysis checkpoint being already complete).
-    res = harness.trial(1, "server-analysis", random.Random(5), cycle=CYCLES, point="mean-write")
+    # Between the analysis and its checkpoint: the mean and spread were being handed to their files'
+    # writer (a restarted server must not skip the cycle: its checkpoint does not exist yet).
+    res = harness.trial(1, "server-analysis", random.Random(5), cycle=CYCLES, point="rows-write")
     _check(res)
     assert res.server_restarts == 1 and res.recomputed == 0 and res.redone_checkpointed == [], res.row()
     assert res.recovered == 8, res.row()  # every forecast of the cycle came back from its checkpoint

@@ -94,7 +94,8 @@ class ObservationSpace(Protocol):
 
 @runtime_checkable
 class OutputSink(Protocol):
-    """Receives each cycle's analysis (rank-local rows) and its diagnostics."""
+    """Receives each cycle's analysis (rank-local rows) and its diagnostics. A sink that writes in
+    the background also has ``wait()``: returns once what it was given is written, raises its errors."""
 
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None: ...
 
@@ -145,6 +146,9 @@ class NoOutput:
     """An output sink that keeps nothing."""
 
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
+        return None
+
+    def wait(self) -> None:
         return None
 
 

@@ -251,6 +251,8 @@ class Experiment:
                     self._stop_output_service(service)
                 except EnkflowError as exc:
                     self._say(f"output service: {exc}")
+            if files is not None:
+                files.close()
             self.launcher.close()
             if archiver is not None:
                 archiver.close()

@@ -38,14 +38,19 @@ def analysis_path(directory: Path, cycle: int, rank: int) -> Path:
     return directory / f"analysis_{cycle:04d}.rank_{rank:04d}.h5"
 
 
-def _write_h5(path: Path, fields: tuple[Field, ...], arrays: list[np.ndarray], attrs: dict) -> None:
+def _write_h5(path: Path, fields: tuple[Field, ...], arrays: list[np.ndarray], attrs: dict,
+              written: Callable[[], None] | None = None) -> None:
+    """``written()``: called once the file holds the arrays, before it is renamed into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with atomic_output(path) as tmp, h5py.File(tmp, "w") as h:
-            for f, a in zip(fields, arrays):
-                h.create_dataset(f.name, data=a)
-            for k, v in attrs.items():
-                h.attrs[k] = v
+        with atomic_output(path) as tmp:
+            with h5py.File(tmp, "w") as h:
+                for f, a in zip(fields, arrays):
+                    h.create_dataset(f.name, data=a)
+                for k, v in attrs.items():
+                    h.attrs[k] = v
+            if written is not None:
+                written()
     except OSError as exc:
         raise StorageError.from_os_error(exc, path=str(path)) from None
 
@@ -108,15 +113,23 @@ class Checkpointer:
         path = forecast_path(self.dir, cycle, member, self.rank)
         self._q.put(lambda: _write_h5(path, self.fields, columns, {"cycle": cycle, "member": member, "rank": self.rank, "ranks": self.n_ranks}))
 
-    def analysis(self, cycle: int, parts: list[np.ndarray]) -> None:
-        """Queue the analysis ensemble; :meth:`wait_analysis` before the shares change again."""
+    def analysis(self, cycle: int, parts: list[np.ndarray], after: Callable[[], None] | None = None) -> None:
+        """Queue the analysis ensemble; :meth:`wait_analysis` before the shares change again.
+        ``after``: what must be done before the checkpoint exists (called on the checkpoint thread
+        once the shares are copied, so :meth:`wait_analysis` does not wait for it; its error fails
+        the checkpoint)."""
         self._check()
         self._analysis_done.clear()
         path = analysis_path(self.dir, cycle, self.rank)
 
+        def written() -> None:
+            self._analysis_done.set()
+            if after is not None:
+                after()
+
         def job() -> None:
             try:
-                _write_h5(path, self.fields, parts, {"cycle": cycle, "rank": self.rank, "ranks": self.n_ranks})
+                _write_h5(path, self.fields, parts, {"cycle": cycle, "rank": self.rank, "ranks": self.n_ranks}, written)
                 self._prune(cycle)
             finally:
                 self._analysis_done.set()

@@ -30,6 +30,7 @@ from enkflow.obs.space import FileObservations
 from enkflow.obs.vertical import localization_coords
 from enkflow.online.fields import Field
 from enkflow.output.archive_background import ArchiveFailure
+from enkflow.output.mean_spread_files import BackgroundMeanSpread
 from enkflow.online.scheduler import SchedulerConfig
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.store import MemoryStore
@@ -70,21 +71,6 @@ class CycleObservations:
         return self._for(cycle).apply_mean(cycle, x, row_start, comm)
 
 
-class MeanSpreadOutput:
-    """Every cycle's analysis mean and spread, as offline mode writes them."""
-
-    def __init__(self, cfg: ExperimentConfig, layout: StateLayout, comm: Comm):
-        self.cfg, self.layout, self.comm = cfg, layout, comm
-
-    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
-        from enkflow.io.meanspread import write_mean_spread
-
-        cdir = self.cfg.cycle_dir(cycle)
-        cdir.mkdir(parents=True, exist_ok=True)
-        write_mean_spread(Xa, self.layout, cdir / "analysis_mean.nc", cdir / "analysis_spread.nc", comm=self.comm,
-                          title=f"enkflow analysis, cycle {cycle}")
-
-
 class ArchivingOutput:
     """An output sink that also archives the server's analysis checkpoints ([archive] dir).
 
@@ -106,6 +92,9 @@ class ArchivingOutput:
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
         self.inner.write(cycle, Xa, row_start, diagnostics)
         self._stage(cycle - 1)
+
+    def wait(self) -> None:
+        self.inner.wait()
 
     def _stage(self, cycle: int) -> None:
         from enkflow.online.checkpoint import analysis_path
@@ -210,7 +199,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> t
     if getattr(flt, "adaptive", None) is not None:  # in memory, and written per cycle (a restart resumes from it)
         carrier = FieldCarrier(flt.adaptive, layout.n_rows, comm, cfg.cycle_dir, layout.coords)
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
-                      flt, local=local, sink=sink or MeanSpreadOutput(cfg, layout, comm),
+                      flt, local=local, sink=sink or BackgroundMeanSpread(cfg, layout, comm, online_dir(cfg)),
                       balance=balance, stats=stats, obs_diag=ObsDiagnosticsWriter(cfg.cycle_dir, comm.rank, metric),
                       inflation=carrier)
     return problem, layout
@@ -245,10 +234,13 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     events = EventLog(cfg.expdir / "events.jsonl")
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     ao = cfg.analysis_output
-    sink = MeanSpreadOutput(cfg, layout, comm) if ao.mean_spread_files else NoOutput()
+    files = BackgroundMeanSpread(cfg, layout, comm, odir) if ao.mean_spread_files else None
+    sink = files or NoOutput()
     if cfg.archive.dir is not None:
         sink = ArchivingOutput(sink, cfg, comm, events, progress)
     problem, layout = build_problem(cfg, comm, sink)  # every check first
+    if files is not None:
+        files.start()
     stats = None
     if ao.statistics_for("online"):
         from enkflow.output.analysis_output import AnalysisOutput
@@ -259,6 +251,7 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     try:
         server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
         diag = server.run(cfg.cycle_numbers)
+        sink.wait()  # the last cycle's mean and spread files
         if isinstance(sink, ArchivingOutput):
             sink.finish(cfg.cycle_numbers[-1])
         if stats is not None:
@@ -267,6 +260,8 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     finally:
         if stats is not None:
             stats.abandon()
+        if files is not None:
+            files.close()
     write_final_restarts(cfg, layout, server.store)
     return diag
 

@@ -316,8 +316,9 @@ class Server:
         self._emit("cycle_end", cycle=k)
         if self.ckpt is not None:
             # Last: a restarted server skips every cycle whose analysis is checkpointed, so the cycle's
-            # outputs (mean and spread files, events) must exist before its checkpoint does.
-            self.ckpt.analysis(k, self.store.parts)
+            # outputs (mean and spread files, events) must exist before its checkpoint does; the sink
+            # may write them in the background; its ``wait`` says when they are written.
+            self.ckpt.analysis(k, self.store.parts, after=getattr(self.p.sink, "wait", None))
         self._say(f"cycle {k}: analysis done ({diag['analysis_s']:.2f} s), omb {diag['omb_rms']:.4g} -> oma {diag['oma_rms']:.4g}")
         if self.rank == 0:
             now = time.monotonic()

@@ -1,22 +1,29 @@
-"""An offline study's ``analysis_mean.nc`` and ``analysis_spread.nc`` (``[analysis_output]
+"""A study's ``analysis_mean.nc`` and ``analysis_spread.nc`` (``[analysis_output]
 mean_spread_files``), off the analysis's critical path.
 
 The files hold the whole state in the restart's layout, with the template's coordinates
-(:class:`enkflow.io.meanspread.MeanSpreadTemplate`). The analysis tasks only add their rows
-to the study's output service, which writes the per-variable statistics files
-(:mod:`enkflow.output.analysis_output`). After each cycle's analysis, a thread of the driver
-waits until the service has written them, then runs ``python -m enkflow.output.mean_spread_files
-EXPDIR CYCLE``, which writes the two files from them: the same float64 values, so bitwise the
-files the analysis used to write itself. A process, not the thread itself: the netCDF library
-is not thread-safe, and the driver reads netCDF files meanwhile.
+(:class:`enkflow.io.meanspread.MeanSpreadTemplate`). A writer process started once per run,
+``python -m enkflow.output.mean_spread_files EXPDIR --template COPY``, writes them on request
+(one JSON line per cycle on its stdin, one JSON line back), while the next forecasts run. A
+process, not a thread: the netCDF library is not thread-safe, and the driver or the server
+calls it meanwhile. Its layout is read from a copy of member 1's restart taken when the
+driver or server starts (``COPY``), not from the restart, which a model may be rewriting.
 
-The layout is read from a copy of member 1's restart made when the driver starts
-(``EXPDIR/output_service/mean_spread_template.nc``), not from the restart, which the next
-forecast rewrites meanwhile. Without a service the analysis task writes the files itself.
+* **offline** (:class:`MeanSpreadFromStatistics`): the analysis tasks only add their rows
+  to the study's output service, which writes the per-variable statistics files
+  (:mod:`enkflow.output.analysis_output`). After each cycle's analysis a thread of the driver
+  waits until the service has written them, and the writer makes the two files from them:
+  the same float64 values, so bitwise the files the analysis used to write itself. Without a
+  service the analysis task writes them itself.
+* **online** (:class:`BackgroundMeanSpread`, the server's output sink): the server gathers
+  the mean and spread on rank 0, which saves them raw (2 x n_rows float64) for the writer.
+  The cycle's checkpoint waits for the files: a restarted server skips every checkpointed
+  cycle, so they must exist first.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -76,19 +83,80 @@ class _OneThread:
                 raise self._error
 
 
+def copy_template(cfg, directory: Path) -> Path:
+    """A copy of member 1's restart in ``directory``, the layout's template for the files."""
+    directory.mkdir(parents=True, exist_ok=True)
+    copy = directory / TEMPLATE
+    tmp = copy.with_name(f".{copy.name}.tmp")
+    shutil.copyfile(cfg.restart_path(1), tmp)
+    tmp.replace(copy)
+    return copy
+
+
+class _Writer:
+    """The writer process and a thread that talks to it (no netCDF call in this process)."""
+
+    def __init__(self, cfg, template: Path, log: Path):
+        self.log = log
+        with open(log, "ab") as err:
+            self.proc = subprocess.Popen(
+                [cfg.launcher.python or sys.executable, "-m", "enkflow.output.mean_spread_files", str(cfg.expdir),
+                 "--template", str(template)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        self._bg = _OneThread("enkflow-mean-spread")
+
+    def request(self, cycle: int, rows: Path | None = None) -> None:
+        """Write ``cycle``'s files (from ``rows``, else from its statistics files); blocks."""
+        from enkflow.jobs.files import log_tail
+
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps({"cycle": cycle, "rows": str(rows) if rows else None}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        if not line:
+            raise EnkflowError(f"cycle {cycle}: the writer of {MEAN} and {SPREAD} (pid {self.proc.pid}) died "
+                               f"(exit {self.proc.wait()}):\n{log_tail(self.log, 10)}")
+        error = json.loads(line).get("error")
+        if error:
+            raise EnkflowError(f"cycle {cycle}: {MEAN} and {SPREAD} were not written: {error}")
+
+    def submit(self, cycle: int, rows: Path | None = None, before: Callable[[], None] | None = None) -> None:
+        """:meth:`request` in the background (after ``before()``, there too)."""
+        def job() -> None:
+            if before is not None:
+                before()
+            self.request(cycle, rows)
+
+        self._bg.submit(job)
+
+    def wait(self) -> None:
+        """Until every submitted request is done; raises the first error."""
+        self._bg.wait()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class MeanSpreadFromStatistics:
-    """The driver's side: each cycle's files, written after its analysis from the statistics
+    """The offline driver's side: each cycle's files, written after its analysis from the statistics
     files of the study's output service (whose ``address`` and ``token`` are in ``service_dir``)."""
 
     def __init__(self, cfg, service_dir: Path):
         self.cfg = cfg
         self.service_dir = Path(service_dir)
-        self.python = cfg.launcher.python or sys.executable
-        copy = self.service_dir / TEMPLATE
-        tmp = copy.with_name(f".{copy.name}.tmp")
-        shutil.copyfile(cfg.restart_path(1), tmp)  # now, while no model rewrites it
-        tmp.replace(copy)
-        self._bg = _OneThread("enkflow-mean-spread")
+        template = copy_template(cfg, self.service_dir)  # now, while no model rewrites the restart
+        self._writer = _Writer(cfg, template, self.service_dir / "mean_spread.log")
 
     def missing(self, cycle: int) -> bool:
         cdir = self.cfg.cycle_dir(cycle)
@@ -98,9 +166,9 @@ class MeanSpreadFromStatistics:
         """Write the files of ``cycle`` in the background, once the service has written the
         statistics; unless they exist (the analysis task, having found no service, wrote them)."""
         if self.missing(cycle):
-            self._bg.submit(lambda: self._after_sync(cycle))
+            self._writer.submit(cycle, before=self._sync)
 
-    def _after_sync(self, cycle: int) -> None:
+    def _sync(self) -> None:
         from enkflow.output.remote import RemoteOutput
 
         client = RemoteOutput.from_dir(self.service_dir, timeout=30.0)
@@ -108,19 +176,56 @@ class MeanSpreadFromStatistics:
             client.sync()  # everything the analysis tasks added is written
         finally:
             client.close(wait=False)
-        self.write_now(cycle)
 
     def write_now(self, cycle: int) -> None:
-        """The files of ``cycle`` from its statistics files, written now by a process."""
-        p = subprocess.run([self.python, "-m", "enkflow.output.mean_spread_files", str(self.cfg.expdir), str(cycle)],
-                           capture_output=True, text=True)
-        if p.returncode != 0:
-            tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-5:])
-            raise EnkflowError(f"cycle {cycle}: {MEAN} and {SPREAD} were not written (exit {p.returncode}): {tail}")
+        """The files of ``cycle`` from its statistics files, written now."""
+        self._writer.request(cycle)
 
     def wait(self) -> None:
         """Until every submitted cycle's files are written; raises the first error."""
-        self._bg.wait()
+        self._writer.wait()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class BackgroundMeanSpread:
+    """The online server's output sink (:class:`enkflow.experiment.cycling.OutputSink`): each
+    cycle's files written by the writer process of rank 0. Collective :meth:`write`; :meth:`wait`
+    (rank 0) until the files of every cycle so far are written."""
+
+    def __init__(self, cfg, layout: StateLayout, comm, directory: Path):
+        self.cfg, self.layout, self.comm, self.dir = cfg, layout, comm, Path(directory)
+        self._writer: _Writer | None = None
+
+    def start(self) -> None:
+        """Start the writer (rank 0; after the study's checks, before the first forecast)."""
+        if self.comm.rank == 0 and self._writer is None:
+            for stale in self.dir.glob("mean_spread_*.f8"):  # of a server that died meanwhile
+                stale.unlink(missing_ok=True)
+            self._writer = _Writer(self.cfg, copy_template(self.cfg, self.dir), self.dir / "mean_spread.log")
+
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
+        from enkflow.io.meanspread import gather_mean_spread
+
+        mean, spread = gather_mean_spread(Xa, self.layout, self.comm)
+        if self.comm.rank != 0:
+            return
+        self.start()
+        assert self._writer is not None
+        self._writer.wait()  # at most one cycle behind (without checkpoints nothing else waits)
+        rows = self.dir / f"mean_spread_{cycle:04d}.f8"
+        np.stack([mean, spread]).tofile(rows)
+        self.cfg.cycle_dir(cycle).mkdir(parents=True, exist_ok=True)
+        self._writer.submit(cycle, rows)
+
+    def wait(self) -> None:
+        if self._writer is not None:
+            self._writer.wait()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
 
 def _statistics(cdir: Path, layout: StateLayout, stat: str) -> np.ndarray:
@@ -147,31 +252,54 @@ def _statistics(cdir: Path, layout: StateLayout, stat: str) -> np.ndarray:
     return rows
 
 
-def write_from_statistics(cfg, cycle: int) -> None:
-    """``cycle``'s mean and spread files of experiment ``cfg``, from its statistics files."""
-    from enkflow.io.meanspread import MeanSpreadTemplate
-    from enkflow.output.analysis_output import service_dir
-
-    layout = StateLayout.from_config(service_dir(cfg.expdir) / TEMPLATE, cfg.state)
-    tmpl = MeanSpreadTemplate.read(layout, source=cfg.restart_path(1))
+def write_files(cfg, layout: StateLayout, tmpl, cycle: int, rows: Path | None = None) -> None:
+    """``cycle``'s mean and spread files of experiment ``cfg``: from ``rows`` (the mean and the spread,
+    2 x n_rows float64, raw; removed once written) or else from the cycle's statistics files."""
     cdir = cfg.cycle_dir(cycle)
-    mean = _statistics(cdir, layout, "analysis_mean")
-    spread = _statistics(cdir, layout, "analysis_spread")
+    if rows is not None:
+        mean, spread = np.fromfile(rows, dtype=np.float64).reshape(2, layout.n_rows)
+    else:
+        mean = _statistics(cdir, layout, "analysis_mean")
+        spread = _statistics(cdir, layout, "analysis_spread")
     tmpl.write(cdir / MEAN, cdir / SPREAD, mean, spread, title=f"enkflow analysis, cycle {cycle}",
                n_ens=cfg.experiment.members)
+    if rows is not None:
+        rows.unlink()
+
+
+def serve(cfg, template: Path) -> None:
+    """The writer's loop: a request per line on stdin (``{"cycle": K, "rows": FILE or null}``),
+    its answer per line on stdout (``{"cycle": K, "error": null or TEXT}``); ends at EOF."""
+    from enkflow.io.meanspread import MeanSpreadTemplate
+
+    layout = StateLayout.from_config(template, cfg.state)
+    tmpl = MeanSpreadTemplate.read(layout, source=cfg.restart_path(1))
+    for line in sys.stdin:
+        req = json.loads(line)
+        cycle, rows = int(req["cycle"]), req.get("rows")
+        try:
+            write_files(cfg, layout, tmpl, cycle, Path(rows) if rows else None)
+            error = None
+        except (EnkflowError, OSError) as exc:
+            error = str(exc)
+        print(json.dumps({"cycle": cycle, "error": error}), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m enkflow.output.mean_spread_files EXPDIR CYCLE``."""
+    """``python -m enkflow.output.mean_spread_files EXPDIR --template COPY`` (:func:`serve`)."""
+    import argparse
+
     from enkflow.experiment.config import experiment_from_json
     from enkflow.fsutil import read_json
 
-    args = sys.argv[1:] if argv is None else argv
-    expdir = Path(args[0])
+    ap = argparse.ArgumentParser(prog="python -m enkflow.output.mean_spread_files")
+    ap.add_argument("expdir", type=Path)
+    ap.add_argument("--template", type=Path, required=True)
+    a = ap.parse_args(argv)
     try:
-        cfg = experiment_from_json(read_json(expdir / "config.json"), file=str(expdir / "config.json"))
-        write_from_statistics(cfg, int(args[1]))
-    except EnkflowError as exc:
+        cfg = experiment_from_json(read_json(a.expdir / "config.json"), file=str(a.expdir / "config.json"))
+        serve(cfg, a.template)
+    except (EnkflowError, OSError) as exc:
         print(f"enkflow: error: {exc}", file=sys.stderr)
         return 1
     return 0
