@@ -213,10 +213,31 @@ def test_a_writers_error_goes_to_the_client_whose_add_caused_it(tmp_path: Path) 
         a.sync()  # reported once
         a.close()
         b.close()
-        svc.stop()
+        # ... but the study lost that time's file: its end says so (a run must not end well).
+        with pytest.raises(OutputError, match=r"field s time 5: 1 NaN value\(s\)"):
+            svc.stop()
     finally:
         svc.kill()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s_6.nc"]
+
+
+def test_a_failed_time_discarded_and_written_again_is_not_a_failure_of_the_study(tmp_path: Path) -> None:
+    svc = OutputService.start(config(tmp_path), tmp_path / "svc")  # nan = "error"
+    try:
+        a = RemoteOutput.from_dir(tmp_path / "svc")
+        bad = value("s", 1, None)
+        bad[0, 0] = np.nan
+        a.add("s", bad, 1)
+        a.add("s", value("s", 10, None), 10)
+        with pytest.raises(OutputError, match=r"field s time 1: 1 NaN value\(s\)"):
+            a.sync()
+        a.discard(1)  # a rerun of that time (not of time 10)
+        a.add("s", value("s", 1, None), 1)
+        a.close()
+        svc.stop()
+    finally:
+        svc.kill()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s_1.nc", "s_10.nc"]
 
 
 def test_back_pressure_bounds_what_is_in_flight_and_is_measured(tmp_path: Path) -> None:

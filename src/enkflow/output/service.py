@@ -41,6 +41,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import socket
@@ -82,6 +83,13 @@ def token_credential(token: str) -> str:
     return credential(token, DOMAIN).hex()
 
 
+def _names(text: str, t: float, field: str | None = None) -> bool:
+    """Whether a writer's message names time ``t`` (of ``field``): "field F time T", T as ``:g``
+    writes it and not the start of a longer number (time 1 is not time 10 or 1.5)."""
+    f = re.escape(field) if field is not None else r"\S+"
+    return re.search(rf"field {f} time {re.escape(f'{t:g}')}(?![\w.])", text) is not None
+
+
 @dataclass
 class _Client:
     pid: int
@@ -108,6 +116,10 @@ class _Service:
         # writer would refuse it ("added twice") and lose that time's file. One with other values still is.
         self.seen: OrderedDict[tuple, bytes] = OrderedDict()
         self.duplicates = 0
+        # Every failure of the writers, also those told to a client: what they lost is lost for the
+        # study, whose stop reports them (a run must not end well with a file missing), unless a
+        # discard of the time they name lets it be written again.
+        self.failures: list[str] = []
 
     def _reply(self, sock: Any, ident: bytes, kind: str, **meta: Any) -> None:
         sock.send_multipart([ident, P.encode(kind, **meta)])
@@ -140,8 +152,9 @@ class _Service:
         """A failure of the writers goes to the clients that added to the (field, time) it names
         (their next call raises it); to ``caller`` when it names none of theirs. Returns what
         ``caller`` gets now."""
-        owners = [c for c in self.clients.values()
-                  if any(f"field {f} time {t:g}" in text for f, t in c.times)] or [caller]
+        if text not in self.failures:
+            self.failures.append(text)
+        owners = [c for c in self.clients.values() if any(_names(text, t, f) for f, t in c.times)] or [caller]
         for c in owners:
             if c is not caller:
                 c.errors.append(text)
@@ -242,6 +255,7 @@ class _Service:
                         dropped = self.out.discard(float(msg["time"]))
                         for k in [k for k in self.seen if k[1] == float(msg["time"])]:
                             del self.seen[k]
+                        self.failures = [f for f in self.failures if not _names(f, float(msg["time"]))]
                     except (EnkflowError, KeyError, TypeError, ValueError) as exc:
                         err = str(exc)
                     self._reply(sock, ident, P.DISCARDED, seq=msg.get("seq"), dropped=dropped, error=self._errors(c, err))
@@ -289,6 +303,7 @@ class _Service:
         self._check_clients()
         err = self._close()
         pending = [e for c in self.clients.values() for e in c.errors]
+        pending += [f for f in self.failures if f not in pending]
         if pending:
             err = "\n".join(([err] if err else []) + pending)
         reply = {"error": err, "stats": self._stats(), "notes": self.notes}
