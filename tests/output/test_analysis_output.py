@@ -146,20 +146,92 @@ def test_offline_mean_spread_files_are_written_off_the_analysis_path_bitwise_as_
             a, b = (_file(runs[s].cycle_dir(k) / name, tmp_path / s) for s in ("true", "false"))
             assert a == b, (k, name)
 
-    # A crash after the first cycle, before its files were written: the next run writes them.
+    # A crash after the last cycle counted as done, before its files were written (and those of cycle 1
+    # lost too): the next run, with nothing left to run, writes them from the statistics.
     d = tmp_path / "crash"
     d.mkdir()
     cfg = load_experiment(write_builtin_experiment(d, problem, members=N, cycles=2,
                                                    extra="\n[analysis_output]\nstatistics = true\n"))
 
     def stop(k: int) -> None:
-        raise _Stop
+        if k == 2:
+            raise _Stop
 
     with pytest.raises(_Stop):
         Experiment(cfg, on_cycle_end=stop).run()
-    for name in ("analysis_mean.nc", "analysis_spread.nc"):
-        (cfg.cycle_dir(1) / name).unlink()
-    Experiment(cfg).run()
+    for k in (1, 2):
+        for name in ("analysis_mean.nc", "analysis_spread.nc"):
+            (cfg.cycle_dir(k) / name).unlink()
+    assert Experiment(cfg).run() == []
     for k in (1, 2):
         for name in ("analysis_mean.nc", "analysis_spread.nc"):
             assert _file(cfg.cycle_dir(k) / name, d) == _file(runs["true"].cycle_dir(k) / name, tmp_path / "true"), (k, name)
+
+
+def test_a_mean_spread_writer_failure_stops_every_server_rank(tmp_path: Path, problem: Path, mpiexec: str,
+                                                              subprocess_env: dict) -> None:
+    """Online, rank 0's writer of the mean and spread files fails: every rank raises its error (one rank
+    leaving alone would leave the others in the next collective for ever)."""
+    from enkflow.fsutil import write_json_atomic
+
+    cfg = load_experiment(write_builtin_experiment(tmp_path, problem, members=N, cycles=2))
+    cfg.expdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
+    script = tmp_path / "two_ranks.py"
+    script.write_text(f"""
+import numpy as np
+from enkflow.errors import EnkflowError
+from enkflow.experiment.config import experiment_from_json
+from enkflow.fsutil import read_json
+from enkflow.output.mean_spread_files import BackgroundMeanSpread
+from enkflow.parallel import get_comm
+from enkflow.state import StateLayout
+
+comm = get_comm()
+cfg = experiment_from_json(read_json({str(cfg.expdir / "config.json")!r}))
+layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
+files = BackgroundMeanSpread(cfg, layout, comm, cfg.expdir / "online")
+files.start()
+lo, hi = comm.rank * layout.n_rows // 2, (comm.rank + 1) * layout.n_rows // 2
+X = np.ones((hi - lo, {N}), order="F")
+if comm.rank == 0:
+    files._writer.proc.kill()  # the writer dies
+try:
+    for k in (1, 2):
+        files.write(k, X, lo, {{}})
+    print(f"rank {{comm.rank}}: no error")
+except EnkflowError as exc:
+    print(f"rank {{comm.rank}}: {{exc}}")
+files.close()
+""")
+    p = subprocess.run([*mpiexec.split(), "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120, env=subprocess_env)
+    lines = sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2, (p.stdout, p.stderr)
+    assert all("server rank 0: cycle 1: the writer of analysis_mean.nc and analysis_spread.nc" in line and "died" in line
+               for line in lines), lines
+
+
+def test_a_full_disk_under_the_mean_spread_files_is_an_error_naming_the_file(tmp_path: Path, problem: Path) -> None:
+    """netCDF reports a full disk as an HDF error (a RuntimeError): it comes back as a StorageError that
+    names the file, and no file is left under its final name."""
+    from enkflow.errors import StorageError
+    from enkflow.io.meanspread import MeanSpreadTemplate
+    from enkflow.state import StateConfig, StateLayout
+
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs (needs root): {r.stderr.strip()}")
+    try:
+        (d / "filler").write_bytes(b"\0" * (250 * 1024))
+        layout = StateLayout.from_config(problem / "member_0001.nc", StateConfig(variables=[STATE_VARIABLE]))
+        x = np.arange(layout.n_rows, dtype=np.float64)
+        with pytest.raises(StorageError, match=r"writing the ensemble mean failed") as ei:
+            MeanSpreadTemplate.read(layout).write(d / "analysis_mean.nc", d / "analysis_spread.nc", x, x,
+                                                  title="t", n_ens=N)
+        assert str(d / "analysis_mean.nc") in str(ei.value)
+        assert sorted(p.name for p in d.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)

@@ -322,3 +322,27 @@ def test_online_runners_get_the_output_service_through_placeholders(tmp_path: Pa
         svc.kill()
     h = read(tmp_path / "model_output" / "h_1.nc", "h")[0]
     assert np.array_equal(h, [0.0, 1.0, 3.0, 4.0])
+
+
+def test_a_discarded_time_is_forgiven_only_for_the_fields_written_again(tmp_path: Path) -> None:
+    """A rerun that discards a failed time but adds only some of its fields again: the failure of a field
+    it did not add again still fails the study's stop."""
+    svc = OutputService.start(config(tmp_path), tmp_path / "svc")  # nan = "error"
+    try:
+        a = RemoteOutput.from_dir(tmp_path / "svc")
+        bad = value("u", 2, 1)
+        bad[1, 1] = np.nan
+        a.add("u", bad, 2, member=1)
+        badder = value("s", 2, None)
+        badder[0, 0] = np.nan
+        a.add("s", badder, 2)
+        with pytest.raises(OutputError, match=r"field (u|s) time 2"):
+            a.sync()
+        a.discard(2)
+        a.add("s", value("s", 2, None), 2)  # "s" again, not "u"
+        a.close()
+        with pytest.raises(OutputError, match=r"field u time 2") as ei:
+            svc.stop()
+        assert "field s time 2" not in str(ei.value)
+    finally:
+        svc.kill()

@@ -219,7 +219,7 @@ class Experiment:
 
         def cycle_end(k: int, diag: dict[str, float]) -> None:
             if files is not None:
-                files.submit(k)
+                files.analysed(k)
             if archiver is not None:
                 # Before the cycle counts as done: a crash in between stages it again on the rerun.
                 archiver.stage(k, archived_restarts(cfg), {"mode": "offline", "members": cfg.experiment.members})
@@ -230,29 +230,33 @@ class Experiment:
 
         self._retry_failed = retry_failed
         service = self._start_output_service() if todo_cycles else None
-        files = self._mean_spread_files(service, state.cycles_done)
+        files = None
         try:
+            files = self._mean_spread_files(service, state.cycles_done)
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
             if archiver is not None:
                 archiver.finish()
             if files is not None:
-                files.wait()
+                files, f = None, files
+                try:
+                    f.wait()
+                finally:
+                    f.close()
             if service is not None:
                 self._stop_output_service(service)
                 service = None
         finally:
-            if service is not None:  # a failure: what the service received complete is written, the rest dropped
+            if files is not None:  # a failure: finish what was asked
                 try:
-                    if files is not None:
-                        files.wait()
+                    files.wait()
                 except EnkflowError as exc:
                     self._say(f"analysis mean and spread files: {exc}")
+                files.close()
+            if service is not None:  # a failure: what the service received complete is written, the rest dropped
                 try:
                     self._stop_output_service(service)
                 except EnkflowError as exc:
                     self._say(f"output service: {exc}")
-            if files is not None:
-                files.close()
             self.launcher.close()
             if archiver is not None:
                 archiver.close()
@@ -286,22 +290,38 @@ class Experiment:
         return svc
 
     def _mean_spread_files(self, service, done: Iterable[int]):
-        """With the study's output service and ``[analysis_output] mean_spread_files``: the driver
-        writes each cycle's analysis_mean.nc and analysis_spread.nc from the statistics the service
-        wrote (the analysis tasks then leave them out); first those of finished cycles an earlier
-        run ended before writing."""
-        if service is None or not self.cfg.analysis_output.mean_spread_files:
+        """With ``[analysis_output] mean_spread_files`` and the built-in analysis: the writer of each
+        cycle's analysis_mean.nc and analysis_spread.nc from the statistics the study's output service
+        writes (the analysis tasks then leave them out; docs/output.md). First the missing files of
+        finished cycles (an earlier run ended before writing them) are written from their statistics,
+        even when nothing is left to run. None when there is nothing to write."""
+        cfg = self.cfg
+        if not cfg.analysis_output.mean_spread_files or cfg.state is None or cfg.analysis_task.command is not None:
             return None
-        from enkflow.output.mean_spread_files import MeanSpreadFromStatistics
+        from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics
 
-        files = MeanSpreadFromStatistics(self.cfg, service.directory)
-        for k in sorted(done):
-            if files.missing(k):
-                try:
+        missing = [k for k in sorted(done) if not ((cfg.cycle_dir(k) / MEAN).is_file()
+                                                   and (cfg.cycle_dir(k) / SPREAD).is_file())]
+        if service is None and not missing:
+            return None
+        files = MeanSpreadFromStatistics(cfg, service.directory if service is not None else None)
+        try:
+            lost = [k for k in missing if not files.has_statistics(k)]
+            for k in missing:
+                if k not in lost:
                     files.write_now(k)
-                except EnkflowError as exc:
-                    self.events.emit("mean_spread_missing", cycle=k, error=str(exc))
-                    self._say(f"cycle {k}: analysis_mean.nc and analysis_spread.nc cannot be written: {exc}")
+                    self._say(f"cycle {k}: {MEAN} and {SPREAD} written from its statistics (an earlier run ended first)")
+            if lost:
+                # Not made here (restored from an archive, or the files turned on later): said once.
+                self.events.emit("mean_spread_missing", cycles=lost)
+                self._say(f"{MEAN} and {SPREAD} missing, and their statistics too, for {len(lost)} finished "
+                          f"cycle(s) ({', '.join(map(str, lost[:10]))}{' ...' if len(lost) > 10 else ''}); not written")
+        except BaseException:
+            files.close()
+            raise
+        if service is None:
+            files.close()
+            return None
         return files
 
     def _stop_output_service(self, svc) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from enkflow.errors import FileFormatError, InputError
+from enkflow.errors import FileFormatError, InputError, StorageError
 from enkflow.fsutil import atomic_output
 from enkflow.io.lustre import setstripe
 from enkflow.parallel import Comm, SerialComm
@@ -135,9 +135,15 @@ class MeanSpreadTemplate:
             self._write(Path(spread_path), spread, "standard_deviation", title, n_ens)
 
     def _write(self, path: Path, x: np.ndarray, stat: str, title: str, n_ens: int) -> None:
+        fields = self.layout.to_fields(x, fill=np.nan)
+        try:
+            self._write_file(path, fields, stat, title, n_ens)
+        except (OSError, RuntimeError) as exc:  # netCDF's HDF errors (a full disk) are RuntimeErrors
+            raise StorageError(f"writing the ensemble {stat.replace('_', ' ')} failed: {exc}", path=str(path)) from None
+
+    def _write_file(self, path: Path, fields: dict[str, np.ndarray], stat: str, title: str, n_ens: int) -> None:
         import netCDF4
 
-        fields = self.layout.to_fields(x, fill=np.nan)
         with atomic_output(path) as tmp:
             setstripe(tmp)
             with netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:

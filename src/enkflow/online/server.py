@@ -299,8 +299,17 @@ class Server:
 
     def _analysis(self, k: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        error = None
         if self.ckpt is not None:
-            self.ckpt.flush()  # the forecast checkpoints read the shares the analysis overwrites
+            try:
+                self.ckpt.flush()  # the forecast checkpoints read the shares the analysis overwrites
+            except Exception as exc:  # noqa: BLE001 - agreed on below, then raised on every rank
+                error = f"server rank {self.rank}: {exc}"
+        # A checkpoint's failure (or what it waited for: the mean and spread files) on one rank stops
+        # every rank here, before the analysis's collectives, where the others would wait for ever.
+        errors = [e for e in self.comm.allgather_obj(error) if e is not None]
+        if errors:
+            raise EnkflowError("; ".join(errors))
         t_flush = time.perf_counter() - t0
         infl = self.p.inflation.prior(k, self.store.row_start, self.store.row_stop) if self.p.inflation is not None else None
         Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k),

@@ -24,7 +24,6 @@ driver or server starts (``COPY``), not from the restart, which a model may be r
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.errors import EnkflowError, FileFormatError
+from enkflow.errors import EnkflowError, FileFormatError, StorageError
 from enkflow.state import StateLayout
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
@@ -84,12 +83,43 @@ class _OneThread:
 
 
 def copy_template(cfg, directory: Path) -> Path:
-    """A copy of member 1's restart in ``directory``, the layout's template for the files."""
+    """A skeleton of member 1's restart in ``directory``, the layout's template for the files: every
+    dimension and variable definition with its attributes, and the values of only what the layout
+    and the files read (the mask, the state variables' coordinates); a restart's size in values
+    would be copied at every start otherwise."""
+    import netCDF4
+
+    from enkflow.fsutil import atomic_output
+
+    src_path = cfg.restart_path(1)
+    state = cfg.state
+    wanted = {state.mask.variable} if state.mask is not None else set()
+    wanted |= set(state.coordinates or ())
     directory.mkdir(parents=True, exist_ok=True)
     copy = directory / TEMPLATE
-    tmp = copy.with_name(f".{copy.name}.tmp")
-    shutil.copyfile(cfg.restart_path(1), tmp)
-    tmp.replace(copy)
+    try:
+        with netCDF4.Dataset(src_path) as src, atomic_output(copy) as tmp, \
+                netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:
+            src.set_auto_maskandscale(False)
+            for name in state.variables:
+                if name in src.variables:
+                    v = src.variables[name]
+                    wanted |= set(v.dimensions)
+                    if "coordinates" in v.ncattrs():
+                        wanted |= set(str(v.getncattr("coordinates")).split())
+            for d, dim in src.dimensions.items():
+                dst.createDimension(d, None if dim.isunlimited() else len(dim))
+            dst.setncatts({k: src.getncattr(k) for k in src.ncattrs()})
+            for name, v in src.variables.items():
+                fill = v.getncattr("_FillValue") if "_FillValue" in v.ncattrs() else None
+                out = dst.createVariable(name, v.datatype, v.dimensions, fill_value=fill)
+                out.set_auto_maskandscale(False)
+                out.setncatts({k: v.getncattr(k) for k in v.ncattrs() if k != "_FillValue"})
+                if name in wanted:
+                    out[...] = v[...]
+    except (OSError, RuntimeError) as exc:
+        raise StorageError(f"the template of the mean and spread files could not be made from {src_path}: {exc}",
+                           path=str(copy)) from None
     return copy
 
 
@@ -100,7 +130,7 @@ class _Writer:
         self.log = log
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
-                [cfg.launcher.python or sys.executable, "-m", "enkflow.output.mean_spread_files", str(cfg.expdir),
+                [sys.executable, "-m", "enkflow.output.mean_spread_files", str(cfg.expdir),
                  "--template", str(template)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
         self._bg = _OneThread("enkflow-mean-spread")
 
@@ -150,32 +180,43 @@ class _Writer:
 
 class MeanSpreadFromStatistics:
     """The offline driver's side: each cycle's files, written after its analysis from the statistics
-    files of the study's output service (whose ``address`` and ``token`` are in ``service_dir``)."""
+    files of the study's output service (whose ``address`` and ``token`` are in ``service_dir``;
+    None: no service runs, only finished cycles' missing files are written)."""
 
-    def __init__(self, cfg, service_dir: Path):
+    def __init__(self, cfg, service_dir: Path | None):
+        from enkflow.output.analysis_output import service_dir as default_dir
+
         self.cfg = cfg
-        self.service_dir = Path(service_dir)
-        template = copy_template(cfg, self.service_dir)  # now, while no model rewrites the restart
-        self._writer = _Writer(cfg, template, self.service_dir / "mean_spread.log")
+        self.service_dir = Path(service_dir) if service_dir is not None else None
+        d = self.service_dir or default_dir(cfg.expdir)
+        template = copy_template(cfg, d)  # now, while no model rewrites the restart
+        self._writer = _Writer(cfg, template, d / "mean_spread.log")
+        self._client = None
 
     def missing(self, cycle: int) -> bool:
         cdir = self.cfg.cycle_dir(cycle)
         return not ((cdir / MEAN).is_file() and (cdir / SPREAD).is_file())
 
-    def submit(self, cycle: int) -> None:
-        """Write the files of ``cycle`` in the background, once the service has written the
-        statistics; unless they exist (the analysis task, having found no service, wrote them)."""
-        if self.missing(cycle):
-            self._writer.submit(cycle, before=self._sync)
+    def has_statistics(self, cycle: int) -> bool:
+        from enkflow.output.analysis_output import field_name
 
-    def _sync(self) -> None:
-        from enkflow.output.remote import RemoteOutput
+        cdir = self.cfg.cycle_dir(cycle)
+        return all((cdir / f"{field_name(v, s)}.nc").is_file() for v in self.cfg.state.variables
+                   for s in ("analysis_mean", "analysis_spread"))
 
-        client = RemoteOutput.from_dir(self.service_dir, timeout=30.0)
-        try:
-            client.sync()  # everything the analysis tasks added is written
-        finally:
-            client.close(wait=False)
+    def analysed(self, cycle: int) -> None:
+        """After ``cycle``'s analysis, before it counts as done: wait until the service has written
+        the statistics (the files are made from them, so they must outlive a crash of the driver and
+        the service together), then have the files written in the background."""
+        if not self.missing(cycle):  # the analysis task, having found no service, wrote them
+            return
+        if self.service_dir is not None:
+            from enkflow.output.remote import RemoteOutput
+
+            if self._client is None:
+                self._client = RemoteOutput.from_dir(self.service_dir, timeout=30.0)
+            self._client.sync()
+        self._writer.submit(cycle)
 
     def write_now(self, cycle: int) -> None:
         """The files of ``cycle`` from its statistics files, written now."""
@@ -186,6 +227,12 @@ class MeanSpreadFromStatistics:
         self._writer.wait()
 
     def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                client.close(wait=False)
+            except EnkflowError:
+                pass  # the service's stop reports its failures
         self._writer.close()
 
 
@@ -209,15 +256,23 @@ class BackgroundMeanSpread:
         from enkflow.io.meanspread import gather_mean_spread
 
         mean, spread = gather_mean_spread(Xa, self.layout, self.comm)
-        if self.comm.rank != 0:
-            return
-        self.start()
-        assert self._writer is not None
-        self._writer.wait()  # at most one cycle behind (without checkpoints nothing else waits)
-        rows = self.dir / f"mean_spread_{cycle:04d}.f8"
-        np.stack([mean, spread]).tofile(rows)
-        self.cfg.cycle_dir(cycle).mkdir(parents=True, exist_ok=True)
-        self._writer.submit(cycle, rows)
+        error = None
+        if self.comm.rank == 0:
+            try:
+                self.start()
+                assert self._writer is not None
+                self._writer.wait()  # at most one cycle behind (without checkpoints nothing else waits)
+                rows = self.dir / f"mean_spread_{cycle:04d}.f8"
+                np.stack([mean, spread]).tofile(rows)
+                self.cfg.cycle_dir(cycle).mkdir(parents=True, exist_ok=True)
+                self._writer.submit(cycle, rows)
+            except (EnkflowError, OSError) as exc:
+                error = str(exc)
+        # Every rank raises rank 0's error: one rank leaving alone would leave the others in the
+        # next collective for ever.
+        error = self.comm.bcast(error, root=0)
+        if error is not None:
+            raise EnkflowError(f"server rank 0: {error}")
 
     def wait(self) -> None:
         if self._writer is not None:
@@ -280,8 +335,10 @@ def serve(cfg, template: Path) -> None:
         try:
             write_files(cfg, layout, tmpl, cycle, Path(rows) if rows else None)
             error = None
-        except (EnkflowError, OSError) as exc:
+        except EnkflowError as exc:
             error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - told to the owner, which fails the run; this process lives on
+            error = f"{type(exc).__name__}: {exc}"
         print(json.dumps({"cycle": cycle, "error": error}), flush=True)
 
 

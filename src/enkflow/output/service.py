@@ -90,6 +90,11 @@ def _names(text: str, t: float, field: str | None = None) -> bool:
     return re.search(rf"field {f} time {re.escape(f'{t:g}')}(?![\w.])", text) is not None
 
 
+def _fields_named(text: str, t: float) -> list[str]:
+    """The fields a writer's message names at time ``t``."""
+    return re.findall(rf"field (\S+) time {re.escape(f'{t:g}')}(?![\w.])", text)
+
+
 @dataclass
 class _Client:
     pid: int
@@ -120,6 +125,8 @@ class _Service:
         # study, whose stop reports them (a run must not end well with a file missing), unless a
         # discard of the time they name lets it be written again.
         self.failures: list[str] = []
+        # Failures of a discarded time, per (field, time): forgiven once that field is added again there.
+        self.redo: dict[tuple[str, float], str] = {}
 
     def _reply(self, sock: Any, ident: bytes, kind: str, **meta: Any) -> None:
         sock.send_multipart([ident, P.encode(kind, **meta)])
@@ -152,8 +159,9 @@ class _Service:
         """A failure of the writers goes to the clients that added to the (field, time) it names
         (their next call raises it); to ``caller`` when it names none of theirs. Returns what
         ``caller`` gets now."""
-        if text not in self.failures:
-            self.failures.append(text)
+        for line in text.splitlines():  # the Output joins the failures it found since the last call
+            if line.strip() and line not in self.failures:
+                self.failures.append(line)
         owners = [c for c in self.clients.values() if any(_names(text, t, f) for f, t in c.times)] or [caller]
         for c in owners:
             if c is not caller:
@@ -203,6 +211,7 @@ class _Service:
             return
         c.adds += 1
         c.times.add(key[:2])
+        self.redo.pop(key[:2], None)
         self.seen[key] = digest
         self.seen.move_to_end(key)
         if len(self.seen) > SEEN_PIECES:
@@ -250,14 +259,21 @@ class _Service:
                     self._reply(sock, ident, P.SYNCED, seq=msg.get("seq"), error=self._errors(c, err),
                                 stats=self._stats())
                 elif kind == P.DISCARD:
-                    err, dropped = None, []
+                    err, dropped, done = None, [], True
                     try:
-                        dropped = self.out.discard(float(msg["time"]))
-                        for k in [k for k in self.seen if k[1] == float(msg["time"])]:
-                            del self.seen[k]
-                        self.failures = [f for f in self.failures if not _names(f, float(msg["time"]))]
+                        t = float(msg["time"])
+                        dropped = self.out.discard(t)
+                    except (OutputError, StorageError) as exc:
+                        err = self._route(str(exc), c)  # an earlier failure found now; the discard is done
                     except (EnkflowError, KeyError, TypeError, ValueError) as exc:
-                        err = str(exc)
+                        err, done = str(exc), False
+                    if done:
+                        for k in [k for k in self.seen if k[1] == t]:
+                            del self.seen[k]
+                        for f in [f for f in self.failures if _names(f, t)]:
+                            self.failures.remove(f)
+                            for name in _fields_named(f, t):
+                                self.redo[(name, t)] = f
                     self._reply(sock, ident, P.DISCARDED, seq=msg.get("seq"), dropped=dropped, error=self._errors(c, err))
                 elif kind == P.BYE:
                     del self.clients[ident]
@@ -303,7 +319,7 @@ class _Service:
         self._check_clients()
         err = self._close()
         pending = [e for c in self.clients.values() for e in c.errors]
-        pending += [f for f in self.failures if f not in pending]
+        pending += [f for f in [*self.failures, *self.redo.values()] if f not in pending]
         if pending:
             err = "\n".join(([err] if err else []) + pending)
         reply = {"error": err, "stats": self._stats(), "notes": self.notes}
