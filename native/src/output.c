@@ -598,7 +598,9 @@ int enkflow_output_add(enkflow_output *o, const char *name, enkflow_dtype dtype,
     } else {
         ekf_buf_add(&b, ",\"region\":null", 14);
     }
-    ekf_buf_printf(&b, ",\"dtype\":\"%s\",\"shape\":[", dtype == ENKFLOW_FLOAT32 ? "<f4" : "<f8");
+    const uint16_t probe = 1; /* the data frame holds the machine's bytes: say which order they are in */
+    const char order = *(const unsigned char *)&probe ? '<' : '>';
+    ekf_buf_printf(&b, ",\"dtype\":\"%c%s\",\"shape\":[", order, dtype == ENKFLOW_FLOAT32 ? "f4" : "f8");
     for (int d = 0; d < ndim; d++) ekf_buf_printf(&b, d ? ",%lld" : "%lld", (long long)shape[d]);
     ekf_buf_add(&b, "]}", 2);
     zmq_msg_t m[2];

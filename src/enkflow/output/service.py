@@ -73,7 +73,7 @@ HWM = 8  # messages queued per client on each side before its send blocks
 ADD, STOP, STOPPED = "add", "stop", "stopped"
 START_TIMEOUT_S = 60.0
 _CHECK_S = 0.5
-DTYPES = ("<f4", "<f8")
+DTYPES = ("<f4", "<f8", ">f4", ">f8")  # the client's byte order, converted here
 # Pieces remembered to recognise a rerun's identical piece (most recent first kept): a rerun comes within
 # its cycle, long before this many pieces later.
 SEEN_PIECES = 1 << 16
@@ -182,6 +182,7 @@ class _Service:
             c.errors.append(f"{what}: {len(buf)} data bytes do not match dtype {dtype} shape {shape}")
             return
         a = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        a = a.astype(a.dtype.newbyteorder("="), copy=False)
         region = msg.get("region")
         reg = tuple(slice(int(s), int(e)) for s, e in region) if region is not None else None
         try:
