@@ -298,10 +298,9 @@ class Experiment:
         cfg = self.cfg
         if not cfg.analysis_output.mean_spread_files or cfg.state is None or cfg.analysis_task.command is not None:
             return None
-        from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics
+        from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
 
-        missing = [k for k in sorted(done) if not ((cfg.cycle_dir(k) / MEAN).is_file()
-                                                   and (cfg.cycle_dir(k) / SPREAD).is_file())]
+        missing = [k for k in sorted(done) if files_missing(cfg, k)]
         if service is None and not missing:
             return None
         files = MeanSpreadFromStatistics(cfg, service.directory if service is not None else None)

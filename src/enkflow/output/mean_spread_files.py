@@ -123,6 +123,12 @@ def copy_template(cfg, directory: Path) -> Path:
     return copy
 
 
+def files_missing(cfg, cycle: int) -> bool:
+    """Whether ``cycle``'s mean or spread file is missing."""
+    cdir = cfg.cycle_dir(cycle)
+    return not ((cdir / MEAN).is_file() and (cdir / SPREAD).is_file())
+
+
 class _Writer:
     """The writer process and a thread that talks to it (no netCDF call in this process)."""
 
@@ -193,10 +199,6 @@ class MeanSpreadFromStatistics:
         self._writer = _Writer(cfg, template, d / "mean_spread.log")
         self._client = None
 
-    def missing(self, cycle: int) -> bool:
-        cdir = self.cfg.cycle_dir(cycle)
-        return not ((cdir / MEAN).is_file() and (cdir / SPREAD).is_file())
-
     def has_statistics(self, cycle: int) -> bool:
         from enkflow.output.analysis_output import field_name
 
@@ -208,7 +210,7 @@ class MeanSpreadFromStatistics:
         """After ``cycle``'s analysis, before it counts as done: wait until the service has written
         the statistics (the files are made from them, so they must outlive a crash of the driver and
         the service together), then have the files written in the background."""
-        if not self.missing(cycle):  # the analysis task, having found no service, wrote them
+        if not files_missing(self.cfg, cycle):  # the analysis task, having found no service, wrote them
             return
         if self.service_dir is not None:
             from enkflow.output.remote import RemoteOutput
