@@ -158,14 +158,9 @@ class _Writer:
         if error:
             raise EnkflowError(f"cycle {cycle}: {MEAN} and {SPREAD} were not written: {error}")
 
-    def submit(self, cycle: int, rows: Path | None = None, before: Callable[[], None] | None = None) -> None:
-        """:meth:`request` in the background (after ``before()``, there too)."""
-        def job() -> None:
-            if before is not None:
-                before()
-            self.request(cycle, rows)
-
-        self._bg.submit(job)
+    def submit(self, cycle: int, rows: Path | None = None) -> None:
+        """:meth:`request` in the background."""
+        self._bg.submit(lambda: self.request(cycle, rows))
 
     def wait(self) -> None:
         """Until every submitted request is done; raises the first error."""
