@@ -15,7 +15,6 @@ which a crash before analysis C is complete on every rank cannot need.
 
 from __future__ import annotations
 
-import queue
 import re
 import shutil
 import threading
@@ -27,6 +26,7 @@ import numpy as np
 
 from enkflow.errors import ConfigError, StorageError
 from enkflow.fsutil import atomic_output
+from enkflow.job_thread import JobThread
 from enkflow.online.fields import Field
 
 
@@ -78,47 +78,21 @@ class Checkpointer:
         self.rank = rank
         self.n_ranks = n_ranks
         self.fields = fields
-        self._q: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._error: BaseException | None = None
+        self._jobs = JobThread(f"enkflow-checkpoint-{rank}")
         self._analysis_done = threading.Event()
         self._analysis_done.set()
-        self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, name=f"enkflow-checkpoint-{rank}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import time
-
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            t0 = time.perf_counter()
-            try:
-                if self._error is None:
-                    job()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the server's thread
-                self._error = exc
-            finally:
-                self.seconds += time.perf_counter() - t0
-                self._q.task_done()
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise self._error
 
     def forecast(self, cycle: int, member: int, columns: list[np.ndarray]) -> None:
         """Queue member ``member``'s forecast (views of the store, left untouched until :meth:`flush`)."""
-        self._check()
         path = forecast_path(self.dir, cycle, member, self.rank)
-        self._q.put(lambda: _write_h5(path, self.fields, columns, {"cycle": cycle, "member": member, "rank": self.rank, "ranks": self.n_ranks}))
+        self._jobs.submit(lambda: _write_h5(path, self.fields, columns, {"cycle": cycle, "member": member, "rank": self.rank, "ranks": self.n_ranks}))
 
     def analysis(self, cycle: int, parts: list[np.ndarray], after: Callable[[], None] | None = None) -> None:
         """Queue the analysis ensemble; :meth:`wait_analysis` before the shares change again.
         ``after``: what must be done before the checkpoint exists (called on the checkpoint thread
         once the shares are copied, so :meth:`wait_analysis` does not wait for it; its error fails
         the checkpoint)."""
-        self._check()
+        self._jobs.check()
         self._analysis_done.clear()
         path = analysis_path(self.dir, cycle, self.rank)
 
@@ -134,7 +108,7 @@ class Checkpointer:
             finally:
                 self._analysis_done.set()
 
-        self._q.put(job)
+        self._jobs.submit(job)
 
     def _prune(self, cycle: int) -> None:
         old = self.dir / f"forecast_{cycle - 1:04d}"
@@ -145,17 +119,17 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
     def wait_analysis(self) -> None:
-        self._analysis_done.wait()
-        self._check()
+        # A job skipped after an earlier failure never sets the event: that failure is raised instead.
+        while not self._analysis_done.wait(0.1):
+            self._jobs.check()
+        self._jobs.check()
 
     def flush(self) -> None:
         """Wait until every queued checkpoint is on disk."""
-        self._q.join()
-        self._check()
+        self._jobs.wait()
 
     def close(self) -> None:
-        self._q.put(None)
-        self._thread.join()
+        self._jobs.close()
 
 
 def recoverable(directory: Path, n_ranks: int, n_members: int) -> tuple[int | None, dict[int, set[int]]]:

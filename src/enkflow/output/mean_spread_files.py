@@ -26,60 +26,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, StorageError
+from enkflow.job_thread import JobThread
 from enkflow.state import StateLayout
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
 TEMPLATE = "mean_spread_template.nc"
-
-
-class _OneThread:
-    """Jobs run one after the other on a daemon thread; the first error is kept and raised by
-    :meth:`wait` (and by :meth:`submit`, which does not queue after an error)."""
-
-    def __init__(self, name: str):
-        self._cond = threading.Condition()
-        self._jobs: list[Callable[[], None]] = []
-        self._busy = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs))
-                job = self._jobs.pop(0)
-                self._busy = True
-            try:
-                job()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                with self._cond:
-                    self._error = self._error or exc
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._cond:
-            if self._error is not None:
-                raise self._error
-            self._jobs.append(job)
-            self._cond.notify_all()
-
-    def wait(self) -> None:
-        """Until every submitted job is done; raises the first error."""
-        with self._cond:
-            self._cond.wait_for(lambda: not self._jobs and not self._busy)
-            if self._error is not None:
-                raise self._error
 
 
 def copy_template(cfg, directory: Path) -> Path:
@@ -138,7 +94,7 @@ class _Writer:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "enkflow.output.mean_spread_files", str(cfg.expdir),
                  "--template", str(template)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
-        self._bg = _OneThread("enkflow-mean-spread")
+        self._bg = JobThread("enkflow-mean-spread")
 
     def request(self, cycle: int, rows: Path | None = None) -> None:
         """Write ``cycle``'s files (from ``rows``, else from its statistics files); blocks."""
@@ -167,6 +123,7 @@ class _Writer:
         self._bg.wait()
 
     def close(self) -> None:
+        self._bg.close()  # the requests queued are answered first
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
