@@ -3,12 +3,25 @@
 #define ENKFLOW_INTERNAL_H
 
 #include <signal.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include <zmq.h>
 
 #include "enkflow_runner.h"
+
+/* The handles' error message buffers (enkflow_runner, enkflow_output). */
+#define EKF_ERRSIZE 4096
+
+/* Format into a handle's message buffer through a copy: the arguments may point into it. */
+static inline void ekf_vset_err(char err[EKF_ERRSIZE], const char *fmt, va_list ap) {
+    char detail[EKF_ERRSIZE];
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    memcpy(err, detail, sizeof detail);
+}
 
 /* --- wire.c: the 96-byte little-endian header of enkflow.online.wire ------------------------- */
 

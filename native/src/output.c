@@ -19,7 +19,7 @@
 #include "enkflow_output.h"
 #include "internal.h"
 
-#define ERRSIZE 4096
+#define ERRSIZE EKF_ERRSIZE
 #define POLL_MS 100
 #define HWM 8 /* enkflow.output.service.HWM: messages queued on this side before add waits */
 #define OPEN_TIMEOUT_S 30.0
@@ -56,12 +56,10 @@ struct enkflow_output {
 };
 
 static int set_err(enkflow_output *o, int code, const char *fmt, ...) {
-    char detail[ERRSIZE];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    ekf_vset_err(o->err, fmt, ap);
     va_end(ap);
-    memcpy(o->err, detail, sizeof detail);
     return code;
 }
 

@@ -14,7 +14,7 @@
 
 #include "internal.h"
 
-#define ERRSIZE 4096
+#define ERRSIZE EKF_ERRSIZE
 
 typedef struct field {
     char *name;
@@ -97,12 +97,10 @@ int enkflow_runner_set_error(enkflow_runner *r, int code, const char *message) {
 }
 
 static int set_err(enkflow_runner *r, int code, const char *fmt, ...) {
-    char detail[ERRSIZE];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    ekf_vset_err(r->err, fmt, ap);
     va_end(ap);
-    memcpy(r->err, detail, sizeof detail);
     return code;
 }
 
