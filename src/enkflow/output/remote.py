@@ -113,23 +113,21 @@ class RemoteOutput:
         return msg
 
     def _send(self, frames: list[Any]) -> None:
-        try:
-            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-            return
-        except zmq.Again:
-            pass
-        t0 = time.perf_counter()
-        while True:  # back-pressure: the service is behind
-            if self._sock.poll(POLL_MS, zmq.POLLOUT):
-                try:
-                    self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                    break
-                except zmq.Again:
-                    continue
-            why = self._gone()
-            if why is not None:
-                raise self._lost(why)
-        self._stats["blocked_s"] += time.perf_counter() - t0
+        t0 = None  # set once the send has to wait: back-pressure, the service is behind
+        while True:
+            try:
+                self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:
+                pass
+            if t0 is None:
+                t0 = time.perf_counter()
+            if not self._sock.poll(POLL_MS, zmq.POLLOUT):
+                why = self._gone()
+                if why is not None:
+                    raise self._lost(why)
+        if t0 is not None:
+            self._stats["blocked_s"] += time.perf_counter() - t0
 
     # -- the API ----------------------------------------------------------------------------
 

@@ -83,15 +83,9 @@ def token_credential(token: str) -> str:
     return credential(token, DOMAIN).hex()
 
 
-def _names(text: str, t: float, field: str | None = None) -> bool:
-    """Whether a writer's message names time ``t`` (of ``field``): "field F time T", T as ``:g``
-    writes it and not the start of a longer number (time 1 is not time 10 or 1.5)."""
-    f = re.escape(field) if field is not None else r"\S+"
-    return re.search(rf"field {f} time {re.escape(f'{t:g}')}(?![\w.])", text) is not None
-
-
 def _fields_named(text: str, t: float) -> list[str]:
-    """The fields a writer's message names at time ``t``."""
+    """The fields a writer's message names at time ``t`` ("field F time T", T as ``:g`` writes it and
+    not the start of a longer number: time 1 is not time 10 or 1.5)."""
     return re.findall(rf"field (\S+) time {re.escape(f'{t:g}')}(?![\w.])", text)
 
 
@@ -162,7 +156,7 @@ class _Service:
         for line in text.splitlines():  # the Output joins the failures it found since the last call
             if line.strip() and line not in self.failures:
                 self.failures.append(line)
-        owners = [c for c in self.clients.values() if any(_names(text, t, f) for f, t in c.times)] or [caller]
+        owners = [c for c in self.clients.values() if any(f in _fields_named(text, t) for f, t in c.times)] or [caller]
         for c in owners:
             if c is not caller:
                 c.errors.append(text)
@@ -271,7 +265,7 @@ class _Service:
                     if done:
                         for k in [k for k in self.seen if k[1] == t]:
                             del self.seen[k]
-                        for f in [f for f in self.failures if _names(f, t)]:
+                        for f in [f for f in self.failures if _fields_named(f, t)]:
                             self.failures.remove(f)
                             for name in _fields_named(f, t):
                                 self.redo[(name, t)] = f
