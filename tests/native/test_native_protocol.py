@@ -25,6 +25,20 @@ def bad_runner(native_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
+def run_to_end(bad_runner: Path, server: ScriptedServer, mode: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``bad_runner MODE`` against ``server`` until it exits; the server is closed afterwards."""
+    try:
+        return subprocess.run([str(bad_runner), server.address, TOKEN, mode], capture_output=True, text=True,
+                              timeout=timeout)
+    finally:
+        server.close()
+
+
+def rc_lines(p: subprocess.CompletedProcess) -> list[str]:
+    """The runner's "rc=CODE NAME: MESSAGE" reports."""
+    return [line for line in p.stdout.splitlines() if line.startswith("rc=")]
+
+
 def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(bad_runner: Path) -> None:
     """A NaN forecast whose pieces two server ranks both refuse: the runner reads the first ERROR and gives
     the task up; the second rank's ERROR, for that old task, must not be taken for the answer to the next
@@ -32,12 +46,8 @@ def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(
     server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)],
                             put_reply=lambda task, rank: "element 0 is nan (NaN or Inf in the forecast)" if task == 1
                             else None)
-    try:
-        p = subprocess.run([str(bad_runner), server.address, TOKEN, "nan"], capture_output=True, text=True,
-                           timeout=60)
-    finally:
-        server.close()
-    lines = [line for line in p.stdout.splitlines() if line.startswith("rc=")]
+    p = run_to_end(bad_runner, server, "nan")
+    lines = rc_lines(p)
     assert p.returncode == 0, (p.returncode, lines, p.stderr)
     assert len(lines) == 1 and lines[0].startswith("rc=7 refused by the server: the server rejected the forecast "
                                                    "of member 3, cycle 1"), lines
@@ -107,11 +117,7 @@ def test_a_forked_child_cannot_finalize_its_parents_runner(bad_runner: Path) -> 
     (the child has none of its threads: the BYE would hang in zmq_ctx_term, or say BYE for the parent's
     task); the parent serves on."""
     server = ScriptedServer(TOKEN, [(1, 3, 1)], ranks=1)
-    try:
-        p = subprocess.run([str(bad_runner), server.address, TOKEN, "fork-finalize"], capture_output=True, text=True,
-                           timeout=30)
-    finally:
-        server.close()
+    p = run_to_end(bad_runner, server, "fork-finalize", timeout=30)
     assert p.returncode == 0, (p.returncode, p.stdout)
     assert "child rc=2" in p.stdout, p.stdout
     assert [k for k, _, _ in server.received].count("BYE") == 1 and ("PUT", 1, 0) in server.received, server.received
@@ -146,11 +152,7 @@ def test_a_refusal_sent_just_before_the_server_went_is_read_not_taken_for_a_lost
     server = ScriptedServer(TOKEN, [(1, 3, 1)], put_delay={0: 0.5}, close_after_error=True,
                             put_reply=lambda task, rank: "element 0 is nan (NaN or Inf in the forecast)" if rank == 1
                             else None)
-    try:
-        p = subprocess.run([str(bad_runner), server.address, TOKEN, "nan"], capture_output=True, text=True,
-                           timeout=60)
-    finally:
-        server.close()
-    lines = [line for line in p.stdout.splitlines() if line.startswith("rc=")]
+    p = run_to_end(bad_runner, server, "nan")
+    lines = rc_lines(p)
     assert p.returncode == 0, (p.returncode, lines, p.stderr)
     assert len(lines) == 1 and "rc=7 refused by the server" in lines[0] and "element 0 is nan" in lines[0], lines

@@ -212,26 +212,19 @@ files.close()
                for line in lines), lines
 
 
-def test_a_full_disk_under_the_mean_spread_files_is_an_error_naming_the_file(tmp_path: Path, problem: Path) -> None:
+def test_a_full_disk_under_the_mean_spread_files_is_an_error_naming_the_file(small_tmpfs: Path, problem: Path) -> None:
     """netCDF reports a full disk as an HDF error (a RuntimeError): it comes back as a StorageError that
     names the file, and no file is left under its final name."""
     from enkflow.errors import StorageError
     from enkflow.io.meanspread import MeanSpreadTemplate
     from enkflow.state import StateConfig, StateLayout
 
-    d = tmp_path / "small"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs (needs root): {r.stderr.strip()}")
-    try:
-        (d / "filler").write_bytes(b"\0" * (250 * 1024))
-        layout = StateLayout.from_config(problem / "member_0001.nc", StateConfig(variables=[STATE_VARIABLE]))
-        x = np.arange(layout.n_rows, dtype=np.float64)
-        with pytest.raises(StorageError, match=r"writing the ensemble mean failed") as ei:
-            MeanSpreadTemplate.read(layout).write(d / "analysis_mean.nc", d / "analysis_spread.nc", x, x,
-                                                  title="t", n_ens=N)
-        assert str(d / "analysis_mean.nc") in str(ei.value)
-        assert sorted(p.name for p in d.iterdir()) == ["filler"]
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
+    d = small_tmpfs
+    (d / "filler").write_bytes(b"\0" * (1018 * 1024))
+    layout = StateLayout.from_config(problem / "member_0001.nc", StateConfig(variables=[STATE_VARIABLE]))
+    x = np.arange(layout.n_rows, dtype=np.float64)
+    with pytest.raises(StorageError, match=r"writing the ensemble mean failed") as ei:
+        MeanSpreadTemplate.read(layout).write(d / "analysis_mean.nc", d / "analysis_spread.nc", x, x,
+                                              title="t", n_ens=N)
+    assert str(d / "analysis_mean.nc") in str(ei.value)
+    assert sorted(p.name for p in d.iterdir()) == ["filler"]

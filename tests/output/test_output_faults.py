@@ -251,19 +251,6 @@ def test_writer_exits_and_cleans_up_when_the_model_is_killed(tmp_path: Path) -> 
     assert not list(d.iterdir()) or not list(d.glob("*.nc")) and not list(d.glob(".*tmp"))
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
-    d = tmp_path / "small"
-    d.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a 1 MiB tmpfs (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
-
-
 def test_full_disk_is_a_clear_error_and_no_corrupted_file(small_tmpfs: Path) -> None:
     # Uncompressed float64: 4 members of 32 KiB per file, so the 1 MiB file system fills after a few times.
     out = Output(config(small_tmpfs, compression="none"))
