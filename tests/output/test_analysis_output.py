@@ -228,3 +228,35 @@ def test_a_full_disk_under_the_mean_spread_files_is_an_error_naming_the_file(sma
                                               title="t", n_ens=N)
     assert str(d / "analysis_mean.nc") in str(ei.value)
     assert sorted(p.name for p in d.iterdir()) == ["filler"]
+
+
+def test_a_stopped_mean_spread_writer_is_killed_and_named(tmp_path: Path, problem: Path) -> None:
+    """SIGSTOP of the writer of the mean and spread files: a request waits [analysis_output] writer_timeout
+    for progress, then kills the writer and fails naming the cycle and the stopped process (the driver and
+    the online server would otherwise wait for ever)."""
+    import os
+    import signal
+    import time
+
+    from enkflow.errors import EnkflowError
+    from enkflow.fsutil import write_json_atomic
+    from enkflow.output.mean_spread_files import _Writer, copy_template
+
+    cfg = load_experiment(write_builtin_experiment(tmp_path, problem, members=N, cycles=2,
+                                                   extra="\n[analysis_output]\nwriter_timeout = 1.0\n"))
+    cfg.expdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
+    w = _Writer(cfg, copy_template(cfg, tmp_path / "t"), tmp_path / "t" / "mean_spread.log")
+    try:
+        with pytest.raises(EnkflowError, match="cycle 1: .*not written: .*analysis statistics cannot be read"):
+            w.request(1)  # a live writer answers (the statistics of cycle 1 do not exist)
+        os.kill(w.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(EnkflowError, match=r"cycle 2: the writer of analysis_mean.nc and analysis_spread.nc "
+                                               r"\(pid \d+\) made no progress for \d+ s \(\[analysis_output\] "
+                                               r"writer_timeout = 1 s\); the process was stopped \(SIGSTOP\?\); killed"):
+            w.request(2)
+        assert 1.0 < time.monotonic() - t0 < 10.0
+        assert w.proc.poll() is not None
+    finally:
+        w.close()

@@ -136,3 +136,27 @@ def test_uncompressed_archive_round_trip(tmp_path: Path) -> None:
     out = {t: tmp_path / "out" / f"{t}.nc".replace(":", "_") for t in original}
     A.restore(tmp_path / "archive", 5, out)
     assert {t: p.read_bytes() for t, p in out.items()} == original
+
+
+def test_a_stopped_archiver_is_killed_and_reported_not_waited_for(tmp_path: Path) -> None:
+    """SIGSTOP of the background archiver: the run's final wait gives up after [archive] timeout seconds
+    without progress, kills it and reports the failure (here on_failure = "stop"); the cycle stays staged
+    for the next run and nothing is under a final name."""
+    from enkflow.experiment.config import ArchiveSection
+    from enkflow.jobs.events import EventLog, iter_events
+    from enkflow.output.archive_background import ArchiveFailure, BackgroundArchiver
+
+    staging, root = tmp_path / "staging", tmp_path / "archive"
+    settings = ArchiveSection(dir=str(root), timeout=1.0, on_failure="stop")
+    events = EventLog(tmp_path / "events.jsonl")
+    arch = BackgroundArchiver(root, staging, settings, events, log=tmp_path / "archiver.log")
+    arch.stage(1, _files(tmp_path / "restarts", n=1), {})
+    assert arch._proc is not None
+    os.kill(arch._proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    with pytest.raises(ArchiveFailure, match=r"archiving of cycle\(s\) 1 .* failed \(made no progress for \d+ s; "
+                                             r"the process was stopped \(SIGSTOP\?\); killed \(\[archive\] timeout = 1 s\)\)"):
+        arch.finish(retries=0)
+    assert time.monotonic() - t0 < 10
+    assert A.staged_cycles(staging) == [1] and A.listed_cycles(root) == []
+    assert [e["event"] for e in iter_events(tmp_path / "events.jsonl")].count("archive_fail") == 1

@@ -5,6 +5,7 @@ rejected before anything is sent, and an offline experiment whose analysis stati
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -346,3 +347,72 @@ def test_a_discarded_time_is_forgiven_only_for_the_fields_written_again(tmp_path
         assert "field s time 2" not in str(ei.value)
     finally:
         svc.kill()
+
+
+def test_a_stopped_service_is_a_clear_error_for_its_clients_and_its_owner_kills_it(tmp_path: Path) -> None:
+    """SIGSTOP of the service: a stop shorter than hang_limit (writer_timeout + 5 s) only delays; a longer
+    one makes a waiting client raise ServiceLost naming the stopped process, and the owner's stop kill it
+    (no study waits for ever on a service that cannot answer)."""
+    import threading
+
+    from enkflow.output.service import hang_limit
+    from enkflow.output.config import OutputConfig
+
+    cfg = dict(config(tmp_path), writer_timeout=0.5)
+    limit = hang_limit(OutputConfig.model_validate(cfg))
+    assert limit == 5.5
+    svc = OutputService.start(cfg, tmp_path / "svc")
+    try:
+        r = RemoteOutput.from_dir(tmp_path / "svc")
+        r.add("s", value("s", 1, None), 1)
+        os.kill(svc.proc.pid, signal.SIGSTOP)
+        threading.Timer(2.0, os.kill, (svc.proc.pid, signal.SIGCONT)).start()
+        r.sync()  # waited out the short stop
+        r.add("s", value("s", 2, None), 2)
+        os.kill(svc.proc.pid, signal.SIGSTOP)
+        lost: list[BaseException] = []
+
+        def sync() -> None:
+            try:
+                r.sync()
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                lost.append(exc)
+
+        t0 = time.monotonic()
+        client_thread = threading.Thread(target=sync)
+        client_thread.start()
+        with pytest.raises(OutputError, match=r"hung: made no progress for \d+ s .*stopped \(SIGSTOP\?\); killed"):
+            svc.stop()
+        client_thread.join(timeout=30)
+        assert limit < time.monotonic() - t0 < limit + 10
+        assert svc.proc.poll() is not None, "the owner kills a hung service"
+        assert len(lost) == 1 and isinstance(lost[0], ServiceLost), lost
+        assert re.search(r"is hung: made no progress for \d+ s \(limit 5.5 s.*the process is stopped \(SIGSTOP\?\)",
+                         str(lost[0])), lost[0]
+    finally:
+        svc.kill()
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["s_1.nc"] and leftovers(out) == []
+
+
+def test_a_service_waiting_for_a_slow_writer_is_not_hung(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service beats while it waits for its writers (they have their own watch): a sync that takes longer
+    than hang_limit because the writer is slow but progressing (a user reduction of 0.4 s per time) succeeds."""
+    (tmp_path / "slow_reduction.py").write_text(
+        "import time\nimport numpy as np\n\ndef total(a):\n    time.sleep(0.4)\n    return float(np.sum(a))\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    cfg = dict(config(tmp_path), writer_timeout=1.0, writer_nice=0, reductions={"total": "slow_reduction:total"})
+    svc = OutputService.start(cfg, tmp_path / "svc")
+    try:
+        r = RemoteOutput.from_dir(tmp_path / "svc")
+        times = range(1, 18)
+        t0 = time.monotonic()
+        for t in times:
+            r.add("s", value("s", t, None), t)
+        r.sync()
+        assert time.monotonic() - t0 > 6.0 + 0.5  # longer than hang_limit (6 s)
+        r.close()
+        svc.stop()
+    finally:
+        svc.kill()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"s_{t}.nc" for t in times)

@@ -15,8 +15,9 @@ It is :func:`enkflow.experiment.cycling.analyse` on the member files
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def analyse_files(
     applied: str | Path | None = None,
     balance: bool | None = None,
     stats_dir: str | Path | None = None,
-    stats_compression: tuple[str, int] = ("zlib", 1),
+    stats_settings: Mapping[str, Any] | None = None,
     stats_service: str | Path | None = None,
     obs_settings: ObsSettings | None = None,
     obs_diag_dir: str | Path | None = None,
@@ -84,8 +85,8 @@ def analyse_files(
 
     ``stats_dir`` (the experiment's ``cycles`` directory): every rank also hands its rows of the
     forecast mean, analysis mean and spread and increment to the asynchronous output server
-    (:class:`enkflow.output.analysis_output.AnalysisOutput`, started here; ``stats_compression``:
-    its compression and level), whose writer writes ``NNNN/VAR_STAT.nc`` while the restarts are
+    (:class:`enkflow.output.analysis_output.AnalysisOutput`, started here; ``stats_settings``:
+    its compression, level and writer timeout, :meth:`AnalysisOutputSection.writer_settings`), whose writer writes ``NNNN/VAR_STAT.nc`` while the restarts are
     updated; it is closed (everything written) before this returns. ``stats_s`` and ``stats_wait_s``:
     the seconds spent computing and adding them, and waiting for the writer at the end.
     ``stats_service``: the directory of the study's output service (:mod:`enkflow.output.service`);
@@ -119,10 +120,9 @@ def analyse_files(
             ts = time.perf_counter()
             if stats_service is not None:
                 out = AnalysisOutput.through_service(layout, stats_dir, stats_service, cycle, comm,
-                                                     compression=stats_compression[0], complevel=stats_compression[1])
+                                                     **(stats_settings or {}))
             if out is None:
-                out = AnalysisOutput(layout, stats_dir, comm, compression=stats_compression[0],
-                                     complevel=stats_compression[1])
+                out = AnalysisOutput(layout, stats_dir, comm, **(stats_settings or {}))
             t_start = time.perf_counter() - ts
         store = FileStore(ens, applied=applied)
         # After the open: it finished any interrupted update, which writes the record.
@@ -245,7 +245,7 @@ def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
         paths, cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io, cycle=cycle,
         mean_path=cdir / "analysis_mean.nc" if files else None, spread_path=cdir / "analysis_spread.nc" if files else None,
         hx_files=hx, applied=cfg.applied_record(cycle), obs_settings=ObsSettings.from_experiment(cfg),
-        stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_compression=(ao.compression, ao.complevel),
+        stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_settings=ao.writer_settings(),
         stats_service=service_dir(expdir),
         obs_diag_dir=cdir, inflation_files=infl,
     )

@@ -258,9 +258,18 @@ class AnalysisOutputSection(Strict):
                                   "driver writes them from the statistics, off the analysis's path")
     compression: Literal["none", "zlib", "zstd"] = Field(default="zlib", description="of the statistics files")
     complevel: int = Field(default=1, ge=1, le=9)
+    writer_timeout: float = Field(
+        default=60.0, ge=0, description="seconds a process writing the analysis's output (the output service, its "
+                                        "writers, the mean/spread writer) may go without progress (stopped, stuck "
+                                        "in the file system) before it is killed and the run stops naming it; "
+                                        "0: wait forever")
 
     def statistics_for(self, mode: str) -> bool:
         return self.statistics if self.statistics is not None else mode in ("online", "offline")
+
+    def writer_settings(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`enkflow.output.analysis_output.output_config`."""
+        return {"compression": self.compression, "complevel": self.complevel, "writer_timeout": self.writer_timeout}
 
 
 class ArchiveSection(Strict):
@@ -273,6 +282,10 @@ class ArchiveSection(Strict):
     level: int = Field(default=1, ge=1, le=9, description="gzip (zlib) compression level")
     on_failure: Literal["warn", "stop"] = Field(
         default="warn", description="a failed archive: an event and a warning, or also stop the experiment")
+    timeout: float = Field(
+        default=120.0, ge=0, description="seconds the archiver may go without progress (no byte read or written) "
+                                         "while the run waits for it at its end: then it is killed and reported as "
+                                         "failed (on_failure applies); 0: wait for ever")
 
 
 class ExperimentConfig(Strict):

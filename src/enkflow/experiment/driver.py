@@ -45,6 +45,7 @@ from enkflow.jobs.tasks import Step, Task, TaskTable
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
 from enkflow.output.archive_background import BackgroundArchiver
+from enkflow.output.remote import ServiceLost
 
 
 def archived_restarts(cfg: ExperimentConfig) -> list[tuple[Path, str, str]]:
@@ -243,8 +244,14 @@ class Experiment:
                 finally:
                     f.close()
             if service is not None:
-                self._stop_output_service(service)
+                svc, service = service, None  # stopped once, whatever the stop raises
+                self._stop_output_service(svc)
+        except ServiceLost as exc:
+            if service is not None:  # gone or hung: nothing to stop in order; a hung one is killed
+                service.kill()
+                self.events.emit("output_service_end", error=str(exc))
                 service = None
+            raise
         finally:
             if files is not None:  # a failure: finish what was asked
                 try:
@@ -277,7 +284,7 @@ class Experiment:
 
         try:
             layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
-            ocfg = output_config(layout, cfg.cycle_dir(1).parent, compression=ao.compression, complevel=ao.complevel)
+            ocfg = output_config(layout, cfg.cycle_dir(1).parent, **ao.writer_settings())
             # Analysis tasks on other nodes (SLURM) reach it over TCP; on this machine ipc is enough.
             tcp = cfg.launcher.kind == "slurm"
             svc = OutputService.start(ocfg, service_dir(cfg.expdir), transport="tcp" if tcp else "ipc",

@@ -246,7 +246,7 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
         from enkflow.output.analysis_output import AnalysisOutput
 
         # One writer for the whole study: the ranks add their rows each cycle and go on.
-        stats = AnalysisOutput(layout, cfg.expdir / "cycles", comm, compression=ao.compression, complevel=ao.complevel)
+        stats = AnalysisOutput(layout, cfg.expdir / "cycles", comm, **ao.writer_settings())
         problem.stats = stats
     try:
         server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)

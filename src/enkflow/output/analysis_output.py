@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,8 +59,9 @@ def _template_attrs(layout: StateLayout) -> dict[str, dict[str, str]]:
 
 
 def output_config(layout: StateLayout, directory: str | os.PathLike[str], *, compression: str = "zlib",
-                  complevel: int = 1) -> OutputConfig:
-    """The output server's configuration of the analysis statistics of ``layout``'s variables."""
+                  complevel: int = 1, writer_timeout: float = 60.0) -> OutputConfig:
+    """The output server's configuration of the analysis statistics of ``layout``'s variables
+    (the keyword arguments: ``[analysis_output]``'s, :meth:`AnalysisOutputSection.writer_settings`)."""
     attrs = _template_attrs(layout)
     dims: dict[str, DimSpec] = {}
     fields: dict[str, FieldSpec] = {}
@@ -77,7 +79,8 @@ def output_config(layout: StateLayout, directory: str | os.PathLike[str], *, com
     return OutputConfig(
         directory=str(directory), file="{time:04g}/{field}.nc", dims=dims, fields=fields, diagnostics=False,
         writers=1, buffer_mb=max(64.0, 2.0 * n_bytes / 2**20), compression=compression, complevel=complevel,
-        nan="warn", time_units="1", title="enkflow analysis statistics (time: the cycle number)")
+        nan="warn", time_units="1", title="enkflow analysis statistics (time: the cycle number)",
+        writer_timeout=writer_timeout)
 
 
 class AnalysisOutput:
@@ -87,10 +90,10 @@ class AnalysisOutput:
     :meth:`add` is rank-local and returns at once. ``directory``: the experiment's
     ``cycles`` directory (files go to ``NNNN/`` below it)."""
 
-    def __init__(self, layout: StateLayout, directory: str | os.PathLike[str], comm=None, *,
-                 compression: str = "zlib", complevel: int = 1, remote=None):
+    def __init__(self, layout: StateLayout, directory: str | os.PathLike[str], comm=None, *, remote=None,
+                 **settings: Any):
         self.layout = layout
-        self.cfg = output_config(layout, Path(directory), compression=compression, complevel=complevel)
+        self.cfg = output_config(layout, Path(directory), **settings)
         self.remote = remote is not None
         if remote is not None:
             self.out = remote
@@ -102,7 +105,7 @@ class AnalysisOutput:
 
     @classmethod
     def through_service(cls, layout: StateLayout, directory: str | os.PathLike[str], service: str | os.PathLike[str],
-                        cycle: int, comm=None, *, compression: str = "zlib", complevel: int = 1) -> "AnalysisOutput | None":
+                        cycle: int, comm=None, **settings: Any) -> "AnalysisOutput | None":
         """Every rank a client of the study's output service (:mod:`enkflow.output.service`) whose
         ``address`` and ``token`` are in ``service``, after rank 0 discarded what an earlier attempt
         of ``cycle`` added (collective). None on every rank when rank 0 finds no such service, or
@@ -110,7 +113,7 @@ class AnalysisOutput:
         from enkflow.errors import EnkflowError
         from enkflow.output.remote import RemoteOutput
 
-        want = output_config(layout, Path(directory), compression=compression, complevel=complevel)
+        want = output_config(layout, Path(directory), **settings)
         remote, why = None, ""
         if comm is None or comm.rank == 0:
             try:
@@ -135,7 +138,7 @@ class AnalysisOutput:
             comm.barrier()  # the discard is done before any rank adds
             if comm.rank != 0:
                 remote = RemoteOutput.from_dir(service, timeout=30.0)
-        return cls(layout, directory, comm, compression=compression, complevel=complevel, remote=remote)
+        return cls(layout, directory, comm, remote=remote, **settings)
 
     def add(self, cycle: int, row_start: int, rows: dict[str, np.ndarray]) -> None:
         """This rank's rows ``row_start:`` of some of the statistics (any of :data:`STATS`)."""

@@ -28,6 +28,7 @@ from enkflow.errors import EnkflowError
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import log_tail
 from enkflow.output import archive as _archive
+from enkflow.output.heartbeat import wait_progressing
 
 
 class ArchiveFailure(EnkflowError):
@@ -91,9 +92,13 @@ class BackgroundArchiver:
         with open(self.log, "ab") as err:
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
 
-    def _failed(self, rc: int) -> None:
+    def _failed(self, rc: int | str) -> None:
+        """Report a failed archiver: its exit status, or why it counted as hung (:func:`wait_progressing`)."""
         cycles = _archive.staged_cycles(self.staging)
-        what = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        if isinstance(rc, str):
+            what, rc = f"{rc} ([archive] timeout = {self.settings.timeout:g} s)", None
+        else:
+            what = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
         tail = log_tail(self.log, 5) if self.log.exists() else ""
         msg = (f"archiving of cycle(s) {', '.join(map(str, cycles)) or '?'} to {self.root} failed ({what}); "
                f"see {self.log}" + (f":\n{tail}" if tail.strip() else ""))
@@ -115,7 +120,7 @@ class BackgroundArchiver:
         starts = 0
         while True:
             if self._proc is not None:
-                rc = self._proc.wait()
+                rc = wait_progressing(self._proc, self.settings.timeout)
                 self._proc = None
                 if rc != 0:
                     self._failed(rc)

@@ -16,7 +16,7 @@ import tempfile
 import time
 import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,9 @@ class Output:
         self._ctx = zmq.Context()
         self._channels: list[_Channel] = []
         self._beats: list[Heartbeat] = []  # the pages rank 0 made (it removes them at the end)
+        # Called at every turn of a wait for a writer: an owner that others watch (the output service)
+        # shows it is alive meanwhile; the writer has its own watch (writer_timeout).
+        self.on_wait: Callable[[], None] | None = None
         try:
             info: Any = None
             if self.rank == 0:
@@ -322,6 +325,8 @@ class Output:
     def _hung(self, ch: _Channel) -> bool:
         """Whether ``ch``'s writer has made no progress for ``writer_timeout`` s; if so it is killed
         and counts as failed (``on_writer_failure`` applies)."""
+        if self.on_wait is not None:
+            self.on_wait()
         limit = self.cfg.writer_timeout
         if limit <= 0 or ch.silence is None or not ch.silence.observable():
             return False

@@ -13,8 +13,9 @@ which would go on beating while the main thread hangs. Layout::
     64   u32  length     of the activity text
     68   ...  activity   UTF-8, at most ACTIVITY_BYTES
 
-The sender also counts bytes the writer process wrote (``/proc/PID/io`` ``wchar``, when it can
-read it) as progress: a long write to a slow disk is not a hang.
+The sender also counts bytes the writer process read or wrote (``/proc/PID/io`` ``rchar`` and
+``wchar``, when it can read them) as progress: a long write to a slow disk is not a hang. A process
+without a page (the mean/spread writer) is watched by its I/O bytes alone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import mmap
 import os
 import secrets
 import struct
+import subprocess
 import time
 from pathlib import Path
 
@@ -95,16 +97,14 @@ class Heartbeat:
             pass
 
 
-def io_written(pid: int) -> int | None:
-    """Bytes process ``pid`` has written (``wchar`` of /proc/PID/io), or None where that cannot be read."""
+def io_bytes(pid: int) -> int | None:
+    """Bytes process ``pid`` has read and written (``rchar`` + ``wchar`` of /proc/PID/io), or None
+    where that cannot be read."""
     try:
         with open(f"/proc/{pid}/io", "rb") as f:
-            for line in f:
-                if line.startswith(b"wchar:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
+            return sum(int(line.split()[1]) for line in f if line.startswith((b"rchar:", b"wchar:")))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def process_state(pid: int) -> str:
@@ -123,8 +123,8 @@ def process_state(pid: int) -> str:
 class Silence:
     """How long a writer has made no progress, as one sender sees it (seconds, monotonic clock).
 
-    Progress: the heartbeat changed, or the process wrote bytes. The clock starts when the sender
-    first looks, so it never overstates the silence."""
+    Progress: the heartbeat changed (``hb`` None: there is none), or the process read or wrote
+    bytes. The clock starts when the sender first looks, so it never overstates the silence."""
 
     def __init__(self, hb: Heartbeat | None, pid: int) -> None:
         self.hb = hb
@@ -139,7 +139,7 @@ class Silence:
             self._last = (beat, None)
             self._since = now
             return 0.0
-        wrote = io_written(self.pid) if self.pid else None  # only read while the beat stands still
+        wrote = io_bytes(self.pid) if self.pid else None  # only read while the beat stands still
         if wrote is not None and wrote != self._last[1]:
             if self._last[1] is not None:
                 self._since = now
@@ -147,5 +147,25 @@ class Silence:
         return now - self._since
 
     def observable(self) -> bool:
-        """Whether this sender can see the writer's progress (its heartbeat page is mapped here)."""
-        return self.hb is not None
+        """Whether this sender can see the writer's progress (its heartbeat page is mapped here, or
+        its I/O bytes can be read)."""
+        return self.hb is not None or bool(self.pid) and io_bytes(self.pid) is not None
+
+
+def wait_progressing(proc: "subprocess.Popen", limit: float, poll_s: float = 0.5) -> int | str:
+    """Wait for ``proc`` to end as long as it makes progress (:class:`Silence`, I/O bytes): its exit
+    status, or, once it went ``limit`` seconds without (``limit`` <= 0: never), why it counts as
+    hung, after it was killed."""
+    silence = Silence(None, proc.pid)
+    silence.seconds()
+    while True:
+        try:
+            return proc.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            pass
+        silent = silence.seconds()
+        if limit > 0 and silent > limit and silence.observable():
+            state = process_state(proc.pid)
+            proc.kill()
+            proc.wait()
+            return f"made no progress for {silent:.0f} s{f'; the process was {state}' if state else ''}; killed"

@@ -24,6 +24,7 @@ driver or server starts (``COPY``), not from the restart, which a model may be r
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -32,10 +33,12 @@ import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, StorageError
 from enkflow.job_thread import JobThread
+from enkflow.output.heartbeat import Silence, process_state
 from enkflow.state import StateLayout
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
 TEMPLATE = "mean_spread_template.nc"
+_POLL_S = 0.5
 
 
 def copy_template(cfg, directory: Path) -> Path:
@@ -86,10 +89,16 @@ def files_missing(cfg, cycle: int) -> bool:
 
 
 class _Writer:
-    """The writer process and a thread that talks to it (no netCDF call in this process)."""
+    """The writer process and a thread that talks to it (no netCDF call in this process).
+
+    A request waits for the answer as long as the writer makes progress (reads or writes bytes,
+    :class:`enkflow.output.heartbeat.Silence`): one silent for ``[analysis_output] writer_timeout``
+    seconds (stopped, stuck in the file system) is killed and the request fails naming it. Its
+    files go under their final names by rename only, so a kill leaves none half-written."""
 
     def __init__(self, cfg, template: Path, log: Path):
         self.log = log
+        self.timeout = cfg.analysis_output.writer_timeout
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "enkflow.output.mean_spread_files", str(cfg.expdir),
@@ -104,7 +113,7 @@ class _Writer:
         try:
             self.proc.stdin.write(json.dumps({"cycle": cycle, "rows": str(rows) if rows else None}) + "\n")
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
+            line = self._answer(cycle)
         except OSError:
             line = ""
         if not line:
@@ -113,6 +122,25 @@ class _Writer:
         error = json.loads(line).get("error")
         if error:
             raise EnkflowError(f"cycle {cycle}: {MEAN} and {SPREAD} were not written: {error}")
+
+    def _answer(self, cycle: int) -> str:
+        """The writer's answer line ('' if it died); raises if it hangs (killed first)."""
+        assert self.proc.stdout is not None
+        silence = Silence(None, self.proc.pid)
+        silence.seconds()
+        while not select.select([self.proc.stdout], [], [], _POLL_S)[0]:
+            if self.proc.poll() is not None:
+                return ""
+            silent = silence.seconds()
+            if self.timeout > 0 and silent > self.timeout and silence.observable():
+                state = process_state(self.proc.pid)
+                self.proc.kill()
+                self.proc.wait()
+                raise EnkflowError(
+                    f"cycle {cycle}: the writer of {MEAN} and {SPREAD} (pid {self.proc.pid}) made no progress for "
+                    f"{silent:.0f} s ([analysis_output] writer_timeout = {self.timeout:g} s)"
+                    f"{f'; the process was {state}' if state else ''}; killed: this cycle's files are not written")
+        return self.proc.stdout.readline()
 
     def submit(self, cycle: int, rows: Path | None = None) -> None:
         """:meth:`request` in the background."""

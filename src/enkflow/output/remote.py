@@ -16,14 +16,14 @@ from enkflow.errors import InputError
 from enkflow.output import protocol as P
 from enkflow.output.client import OutputError, Region, check_piece
 from enkflow.output.config import OutputConfig
-from enkflow.output.heartbeat import process_state
-from enkflow.output.service import ADD, HWM, token_credential
+from enkflow.output.heartbeat import Heartbeat, Silence, process_state
+from enkflow.output.service import ADD, HWM, hang_limit, hang_message, token_credential
 
 POLL_MS = 100
 
 
 class ServiceLost(OutputError):
-    """The output service is gone (killed, crashed, stopped): what was not synced may be lost."""
+    """The output service is gone (killed, crashed) or hung (stopped, stuck): what was not synced may be lost."""
 
 
 class RemoteOutput:
@@ -36,7 +36,9 @@ class RemoteOutput:
     copies the array and returns once ZeroMQ has queued it; when the service is behind (its
     writers' ``buffer_mb`` full and ``HWM`` messages queued) it waits (``blocked_s`` in
     :meth:`stats`). A failure caused by this client's adds is raised by its next ``sync`` /
-    ``discard`` / ``close``. ``timeout``: seconds to wait for the service's welcome."""
+    ``discard`` / ``close``. ``timeout``: seconds to wait for the service's welcome. On the
+    service's node every wait also watches its progress page: a service without progress for
+    :func:`~enkflow.output.service.hang_limit` seconds raises :class:`ServiceLost`."""
 
     def __init__(self, address: str, token: str | None = None, *, token_file: str | os.PathLike[str] | None = None,
                  timeout: float = 30.0) -> None:
@@ -54,6 +56,9 @@ class RemoteOutput:
         self._seq = 0
         self._pid = 0
         self._same_host = False
+        self._hb: Heartbeat | None = None
+        self._silence: Silence | None = None
+        self._hang_limit: float | None = None
         self._service_stats: dict[str, Any] = {}
         self._stats: dict[str, Any] = {"adds": 0, "bytes": 0, "add_s": 0.0, "blocked_s": 0.0}
         try:
@@ -66,6 +71,14 @@ class RemoteOutput:
             raise
         self._pid = int(msg.get("pid") or 0)
         self._same_host = msg.get("host") == socket.gethostname()
+        if self._same_host and msg.get("heartbeat"):
+            try:
+                self._hb = Heartbeat(msg["heartbeat"])
+            except OSError:  # another mount namespace (a container): the pid check alone
+                self._hb = None
+            else:
+                self._silence = Silence(self._hb, self._pid)
+                self._hang_limit = hang_limit(self.cfg)
         self._shapes = {f: self.cfg.shape(f) for f in self.cfg.fields}
 
     @classmethod
@@ -81,6 +94,7 @@ class RemoteOutput:
     # -- liveness ----------------------------------------------------------------------------
 
     def _gone(self) -> str | None:
+        """Why the service counts as lost (gone, or hung: see :class:`RemoteOutput`), or None."""
         if not (self._pid and self._same_host):
             return None
         try:
@@ -89,10 +103,15 @@ class RemoteOutput:
             return "gone"
         except PermissionError:
             return None
-        return "a zombie (killed?)" if process_state(self._pid) == "a zombie" else None
+        if process_state(self._pid) == "a zombie":
+            return "a zombie (killed?)"
+        if self._silence is not None and self._hang_limit is not None:
+            return hang_message(self._silence, self._hang_limit, self._hb, self._pid)
+        return None
 
     def _lost(self, why: str) -> ServiceLost:
         self._closed = True
+        self._shutdown()  # an open socket would keep the context, and the process's exit, waiting
         return ServiceLost(f"the output service at {self.address} (pid {self._pid}) is {why}: what this process "
                            f"added since its last sync may not be written ({self._stats['adds']} add(s) in all)")
 
@@ -191,8 +210,13 @@ class RemoteOutput:
         return dict(self._stats, service=dict(self._service_stats))
 
     def _shutdown(self) -> None:
+        if self._sock.closed:
+            return
         self._sock.close(linger=0)
         self._ctx.term()
+        if self._hb is not None:
+            self._hb.close()
+            self._hb = None
 
     def __enter__(self) -> "RemoteOutput":
         return self

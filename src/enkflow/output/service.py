@@ -28,6 +28,13 @@ member, region and bytes: an online member run twice) is dropped. Back-pressure:
 only as fast as the writers take them (the Output's ``buffer_mb``); ZeroMQ's high-water marks
 (``HWM`` messages each side) bound what waits in between, and the client's send then blocks.
 
+The service's own progress is a heartbeat page (:mod:`enkflow.output.heartbeat`; its owner makes
+it, the welcome names it) bumped at every turn of its loop: a client or the owner on the same node
+that waits for a service without progress for :func:`hang_limit` seconds (stopped, stuck in the
+file system) gives up with :class:`~enkflow.output.client.OutputError` naming what the kernel says
+the service is doing; the owner kills it. A client on another node has no such watch: its waits
+are bounded by its job's time limit.
+
 A client that dies is noticed (same node: its pid) and forgotten; what it added stays, and a
 (field, time) it left incomplete is reported by the stop (as :meth:`Output.close` does) unless
 another client completes it or discards that time. The service stops on ``stop``, or when its
@@ -63,7 +70,7 @@ from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
 from enkflow.output.client import Output, OutputError
 from enkflow.output.config import OutputConfig
-from enkflow.output.heartbeat import process_state
+from enkflow.output.heartbeat import Heartbeat, Silence, process_state
 from enkflow.tokens import credential, secret_file
 
 log = logging.getLogger("enkflow.output.service")
@@ -77,6 +84,24 @@ DTYPES = ("<f4", "<f8", ">f4", ">f8")  # the client's byte order, converted here
 # Pieces remembered to recognise a rerun's identical piece (most recent first kept): a rerun comes within
 # its cycle, long before this many pieces later.
 SEEN_PIECES = 1 << 16
+
+
+def hang_limit(cfg: OutputConfig) -> float | None:
+    """Seconds a service may go without progress before a client or its owner gives up on it (None:
+    never): ``writer_timeout``, and a margin. The service beats also while it waits for its writers
+    (they have their own watch), so only its own main thread stuck counts."""
+    return cfg.writer_timeout + 5.0 if cfg.writer_timeout > 0 else None
+
+
+def hang_message(silence: Silence, limit: float, hb: Heartbeat | None, pid: int) -> str | None:
+    """Why the service (``pid``, progress page ``hb``) counts as hung, or None while it does not."""
+    silent = silence.seconds()
+    if silent <= limit:
+        return None
+    doing = hb.activity() if hb is not None else ""
+    state = process_state(pid)
+    return (f"hung: made no progress for {silent:.0f} s (limit {limit:g} s: output.writer_timeout, and 5 s)"
+            f"{f'; last activity: {doing}' if doing else ''}{f'; the process is {state}' if state else ''}")
 
 
 def token_credential(token: str) -> str:
@@ -105,7 +130,10 @@ class _Service:
         self.dir = Path(spec["dir"])
         self.endpoint = str(spec["endpoint"])
         self.token = secret_file(spec["token_file"])
+        self.hb = Heartbeat(spec["heartbeat"]) if spec.get("heartbeat") else None
         self.out = Output(self.cfg, coords=spec.get("coords") or None, base_dir=spec.get("base_dir"))
+        if self.hb is not None:
+            self.out.on_wait = self.hb.beat  # waiting for its writers (watched by the Output) is progress
         self.clients: dict[bytes, _Client] = {}
         self.notes: list[str] = []
         self.host = socket.gethostname()
@@ -216,6 +244,8 @@ class _Service:
         """Serve until stopped (returns the stop's reply, sent) or the owner dies."""
         last = time.monotonic()
         while True:
+            if self.hb is not None:
+                self.hb.beat()
             if sock.poll(int(_CHECK_S * 1000), zmq.POLLIN):
                 frames = sock.recv_multipart(copy=False)
                 ident = frames[0].bytes
@@ -228,6 +258,8 @@ class _Service:
                     continue
                 kind = msg["kind"]
                 c = self.clients.get(ident)
+                if self.hb is not None and kind != ADD:
+                    self.hb.doing(f"{kind} of client {c.pid if c else '?'}")
                 if kind in (P.HELLO, STOP):
                     given = str(msg.get("credential", "")).encode("utf-8", "replace")
                     if not hmac.compare_digest(given, token_credential(self.token).encode()):
@@ -238,7 +270,7 @@ class _Service:
                         return self._stop(sock, ident)
                     c = self.clients[ident] = _Client(int(msg.get("pid") or 0), str(msg.get("host") or ""))
                     self._reply(sock, ident, P.WELCOME, config=self.cfg.model_dump(mode="json"), pid=os.getpid(),
-                                host=self.host)
+                                host=self.host, heartbeat=str(self.hb.path) if self.hb is not None else None)
                 elif c is None:
                     if kind != ADD:  # adds of an unknown client get no reply; its next call learns
                         self._reply(sock, ident, P.ERROR, error="the output service does not know this client "
@@ -365,8 +397,12 @@ class OutputService:
     0600, made once) and ``service.log``; an ipc socket is in a temporary directory. ``config``: the Output's
     configuration (a relative ``directory`` is relative to ``base_dir``)."""
 
-    def __init__(self, proc: subprocess.Popen, address: str, directory: Path, runtime: Path | None) -> None:
+    def __init__(self, proc: subprocess.Popen, address: str, directory: Path, runtime: Path | None,
+                 cfg: OutputConfig, hb: Heartbeat) -> None:
         self.proc = proc
+        self.cfg = cfg
+        self.hb = hb
+        self.silence = Silence(hb, proc.pid)
         self.address = address
         self.directory = directory
         self.token_file = directory / "token"
@@ -385,6 +421,7 @@ class OutputService:
         (d / "address").unlink(missing_ok=True)
         secret_file(d / "token")
         runtime = None
+        hb = Heartbeat.create()
         if transport == "tcp":
             endpoint = f"tcp://{bind}:*"
         elif transport == "ipc":
@@ -395,7 +432,8 @@ class OutputService:
         else:
             raise ValueError(f"transport {transport!r}: 'ipc' or 'tcp'")
         spec = {"config": cfg.model_dump(mode="json"), "owner": os.getpid(), "token_file": str(d / "token"),
-                "endpoint": endpoint, "dir": str(d), "base_dir": str(base_dir or os.getcwd()), "coords": coords or {}}
+                "endpoint": endpoint, "dir": str(d), "base_dir": str(base_dir or os.getcwd()), "coords": coords or {},
+                "heartbeat": str(hb.path)}
         try:
             with open(d / "service.log", "ab") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.service"], stdin=subprocess.PIPE,
@@ -417,17 +455,24 @@ class OutputService:
                                   f"{log_tail(d / 'service.log', 20)}")
         except BaseException:
             if runtime is not None:
-
                 shutil.rmtree(runtime, ignore_errors=True)
+            hb.unlink()
+            hb.close()
             raise
-        return cls(proc, line.split(" ", 1)[1], d, runtime)
+        return cls(proc, line.split(" ", 1)[1], d, runtime, cfg, hb)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def hung(self) -> str | None:
+        """Why the service counts as hung (:func:`hang_limit`), or None."""
+        limit = hang_limit(self.cfg)
+        return None if limit is None else hang_message(self.silence, limit, self.hb, self.proc.pid)
+
     def stop(self, timeout: float | None = None) -> dict[str, Any]:
         """Close the Output (everything received is written), stop the service; returns its
-        figures. Raises OutputError with what went wrong (a writer's error, incomplete output)."""
+        figures. Raises OutputError with what went wrong (a writer's error, incomplete output, a
+        service without progress for :func:`hang_limit` s, which is killed)."""
         if self.result is not None:
             return self.result
         try:
@@ -446,8 +491,13 @@ class OutputService:
                         raise OutputError(f"the output service (pid {self.proc.pid}) died while stopping (exit "
                                           f"{self.proc.returncode}):\n{log_tail(self.log, 20)}")
                     if deadline is not None and time.monotonic() > deadline:
-                        self.proc.kill()
+                        self._kill()
                         raise OutputError(f"the output service did not stop within {timeout:g} s; killed")
+                    why = self.hung()
+                    if why is not None:
+                        self._kill()
+                        raise OutputError(f"the output service (pid {self.proc.pid}) {why}; killed: what it had "
+                                          "not written is lost")
                 msg = P.decode(sock.recv())
             finally:
                 sock.close()
@@ -467,15 +517,18 @@ class OutputService:
     def kill(self) -> None:
         """Stop the service at once (after an error): its writers see it go and drop what is
         incomplete; no file is left under its final name half-written."""
+        self._kill()
+        self._cleanup()
+
+    def _kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self._cleanup()
 
     def _cleanup(self) -> None:
         (self.directory / "address").unlink(missing_ok=True)
+        self.hb.unlink()
         if self._runtime is not None:
-
             shutil.rmtree(self._runtime, ignore_errors=True)
             self._runtime = None
 
