@@ -325,8 +325,6 @@ class Output:
     def _hung(self, ch: _Channel) -> bool:
         """Whether ``ch``'s writer has made no progress for ``writer_timeout`` s; if so it is killed
         and counts as failed (``on_writer_failure`` applies)."""
-        if self.on_wait is not None:
-            self.on_wait()
         limit = self.cfg.writer_timeout
         if limit <= 0 or ch.silence is None or not ch.silence.observable():
             return False
@@ -438,6 +436,8 @@ class Output:
         """Handle replies until ``until(msg)`` (None: until the condition is re-checked false); checks liveness."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while ch.alive:
+            if self.on_wait is not None:
+                self.on_wait()
             if ch.sock.poll(POLL_MS, zmq.POLLIN):
                 msg = P.decode(ch.sock.recv())
                 self._handle(ch, msg)
@@ -550,6 +550,8 @@ class Output:
                 self._release(ch)
                 if _now() - checked > POLL_MS / 1000:
                     checked = _now()
+                    if self.on_wait is not None:
+                        self.on_wait()
                     why = self._dead(ch)
                     if why is not None:
                         self._writer_lost(ch, why)
