@@ -52,20 +52,27 @@ def write_mean_spread(
     """
     comm = comm or SerialComm()
     mean, spread = gather_mean_spread(X, layout, comm)
-    if comm.rank == 0:
+    if mean is not None and spread is not None:
         MeanSpreadTemplate.read(layout).write(mean_path, spread_path, mean, spread, title=title, n_ens=X.shape[1])
     comm.barrier()
 
 
-def gather_mean_spread(X: np.ndarray, layout: StateLayout, comm: Comm) -> tuple[np.ndarray, np.ndarray]:
+def gather_mean_spread(X: np.ndarray, layout: StateLayout, comm: Comm,
+                       root: int = 0) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
     """The mean and spread (n_rows,) of the whole state from every rank's row block ``X``
-    (n_local_rows, n_ens) (collective; every rank gets them)."""
+    (n_local_rows, n_ens), on rank ``root``; (None, None) on the others (collective). Only the
+    writing rank holds the whole state's statistics: 16 bytes per row on every rank would be the
+    largest array of a rank's analysis for a large state."""
     mean_l, spread_l = ensemble_mean_spread(np.asarray(X, dtype=np.float64))
-    mean = comm.allgather_rows(mean_l)
-    spread = comm.allgather_rows(spread_l)
-    if mean.size != layout.n_rows:
-        raise InputError(f"the row blocks add up to {mean.size} rows, the layout has {layout.n_rows}", item="X")
-    return mean, spread
+    counts = [int(c) for c in comm.allgather_obj(int(mean_l.size))]
+    if sum(counts) != layout.n_rows:  # the same counts on every rank: all raise
+        raise InputError(f"the row blocks add up to {sum(counts)} rows, the layout has {layout.n_rows}", item="X")
+    out = np.empty((2, layout.n_rows)) if comm.rank == root else None
+    reqs = [comm.igatherv(np.ascontiguousarray(x), out[i] if out is not None else None, counts, root)
+            for i, x in enumerate((mean_l, spread_l))]
+    for r in reqs:
+        r.wait()
+    return (out[0], out[1]) if out is not None else (None, None)
 
 
 @dataclass(frozen=True)

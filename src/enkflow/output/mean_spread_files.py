@@ -237,7 +237,7 @@ class BackgroundMeanSpread:
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
         from enkflow.io.meanspread import gather_mean_spread
 
-        mean, spread = gather_mean_spread(Xa, self.layout, self.comm)
+        mean, spread = gather_mean_spread(Xa, self.layout, self.comm)  # on rank 0
         error = None
         if self.comm.rank == 0:
             try:
