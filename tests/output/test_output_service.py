@@ -416,3 +416,35 @@ def test_a_service_waiting_for_a_slow_writer_is_not_hung(tmp_path: Path, monkeyp
     finally:
         svc.kill()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(f"s_{t}.nc" for t in times)
+
+
+def test_over_tcp_a_client_on_another_node_notices_a_stopped_service_by_zeromq_pings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that cannot see the service's process (it says it runs on another node) relies on
+    ZeroMQ's pings: a service whose main thread waits for a stopped writer still answers them (its
+    I/O thread does), a stopped service does not, and the client's wait ends with ServiceLost."""
+    import socket
+    import threading
+
+    cfg = dict(config(tmp_path), writer_timeout=30.0)
+    svc = OutputService.start(cfg, tmp_path / "svc", transport="tcp")
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(socket, "gethostname", lambda: "another-node")
+            r = RemoteOutput.from_dir(tmp_path / "svc", heartbeat_timeout=1.5)
+        assert not r._same_host and r._hb is None
+        writer = int(subprocess.run(["pgrep", "-P", str(svc.proc.pid)], capture_output=True, text=True).stdout.split()[0])
+        os.kill(writer, signal.SIGSTOP)  # the service's sync now waits for it, longer than the ping timeout
+        threading.Timer(3.0, os.kill, (writer, signal.SIGCONT)).start()
+        r.add("s", value("s", 1, None), 1)
+        r.sync()
+        os.kill(svc.proc.pid, signal.SIGSTOP)
+        r.add("s", value("s", 2, None), 2)
+        t0 = time.monotonic()
+        with pytest.raises(ServiceLost, match=r"is unreachable: the connection to it was closed \(no answer to "
+                                              r"ZeroMQ's pings within 1.5 s"):
+            r.sync()
+        assert time.monotonic() - t0 < 15
+    finally:
+        svc.kill()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s_1.nc"]

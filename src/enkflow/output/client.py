@@ -29,6 +29,7 @@ from enkflow.errors import ConfigError, EnkflowError, InputError, StorageError
 from enkflow.jobs.files import log_tail
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
+from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
 from enkflow.output.ring import NOTICE_BYTES, Ring, queue_supported
 
@@ -74,6 +75,7 @@ class _Channel:
     writer_stats: dict[str, Any] = field(default_factory=dict)
     hb: Heartbeat | None = None  # the writer's progress page, where this sender can map it (same node)
     silence: Silence | None = None
+    watch: ConnectionWatch | None = None  # the connection, where this sender cannot see the process (another node)
 
 
 def _normalize_region(region: Region, dims: list[str], shape: tuple[int, ...], arr_shape: tuple[int, ...],
@@ -289,6 +291,7 @@ class Output:
     def _connect(self, i: int, endpoint: str, pid: int, beat: str | None) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        watch = ConnectionWatch(sock, endpoint, self.cfg.writer_timeout) if not pid else None
         sock.connect(endpoint)
         proc, logf = getattr(self, "_procs", {}).get(pid, (None, None))
         ring = Ring(self._limit) if self._use_ring else None
@@ -296,7 +299,8 @@ class Output:
         if beat is not None:
             hb = self._beats[i] if i < len(self._beats) else Heartbeat(beat)
         ch = _Channel(i, pid, proc, logf, sock, ring, self._limit,
-                      fields=[f for f, w in self._owner.items() if w == i], hb=hb, silence=Silence(hb, pid))
+                      fields=[f for f, w in self._owner.items() if w == i], hb=hb, silence=Silence(hb, pid),
+                      watch=watch)
         self._channels.append(ch)
         sock.send(P.encode(P.HELLO, ring=str(ring.path) if ring else None, client=f"{socket.gethostname()}:{os.getpid()}"))
         self._wait_reply(ch, {P.WELCOME}, START_TIMEOUT_S)
@@ -320,7 +324,7 @@ class Output:
                 return "gone"
             except PermissionError:
                 pass
-        return None
+        return ch.watch.lost() if ch.watch is not None else None
 
     def _hung(self, ch: _Channel) -> bool:
         """Whether ``ch``'s writer has made no progress for ``writer_timeout`` s; if so it is killed
@@ -649,6 +653,8 @@ class Output:
 
     def _shutdown(self) -> None:
         for ch in self._channels:
+            if ch.watch is not None:
+                ch.watch.close()
             ch.sock.close(linger=0)
             if ch.ring is not None:
                 ch.ring.close()

@@ -16,6 +16,7 @@ from enkflow.errors import InputError
 from enkflow.output import protocol as P
 from enkflow.output.client import OutputError, Region, check_piece
 from enkflow.output.config import OutputConfig
+from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
 from enkflow.output.service import ADD, HWM, hang_limit, hang_message, token_credential
 
@@ -38,10 +39,13 @@ class RemoteOutput:
     :meth:`stats`). A failure caused by this client's adds is raised by its next ``sync`` /
     ``discard`` / ``close``. ``timeout``: seconds to wait for the service's welcome. On the
     service's node every wait also watches its progress page: a service without progress for
-    :func:`~enkflow.output.service.hang_limit` seconds raises :class:`ServiceLost`."""
+    :func:`~enkflow.output.service.hang_limit` seconds raises :class:`ServiceLost`. Everywhere a
+    closed connection raises it, and over tcp one whose pings went unanswered for
+    ``heartbeat_timeout`` seconds (:mod:`enkflow.output.connection_watch`): a client on another
+    node cannot see the service's process."""
 
     def __init__(self, address: str, token: str | None = None, *, token_file: str | os.PathLike[str] | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, heartbeat_timeout: float = 60.0) -> None:
         if token is None:
             if token_file is None:
                 raise InputError("RemoteOutput needs the service's token or token_file")
@@ -51,6 +55,7 @@ class RemoteOutput:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, HWM)
+        self._watch = ConnectionWatch(self._sock, address, heartbeat_timeout)
         self._sock.connect(address)
         self._closed = False
         self._seq = 0
@@ -94,18 +99,22 @@ class RemoteOutput:
     # -- liveness ----------------------------------------------------------------------------
 
     def _gone(self) -> str | None:
-        """Why the service counts as lost (gone, or hung: see :class:`RemoteOutput`), or None."""
-        if not (self._pid and self._same_host):
-            return None
-        try:
-            os.kill(self._pid, 0)
-        except ProcessLookupError:
-            return "gone"
-        except PermissionError:
-            return None
-        if process_state(self._pid) == "a zombie":
-            return "a zombie (killed?)"
-        if self._silence is not None and self._hang_limit is not None:
+        """Why the service counts as lost (gone, unreachable, or hung: see :class:`RemoteOutput`), or None."""
+        here = bool(self._pid and self._same_host)
+        if here:
+            try:
+                os.kill(self._pid, 0)
+            except ProcessLookupError:
+                return "gone"
+            except PermissionError:
+                here = False
+            else:
+                if process_state(self._pid) == "a zombie":
+                    return "a zombie (killed?)"
+        why = self._watch.lost()
+        if why is not None:
+            return why
+        if here and self._silence is not None and self._hang_limit is not None:
             return hang_message(self._silence, self._hang_limit, self._hb, self._pid)
         return None
 
@@ -212,6 +221,7 @@ class RemoteOutput:
     def _shutdown(self) -> None:
         if self._sock.closed:
             return
+        self._watch.close()
         self._sock.close(linger=0)
         self._ctx.term()
         if self._hb is not None:

@@ -32,8 +32,8 @@ The service's own progress is a heartbeat page (:mod:`enkflow.output.heartbeat`;
 it, the welcome names it) bumped at every turn of its loop: a client or the owner on the same node
 that waits for a service without progress for :func:`hang_limit` seconds (stopped, stuck in the
 file system) gives up with :class:`~enkflow.output.client.OutputError` naming what the kernel says
-the service is doing; the owner kills it. A client on another node has no such watch: its waits
-are bounded by its job's time limit.
+the service is doing; the owner kills it. A client on another node watches its connection instead
+(:mod:`enkflow.output.connection_watch`).
 
 A client that dies is noticed (same node: its pid) and forgotten; what it added stays, and a
 (field, time) it left incomplete is reported by the stop (as :meth:`Output.close` does) unless
