@@ -368,8 +368,8 @@ def test_a_stopped_service_is_a_clear_error_for_its_clients_and_its_owner_kills_
         os.kill(svc.proc.pid, signal.SIGSTOP)
         threading.Timer(2.0, os.kill, (svc.proc.pid, signal.SIGCONT)).start()
         r.sync()  # waited out the short stop
-        r.add("s", value("s", 2, None), 2)
         os.kill(svc.proc.pid, signal.SIGSTOP)
+        r.add("s", value("s", 2, None), 2)  # queued by ZeroMQ: the stopped service never reads it
         lost: list[BaseException] = []
 
         def sync() -> None:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterable
-from typing import Callable
+from typing import Any, Callable
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
@@ -151,6 +151,7 @@ class Experiment:
     jobs: list[_Job] = field(default_factory=list, init=False)
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _retry_failed: bool = field(default=False, init=False, repr=False)
+    _service: Any = field(default=None, init=False, repr=False)  # the study's output service, while it runs
 
     def __post_init__(self) -> None:
         self.expdir = self.cfg.expdir
@@ -230,10 +231,10 @@ class Experiment:
                 self.on_cycle_end(k)
 
         self._retry_failed = retry_failed
-        service = self._start_output_service() if todo_cycles else None
+        self._service = self._start_output_service() if todo_cycles else None
         files = None
         try:
-            files = self._mean_spread_files(service, state.cycles_done)
+            files = self._mean_spread_files(self._service, state.cycles_done)
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
             if archiver is not None:
                 archiver.finish()
@@ -243,14 +244,11 @@ class Experiment:
                     f.wait()
                 finally:
                     f.close()
-            if service is not None:
-                svc, service = service, None  # stopped once, whatever the stop raises
+            if self._service is not None:
+                svc, self._service = self._service, None  # stopped once, whatever the stop raises
                 self._stop_output_service(svc)
         except ServiceLost as exc:
-            if service is not None:  # gone or hung: nothing to stop in order; a hung one is killed
-                service.kill()
-                self.events.emit("output_service_end", error=str(exc))
-                service = None
+            self._lose_service(str(exc))
             raise
         finally:
             if files is not None:  # a failure: finish what was asked
@@ -259,9 +257,10 @@ class Experiment:
                 except EnkflowError as exc:
                     self._say(f"analysis mean and spread files: {exc}")
                 files.close()
-            if service is not None:  # a failure: what the service received complete is written, the rest dropped
+            if self._service is not None:  # a failure: what the service received complete is written, the rest dropped
+                svc, self._service = self._service, None
                 try:
-                    self._stop_output_service(service)
+                    self._stop_output_service(svc)
                 except EnkflowError as exc:
                     self._say(f"output service: {exc}")
             self.launcher.close()
@@ -329,6 +328,30 @@ class Experiment:
             files.close()
             return None
         return files
+
+    def _check_output_service(self) -> None:
+        """At every poll: a study service that died or hangs (no progress for its hang limit) is killed
+        and the run stops now, naming it, rather than each later analysis task waiting for it and the
+        run failing at its end. What it held (the statistics of the cycle in flight) may be lost; the
+        next ``enkflow run`` resumes with a new service."""
+        svc = self._service
+        if svc is None:
+            return
+        why = svc.hung() if svc.alive() else f"ended (exit {svc.proc.returncode})"
+        if why is None:
+            return
+        tail = log_tail(svc.log, 5) if svc.log.exists() else ""
+        msg = (f"the study's output service (pid {svc.proc.pid}) {why}; killed: the analysis statistics it held "
+               f"may be lost; `enkflow run` again resumes with a new service" + (f":\n{tail}" if tail.strip() else ""))
+        self._lose_service(msg)
+        raise EnkflowError(msg)
+
+    def _lose_service(self, why: str) -> None:
+        """A service gone or hung: nothing to stop in order; a hung one is killed."""
+        if self._service is not None:
+            svc, self._service = self._service, None
+            svc.kill()
+            self.events.emit("output_service_end", error=why)
 
     def _stop_output_service(self, svc) -> None:
         """Stop the service: everything the analysis tasks added is written; raises its errors."""
@@ -426,6 +449,7 @@ class Experiment:
                 if until(snap):
                     c.snap = snap
                     return
+                self._check_output_service()
                 self._refresh()
                 uncovered = self._uncovered(snap)
                 if uncovered:
