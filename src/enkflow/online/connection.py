@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from enkflow.errors import EnkflowError
 from enkflow.online.wire import Header, Kind, ProtocolError, VersionMismatch, decode_json
+from enkflow.output.connection_watch import ConnectionWatch
 
 
 class ServerLost(EnkflowError):
@@ -44,20 +44,15 @@ class Connection:
         self.address = address
         self.sock = ctx.socket(zmq.DEALER)
         configure(self.sock, curve_server_key)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self.connected = False
-        self.lost = False
+        # No ZeroMQ pings: the runner's own heartbeats tell the server it lives, and a lost server
+        # shows as a closed connection or a reply that does not come within the timeout.
+        self.watch = ConnectionWatch(self.sock, address, heartbeat_timeout=0.0)
         self.sock.connect(address)
 
-    def _drain_monitor(self) -> None:
-        while self.monitor.poll(0):
-            ev = recv_monitor_message(self.monitor)
-            if ev["event"] == zmq.EVENT_CONNECTED:
-                self.connected = True
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
-                if self.connected:
-                    self.lost = True
-                self.connected = False
+    @property
+    def lost(self) -> bool:
+        """Whether the connection, once made, was closed (the server went away)."""
+        return self.watch.lost() is not None
 
     def send(self, frames: Sequence[object]) -> None:
         self.sock.send_multipart(list(frames), copy=False)
@@ -71,9 +66,8 @@ class Connection:
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
+        poller.register(self.watch.monitor, zmq.POLLIN)
         while True:
-            self._drain_monitor()
             left = deadline - time.monotonic()
             if self.lost:
                 # A reply the server sent before it went (the ERROR that stopped the study) is still
@@ -102,9 +96,5 @@ class Connection:
                 return hdr, frames[1:]
 
     def close(self) -> None:
-        try:
-            self.sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        self.monitor.close(0)
+        self.watch.close()
         self.sock.close(0)

@@ -1,6 +1,6 @@
-"""Whether a sender's connection to a writer or to the output service still stands, where the
-sender cannot see the other process (another node): a ZeroMQ socket monitor, and over tcp ZeroMQ's
-own pings (ZMTP heartbeats).
+"""Whether a DEALER's connection still stands: a ZeroMQ socket monitor, and over tcp ZeroMQ's own
+pings (ZMTP heartbeats). Used where the other process cannot be seen (another node): a sender's
+connection to a writer or to the output service, and an online runner's to the server.
 
 The pings are answered by the peer's ZeroMQ I/O thread, not by its main thread: a peer busy
 writing, or waiting for its own writers, answers them; one that is stopped (SIGSTOP), or whose
@@ -34,6 +34,11 @@ class ConnectionWatch:
         self._monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._connected = False
         self._closed = False
+
+    @property
+    def monitor(self) -> Any:
+        """The monitor socket, to poll beside the watched one: a connection event wakes the poller."""
+        return self._monitor
 
     def lost(self) -> str | None:
         """Why the connection counts as lost, or None while it stands (or was never made)."""

@@ -152,6 +152,19 @@ class Silence:
         return self.hb is not None or bool(self.pid) and io_bytes(self.pid) is not None
 
 
+def kill_if_stalled(proc: "subprocess.Popen", silence: Silence, limit: float) -> tuple[float, str] | None:
+    """If ``proc`` (watched by ``silence``) went ``limit`` seconds without progress (``limit`` <= 0:
+    never): kill it and return (seconds silent, ``the process was STATE`` or '' if unknown, the
+    state read before the kill); else None."""
+    silent = silence.seconds()
+    if not (limit > 0 and silent > limit and silence.observable()):
+        return None
+    state = process_state(proc.pid)
+    proc.kill()
+    proc.wait()
+    return silent, f"the process was {state}" if state else ""
+
+
 def wait_progressing(proc: "subprocess.Popen", limit: float, poll_s: float = 0.5) -> int | str:
     """Wait for ``proc`` to end as long as it makes progress (:class:`Silence`, I/O bytes): its exit
     status, or, once it went ``limit`` seconds without (``limit`` <= 0: never), why it counts as
@@ -163,9 +176,7 @@ def wait_progressing(proc: "subprocess.Popen", limit: float, poll_s: float = 0.5
             return proc.wait(timeout=poll_s)
         except subprocess.TimeoutExpired:
             pass
-        silent = silence.seconds()
-        if limit > 0 and silent > limit and silence.observable():
-            state = process_state(proc.pid)
-            proc.kill()
-            proc.wait()
-            return f"made no progress for {silent:.0f} s{f'; the process was {state}' if state else ''}; killed"
+        stalled = kill_if_stalled(proc, silence, limit)
+        if stalled is not None:
+            silent, state = stalled
+            return f"made no progress for {silent:.0f} s{f'; {state}' if state else ''}; killed"

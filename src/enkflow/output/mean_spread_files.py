@@ -33,7 +33,7 @@ import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, StorageError
 from enkflow.job_thread import JobThread
-from enkflow.output.heartbeat import Silence, process_state
+from enkflow.output.heartbeat import Silence, kill_if_stalled
 from enkflow.state import StateLayout
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
@@ -131,15 +131,13 @@ class _Writer:
         while not select.select([self.proc.stdout], [], [], _POLL_S)[0]:
             if self.proc.poll() is not None:
                 return ""
-            silent = silence.seconds()
-            if self.timeout > 0 and silent > self.timeout and silence.observable():
-                state = process_state(self.proc.pid)
-                self.proc.kill()
-                self.proc.wait()
+            stalled = kill_if_stalled(self.proc, silence, self.timeout)
+            if stalled is not None:
+                silent, state = stalled
                 raise EnkflowError(
                     f"cycle {cycle}: the writer of {MEAN} and {SPREAD} (pid {self.proc.pid}) made no progress for "
                     f"{silent:.0f} s ([analysis_output] writer_timeout = {self.timeout:g} s)"
-                    f"{f'; the process was {state}' if state else ''}; killed: this cycle's files are not written")
+                    f"{f'; {state}' if state else ''}; killed: this cycle's files are not written")
         return self.proc.stdout.readline()
 
     def submit(self, cycle: int, rows: Path | None = None) -> None:
