@@ -87,8 +87,9 @@ def analyse_files(
     forecast mean, analysis mean and spread and increment to the asynchronous output server
     (:class:`enkflow.output.analysis_output.AnalysisOutput`, started here; ``stats_settings``: its
     compression, level and writer timeout, :meth:`AnalysisOutputSection.writer_settings`), whose
-    writer writes ``NNNN/VAR_STAT.nc`` while the restarts are updated; it is closed (everything written) before this returns. ``stats_s`` and ``stats_wait_s``:
-    the seconds spent computing and adding them, and waiting for the writer at the end.
+    writer writes ``NNNN/VAR_STAT.nc`` while the restarts are updated; it is closed (everything
+    written) before this returns. ``stats_s`` and ``stats_wait_s``: the seconds spent computing
+    and adding them, and waiting for the writer at the end.
     ``stats_service``: the directory of the study's output service (:mod:`enkflow.output.service`);
     when one runs there, every rank adds its rows through it instead (no writer is started here,
     and the end waits only until the service has received them), and ``mean_path`` and
