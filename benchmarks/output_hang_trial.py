@@ -69,7 +69,7 @@ def main() -> int:
     res = {"trial": "output_service_sigstop", "cycles": a.cycles, "first_run_error": error, "first_run_s": round(first_s, 1),
            "service_killed": bool(stopped) and not Path(f"/proc/{stopped[0]}").exists(),
            "analysis_task_s": analysis_s, "rerun_cycles": rerun, "files_missing": {k: v for k, v in missing.items() if v},
-           "claim_holds": error is not None and "hung" in error and rerun == list(range(2, a.cycles + 1))
+           "claim_holds": error is not None and "hung" in error and "[analysis_output] writer_timeout" in error and rerun == list(range(2, a.cycles + 1))
            and not any(missing.values())}
     print(f"first run: {'failed: ' + error if error else 'exit 0'} after {first_s:.1f} s")
     print(f"analysis task seconds per cycle: {analysis_s}; rerun ran cycles {rerun}; files missing: {res['files_missing']}")

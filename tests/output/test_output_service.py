@@ -381,7 +381,8 @@ def test_a_stopped_service_is_a_clear_error_for_its_clients_and_its_owner_kills_
         t0 = time.monotonic()
         client_thread = threading.Thread(target=sync)
         client_thread.start()
-        with pytest.raises(OutputError, match=r"hung: made no progress for \d+ s .*stopped \(SIGSTOP\?\); killed"):
+        with pytest.raises(OutputError, match=r"hung: made no progress for \d+ s \(limit 5.5 s: output.writer_timeout, "
+                                              r"and 5 s\).*stopped \(SIGSTOP\?\); killed"):
             svc.stop()
         client_thread.join(timeout=30)
         assert limit < time.monotonic() - t0 < limit + 10

@@ -287,7 +287,8 @@ class Experiment:
             # Analysis tasks on other nodes (SLURM) reach it over TCP; on this machine ipc is enough.
             tcp = cfg.launcher.kind == "slurm"
             svc = OutputService.start(ocfg, service_dir(cfg.expdir), transport="tcp" if tcp else "ipc",
-                                      bind="0.0.0.0" if tcp else "127.0.0.1")
+                                      bind="0.0.0.0" if tcp else "127.0.0.1",
+                                      timeout_key="[analysis_output] writer_timeout")
         except (EnkflowError, OSError) as exc:
             self._say(f"output service not started ({exc}); each analysis task starts its own writer")
             self.events.emit("output_service_failed", error=str(exc))

@@ -18,7 +18,7 @@ from enkflow.output.client import OutputError, Region, check_piece
 from enkflow.output.config import OutputConfig
 from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
-from enkflow.output.service import ADD, HWM, hang_limit, hang_message, token_credential
+from enkflow.output.service import ADD, HWM, TIMEOUT_KEY, hang_limit, hang_message, token_credential
 
 POLL_MS = 100
 
@@ -64,6 +64,7 @@ class RemoteOutput:
         self._hb: Heartbeat | None = None
         self._silence: Silence | None = None
         self._hang_limit: float | None = None
+        self._timeout_key = TIMEOUT_KEY
         self._service_stats: dict[str, Any] = {}
         self._stats: dict[str, Any] = {"adds": 0, "bytes": 0, "add_s": 0.0, "blocked_s": 0.0}
         try:
@@ -84,6 +85,7 @@ class RemoteOutput:
             else:
                 self._silence = Silence(self._hb, self._pid)
                 self._hang_limit = hang_limit(self.cfg)
+                self._timeout_key = str(msg.get("timeout_key") or TIMEOUT_KEY)
         self._shapes = {f: self.cfg.shape(f) for f in self.cfg.fields}
 
     @classmethod
@@ -115,7 +117,7 @@ class RemoteOutput:
         if why is not None:
             return why
         if here and self._silence is not None and self._hang_limit is not None:
-            return hang_message(self._silence, self._hang_limit, self._hb, self._pid)
+            return hang_message(self._silence, self._hang_limit, self._hb, self._pid, self._timeout_key)
         return None
 
     def _lost(self, why: str) -> ServiceLost:

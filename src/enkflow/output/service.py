@@ -79,6 +79,7 @@ DOMAIN = b"enkflow-output-token"
 HWM = 8  # messages queued per client on each side before its send blocks
 ADD, STOP, STOPPED = "add", "stop", "stopped"
 START_TIMEOUT_S = 60.0
+TIMEOUT_KEY = "output.writer_timeout"  # the setting a service's writer timeout comes from, unless told otherwise
 _CHECK_S = 0.5
 DTYPES = ("<f4", "<f8", ">f4", ">f8")  # the client's byte order, converted here
 # Pieces remembered to recognise a rerun's identical piece (most recent first kept): a rerun comes within
@@ -93,14 +94,15 @@ def hang_limit(cfg: OutputConfig) -> float | None:
     return cfg.writer_timeout + 5.0 if cfg.writer_timeout > 0 else None
 
 
-def hang_message(silence: Silence, limit: float, hb: Heartbeat | None, pid: int) -> str | None:
-    """Why the service (``pid``, progress page ``hb``) counts as hung, or None while it does not."""
+def hang_message(silence: Silence, limit: float, hb: Heartbeat | None, pid: int, key: str) -> str | None:
+    """Why the service (``pid``, progress page ``hb``) counts as hung, or None while it does not;
+    ``key``: the setting its writer timeout came from, named in the message."""
     silent = silence.seconds()
     if silent <= limit:
         return None
     doing = hb.activity() if hb is not None else ""
     state = process_state(pid)
-    return (f"hung: made no progress for {silent:.0f} s (limit {limit:g} s: output.writer_timeout, and 5 s)"
+    return (f"hung: made no progress for {silent:.0f} s (limit {limit:g} s: {key}, and 5 s)"
             f"{f'; last activity: {doing}' if doing else ''}{f'; the process is {state}' if state else ''}")
 
 
@@ -130,6 +132,7 @@ class _Service:
         self.dir = Path(spec["dir"])
         self.endpoint = str(spec["endpoint"])
         self.token = secret_file(spec["token_file"])
+        self.timeout_key = str(spec.get("timeout_key") or TIMEOUT_KEY)
         self.hb = Heartbeat(spec["heartbeat"]) if spec.get("heartbeat") else None
         self.out = Output(self.cfg, coords=spec.get("coords") or None, base_dir=spec.get("base_dir"))
         if self.hb is not None:
@@ -270,7 +273,8 @@ class _Service:
                         return self._stop(sock, ident)
                     c = self.clients[ident] = _Client(int(msg.get("pid") or 0), str(msg.get("host") or ""))
                     self._reply(sock, ident, P.WELCOME, config=self.cfg.model_dump(mode="json"), pid=os.getpid(),
-                                host=self.host, heartbeat=str(self.hb.path) if self.hb is not None else None)
+                                host=self.host, heartbeat=str(self.hb.path) if self.hb is not None else None,
+                                timeout_key=self.timeout_key)
                 elif c is None:
                     if kind != ADD:  # adds of an unknown client get no reply; its next call learns
                         self._reply(sock, ident, P.ERROR, error="the output service does not know this client "
@@ -398,9 +402,10 @@ class OutputService:
     configuration (a relative ``directory`` is relative to ``base_dir``)."""
 
     def __init__(self, proc: subprocess.Popen, address: str, directory: Path, runtime: Path | None,
-                 cfg: OutputConfig, hb: Heartbeat) -> None:
+                 cfg: OutputConfig, hb: Heartbeat, timeout_key: str = "") -> None:
         self.proc = proc
         self.cfg = cfg
+        self.timeout_key = timeout_key or TIMEOUT_KEY
         self.hb = hb
         self.silence = Silence(hb, proc.pid)
         self.address = address
@@ -413,8 +418,11 @@ class OutputService:
     @classmethod
     def start(cls, config: OutputConfig | dict[str, Any], directory: str | os.PathLike[str], *, transport: str = "ipc",
               bind: str = "127.0.0.1", base_dir: str | os.PathLike[str] | None = None,
-              coords: dict[str, Any] | None = None, timeout: float = START_TIMEOUT_S) -> "OutputService":
-        """Start the service (its writers are ready when this returns); raises OutputError."""
+              coords: dict[str, Any] | None = None, timeout: float = START_TIMEOUT_S,
+              timeout_key: str = "") -> "OutputService":
+        """Start the service (its writers are ready when this returns); raises OutputError.
+        ``timeout_key``: the setting ``config.writer_timeout`` came from, named when the service
+        hangs (default ``output.writer_timeout``)."""
         cfg = config if isinstance(config, OutputConfig) else OutputConfig.model_validate(config)
         d = Path(directory).resolve()
         d.mkdir(parents=True, exist_ok=True)
@@ -433,7 +441,7 @@ class OutputService:
             raise ValueError(f"transport {transport!r}: 'ipc' or 'tcp'")
         spec = {"config": cfg.model_dump(mode="json"), "owner": os.getpid(), "token_file": str(d / "token"),
                 "endpoint": endpoint, "dir": str(d), "base_dir": str(base_dir or os.getcwd()), "coords": coords or {},
-                "heartbeat": str(hb.path)}
+                "heartbeat": str(hb.path), "timeout_key": timeout_key or TIMEOUT_KEY}
         try:
             with open(d / "service.log", "ab") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.service"], stdin=subprocess.PIPE,
@@ -459,7 +467,7 @@ class OutputService:
             hb.unlink()
             hb.close()
             raise
-        return cls(proc, line.split(" ", 1)[1], d, runtime, cfg, hb)
+        return cls(proc, line.split(" ", 1)[1], d, runtime, cfg, hb, timeout_key)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -467,7 +475,7 @@ class OutputService:
     def hung(self) -> str | None:
         """Why the service counts as hung (:func:`hang_limit`), or None."""
         limit = hang_limit(self.cfg)
-        return None if limit is None else hang_message(self.silence, limit, self.hb, self.proc.pid)
+        return None if limit is None else hang_message(self.silence, limit, self.hb, self.proc.pid, self.timeout_key)
 
     def stop(self, timeout: float | None = None) -> dict[str, Any]:
         """Close the Output (everything received is written), stop the service; returns its
