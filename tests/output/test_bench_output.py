@@ -13,8 +13,10 @@ def test_bench_output_smoke(tmp_path, subprocess_env) -> None:  # type: ignore[n
                        capture_output=True, text=True, timeout=300, env=subprocess_env)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    for key in ("model_s_no_output", "model_s_sync_output", "model_s_server_output", "writer_backlog_max"):
+    for key in ("model_s_no_output", "model_s_sync_output", "model_s_server_output", "writer_backlog_max",
+                "model_s_no_output_beside_busy_loop"):
         assert res[key] >= 0
+    assert len(res["runs"]["none"]) == len(res["runs"]["busy"]) == 1
     assert res["steps"] == 4 and res["writer_backlog_max"] <= 4
     assert res["max_abs_diff_last_file"] <= 20.0 / 65534  # the server's last file holds the model's last field
     assert "through the output server" in r.stdout

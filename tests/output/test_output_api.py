@@ -65,6 +65,35 @@ def test_diagnostics_equal_offline_recomputation(tmp_path: Path, transport: str)
             assert float(ds["time"][0]) == 6.0 * k
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_float32_field_reduced_by_nothing_travels_as_float32_with_the_same_file(tmp_path: Path,
+                                                                                  transport: str) -> None:
+    """Stored as float32 with no diagnostics: the sender casts (half the bytes); the file holds what the
+    writer's own cast of the float64 array gives, NaN and values beyond float32's range included."""
+    X = ensemble(3, 2)
+    X[0, 1, 2, 3] = np.nan
+    X[1, 4, 0, 0] = 1e39
+    cfg = config(tmp_path, transport=transport, diagnostics=False, nan="allow")
+    cfg["fields"]["t2m"]["dtype"] = "float32"
+    assert OutputConfig.model_validate(cfg).narrowed("t2m")
+    with Output(cfg) as out:
+        for k in range(2):
+            for m in range(1, N + 1):
+                out.add("t2m", X[k, m - 1], time=float(k), member=m)
+        out.sync()
+        assert out.stats()["bytes"] == X.size * 4
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        expect = X.astype(np.float32)
+    for k in range(2):
+        with netCDF4.Dataset(tmp_path / "out" / f"t2m_{k}.nc") as ds:
+            ds.set_auto_mask(False)
+            np.testing.assert_array_equal(ds["t2m"][0], expect[k])
+    for over in ({"diagnostics": True}, {"windows": [{"name": "day", "length": 24.0}]},
+                 {"reductions": {"r": "numpy:sum"}}):
+        c = {**cfg, "diagnostics": False, **over}
+        assert not OutputConfig.model_validate(c).narrowed("t2m"), over  # reduced in float64: sent as given
+
+
 def test_xarray_opens_the_files_and_cf_attributes(tmp_path: Path) -> None:
     xr = pytest.importorskip("xarray")
     X = ensemble(2, 1)

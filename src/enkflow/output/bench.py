@@ -3,12 +3,21 @@
 1. no output: the model alone;
 2. synchronous output: the model appends the field to one NetCDF-4 file each step with netCDF4
    (same dtype and compression as the server's files): the baseline a user would write;
-3. through :class:`~enkflow.output.Output`: ``add`` each step, the writer process does the rest.
+3. through :class:`~enkflow.output.Output`: ``add`` each step, the writer process does the rest;
+
+and a probe of the machine, not of enkflow: the model without output while a busy loop (no memory
+traffic, no system calls) runs at the writer's niceness and on its CPUs. Where the CPUs are
+independent it costs the model nothing; where they share a core or a clock (SMT siblings, a
+virtual machine's vCPUs, turbo limits) it shows what any work beside the model costs it, the
+writer's included.
 
 Timed: the model's wall time from its first to its last step (``model_s_*``). The server's
 start-up and its final ``close`` (which waits for the writer to drain) are reported apart
 (``server_start_s``, ``server_drain_s``); the largest backlog shows whether the writer keeps up.
-The three runs alternate ``--repeat`` times; the figures are the medians.
+The three runs make one round, repeated ``--repeat`` times with the order rotated (a drift of the
+machine's speed, or one run's after-effects on the next, falls on each path in turn). The
+overheads are the medians of the rounds' own ratios (each path against the no-output run of its
+round), the times the medians of each path's times.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--nx", type=int, default=720, help="grid cells in longitude (default 720)")
     p.add_argument("--ny", type=int, default=360, help="grid cells in latitude (default 360)")
-    p.add_argument("--steps", type=int, default=40, help="model steps, one output each (default 40)")
-    p.add_argument("--substeps", type=int, default=8, help="demo model substeps per step: its cost (default 8)")
+    p.add_argument("--steps", type=int, default=60, help="model steps, one output each (default 60)")
+    p.add_argument("--substeps", type=int, default=6,
+                   help="demo model substeps per step: its cost per output (default 6: synchronous output "
+                        "costs about 35%% of the model's time, the set-up of the target)")
     p.add_argument("--dtype", choices=["float32", "float64", "int16"], default="float32")
     p.add_argument("--compression", choices=["none", "zlib", "zstd"], default="zlib")
     p.add_argument("--complevel", type=int, default=4, help="compression level of both writers (default 4, netCDF4's)")
@@ -48,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--writer-nice", type=int, default=None,
                    help="niceness the writer adds to the model's (default: output.writer_nice's default, 10)")
     p.add_argument("--writer-cpus", default="", help="pin the writer to these CPUs, e.g. '1' or '2,3' (default: not pinned)")
-    p.add_argument("--repeat", type=int, default=3, help="rounds of the three runs (default 3; medians reported)")
+    p.add_argument("--repeat", type=int, default=5, help="rounds of the three runs (default 5; medians reported)")
     p.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the files")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -100,26 +112,43 @@ def _sync_writer(path: Path, args: argparse.Namespace, lon: np.ndarray, lat: np.
     return ds, (t, v)
 
 
+# The probe: spin where the writer would run, at its niceness, until killed.
+_BUSY_LOOP = """
+import os, sys
+os.nice(int(sys.argv[1]))
+if sys.argv[2]:
+    os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(",")])
+print("spinning", flush=True)
+while True:
+    pass
+"""
+
+
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from enkflow.models.demo_model import DemoModel
-    from enkflow.output import Output
+    from enkflow.output import Output, OutputConfig
 
     u0, land, pattern, lon, lat = _problem(args.nx, args.ny)
     model = DemoModel(length=float(args.steps), substeps=args.substeps)
-    res: dict[str, list[float]] = {k: [] for k in ("none", "sync", "server", "start", "drain", "blocked", "add",
-                                                     "cpu_none", "cpu_sync", "cpu_server")}
+    res: dict[str, list[float]] = {k: [] for k in ("none", "sync", "server", "busy", "start", "drain", "blocked",
+                                                     "add", "cpu_none", "cpu_sync", "cpu_server")}
+    ocfg = OutputConfig.model_validate(_output_config(args, root))
     load_start = os.getloadavg()
     backlog, backlog_bytes = 0, 0
     halves = [0, 0]  # the largest backlog in the first and in the second half of the steps: growing?
     write_s: list[float] = []
     cpu_s: list[float] = []  # the writer process's CPU time, start-up included
     checksum = None
-    for r in range(args.repeat):
+    ref = model.advance(u0, land, pattern)  # also warms the model's code and memory before any timed run
+
+    def no_output(r: int) -> None:
         t0, c0 = time.perf_counter(), time.process_time()
-        ref = model.advance(u0, land, pattern)
+        got = model.advance(u0, land, pattern)
         res["none"].append(time.perf_counter() - t0)
         res["cpu_none"].append(time.process_time() - c0)
+        np.testing.assert_array_equal(got, ref)
 
+    def sync_output(r: int) -> None:
         path = root / f"sync_{r}.nc"
         ds, (tv, var) = _sync_writer(path, args, lon, lat)
 
@@ -133,7 +162,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         res["sync"].append(time.perf_counter() - t0)
         res["cpu_sync"].append(time.process_time() - c0)
         path.unlink()
+        np.testing.assert_array_equal(got, ref)
 
+    def server_output(r: int) -> None:
+        nonlocal backlog, backlog_bytes, checksum
         d = root / f"server_{r}"
         t0 = time.perf_counter()
         out = Output(_output_config(args, d), coords={"lat": lat, "lon": lon})
@@ -176,21 +208,41 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 raise RuntimeError(f"the last file differs from the model's field by {checksum} (> {tol})")
         np.testing.assert_array_equal(got, ref)
         shutil.rmtree(d)
+
+    def beside_busy_loop(r: int) -> None:
+        loop = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(ocfg.writer_nice),
+                                 ",".join(map(str, ocfg.writer_cpus))], stdout=subprocess.PIPE)
+        try:
+            assert loop.stdout is not None
+            loop.stdout.readline()  # it spins from here
+            t0 = time.perf_counter()
+            got = model.advance(u0, land, pattern)
+            res["busy"].append(time.perf_counter() - t0)
+        finally:
+            loop.kill()
+            loop.wait()
+        np.testing.assert_array_equal(got, ref)
+
+    paths = [no_output, sync_output, server_output, beside_busy_loop]
+    for r in range(args.repeat):
+        for k in range(len(paths)):
+            paths[(r + k) % len(paths)](r)
     load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in res.items()}
     field_mb = args.nx * args.ny * np.dtype("float64").itemsize / 1e6
-    from enkflow.output import OutputConfig
+    def overhead(path: str, base: str) -> float:
+        return statistics.median(a / b - 1.0 for a, b in zip(res[path], res[base]))
 
-    ocfg = OutputConfig.model_validate(_output_config(args, root))
-    sync_over, server_over = med["sync"] / med["none"] - 1.0, med["server"] / med["none"] - 1.0
-    sync_cpu, server_cpu = med["cpu_sync"] / med["cpu_none"] - 1.0, med["cpu_server"] / med["cpu_none"] - 1.0
+    sync_over, server_over = overhead("sync", "none"), overhead("server", "none")
+    sync_cpu, server_cpu = overhead("cpu_sync", "cpu_none"), overhead("cpu_server", "cpu_none")
     return {
         "bench": "output", "nx": args.nx, "ny": args.ny, "steps": args.steps, "substeps": args.substeps,
         "dtype": args.dtype, "compression": args.compression, "complevel": args.complevel, "transport": args.transport,
         "repeat": args.repeat, "field_mb_float64": field_mb,
         "model_s_no_output": med["none"], "model_s_sync_output": med["sync"], "model_s_server_output": med["server"],
         "sync_overhead": sync_over, "server_overhead": server_over,
-        "server_add_fraction": med["add"] / med["none"],
+        "model_s_no_output_beside_busy_loop": med["busy"], "busy_loop_overhead": overhead("busy", "none"),
+        "server_add_fraction": statistics.median(a / b for a, b in zip(res["add"], res["none"])),
         # CPU seconds of the model's process: what the output costs the model itself, whatever else
         # runs on the node (on a crowded node the wall times above include the writer's share of the CPUs).
         "model_cpu_s_no_output": med["cpu_none"], "model_cpu_s_sync_output": med["cpu_sync"],
@@ -235,6 +287,8 @@ def main(args: argparse.Namespace) -> int:
           f"model CPU time: no output {r['model_cpu_s_no_output']:.3f} s, synchronous "
           f"{r['model_cpu_s_sync_output']:.3f} s (+{100 * r['sync_cpu_overhead']:.1f}%), server "
           f"{r['model_cpu_s_server_output']:.3f} s (+{100 * r['server_cpu_overhead']:.1f}%)\n"
+          f"beside a busy loop on the writer's CPUs, no output {r['model_s_no_output_beside_busy_loop']:8.3f} s  "
+          f"(+{100 * r['busy_loop_overhead']:.1f}%: what any work there costs the model on this machine)\n"
           f"writer backlog max {r['writer_backlog_max']} field(s) ({r['writer_backlog_max_bytes'] / 1e6:.1f} MB; "
           f"first half of the steps {r['writer_backlog_max_first_half']}, second half "
           f"{r['writer_backlog_max_second_half']}); writer busy {r['writer_busy_s']:.3f} s, CPU {r['writer_cpu_s']:.3f} s; "

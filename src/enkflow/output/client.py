@@ -118,10 +118,11 @@ def _normalize_region(region: Region, dims: list[str], shape: tuple[int, ...], a
 
 
 def check_piece(cfg: OutputConfig, shapes: Mapping[str, tuple[int, ...]], name: str, array: Any, time: float,
-                member: int | None, region: Region) -> tuple[str, float, int | None, np.ndarray, Any, str]:
+                member: int | None, region: Region) -> tuple[str, float, int | None, np.ndarray, Any, str, np.dtype]:
     """The checks of :meth:`Output.add` (also :class:`~enkflow.output.remote.RemoteOutput`'s, before
-    anything is sent): ``(name, time, member, array, region as ((start, stop), ...) or None, what)``;
-    the array is float32/float64 (other real types converted to float64). Raises InputError."""
+    anything is sent): ``(name, time, member, array, region as ((start, stop), ...) or None, what,
+    wire dtype)``; the array is float32/float64 (other real types converted to float64); the wire dtype
+    is what it travels as (:meth:`~enkflow.output.config.OutputConfig.narrowed`). Raises InputError."""
     spec = cfg.fields.get(name)
     if spec is None:
         raise InputError(f"unknown output field {name!r}; [output.fields] declares "
@@ -146,7 +147,18 @@ def check_piece(cfg: OutputConfig, shapes: Mapping[str, tuple[int, ...]], name: 
     if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
         a = a.astype(np.float64)
     reg = _normalize_region(region, spec.dims, shapes[name], a.shape, what)
-    return name, t, member, a, reg, what
+    wire = np.dtype(np.float32) if cfg.narrowed(name) else a.dtype
+    return name, t, member, a, reg, what, wire
+
+
+def wire_copy(a: np.ndarray, wire: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """``a`` copied as ``wire`` (C order) into ``out``, or into a new array. A value beyond float32's
+    range becomes inf, as the writer's own cast to a float32 variable would make it."""
+    with np.errstate(over="ignore"):
+        if out is None:
+            return np.array(a, dtype=wire, order="C", copy=True)
+        np.copyto(out, a, casting="same_kind")
+        return out
 
 
 class Output:
@@ -192,6 +204,8 @@ class Output:
         self._use_ring = self.cfg.transport == "shm" and queue_supported()
         if self.cfg.transport == "shm" and not self._use_ring:
             log.info("output: shared-memory notices need x86-64; the arrays go over ZeroMQ ipc instead")
+        if self._use_ring:
+            self._check_notices()
         self._closed = False
         self._failures: list[str] = []
         self._stats: dict[str, Any] = {"adds": 0, "bytes": 0, "blocked_s": 0.0, "add_s": 0.0, "backlog_max_bytes": 0,
@@ -309,6 +323,17 @@ class Output:
             ring.unlink()  # both sides have it mapped: nothing to leave behind
 
     # -- liveness and replies ---------------------------------------------------------------
+
+    def _check_notices(self) -> None:
+        """Every field's longest notice fits a ring slot (checked once here, not at each add)."""
+        for name, shape in self._shapes.items():
+            member = self.cfg.members if self.cfg.fields[name].ensemble else None
+            worst = P.encode(P.PUT, slot=[self._limit, self._limit], field=name, time=-2.2250738585072014e-308,
+                             member=member, region=[[n, n] for n in shape], dtype="<f8", shape=list(shape))
+            if len(worst) > NOTICE_BYTES - 4:
+                raise ConfigError(f"output.fields.{name}: the metadata of a piece can take {len(worst)} bytes, more "
+                                  f"than a notice of the shared-memory ring holds ({NOTICE_BYTES - 4}); use a shorter "
+                                  "field name, or transport = 'ipc'", key=f"output.fields.{name}")
 
     def _dead(self, ch: _Channel) -> str | None:
         """Why ``ch``'s writer is gone, or None while it lives."""
@@ -477,8 +502,8 @@ class Output:
         t0 = _now()
         if self._closed:
             raise OutputError("add after close")
-        name, t, member, a, reg, what = check_piece(self.cfg, self._shapes, name, array, time, member, region)
-        nbytes = a.nbytes
+        name, t, member, a, reg, what, wire = check_piece(self.cfg, self._shapes, name, array, time, member, region)
+        nbytes = a.size * wire.itemsize
         if nbytes > self._limit:
             raise InputError(f"{what}: the array has {nbytes} bytes, more than output.buffer_mb "
                              f"({self.cfg.buffer_mb} MiB); raise buffer_mb or add it in regions", item=name)
@@ -494,10 +519,7 @@ class Output:
             return
         meta = {"field": name, "time": t, "member": member,
                 "region": [list(r) for r in reg] if reg is not None else None,
-                "dtype": a.dtype.str, "shape": list(a.shape)}
-        if ch.ring is not None and len(P.encode(P.PUT, slot=[self._limit, self._limit], **meta)) > NOTICE_BYTES - 4:
-            raise InputError(f"{what}: the piece's metadata exceeds {NOTICE_BYTES - 4} bytes (a very long field name?)",
-                             item=name)
+                "dtype": wire.str, "shape": list(a.shape)}
         slot = self._room(ch, nbytes)
         if not ch.alive:
             self._raise_failures()
@@ -505,13 +527,13 @@ class Output:
             return
         if ch.ring is not None:
             assert slot is not None
-            np.copyto(ch.ring.buf[slot : slot + nbytes].view(a.dtype).reshape(a.shape), a, casting="no")
+            wire_copy(a, wire, ch.ring.buf[slot : slot + nbytes].view(wire).reshape(a.shape))
             seq = ch.ring.publish(P.encode(P.PUT, slot=[slot, nbytes], **meta))
             keep = None
         else:
             ch.seq += 1
             seq = ch.seq
-            keep = np.array(a, order="C", copy=True)
+            keep = wire_copy(a, wire)
             ch.sock.send_multipart([P.encode(P.PUT, seq=seq, **meta), memoryview(keep.reshape(-1).view(np.uint8))],
                                    copy=False)
         ch.pending.append(_Pending(seq, nbytes, keep, ch.ring is not None, (name, t, member)))

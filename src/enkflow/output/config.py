@@ -172,3 +172,12 @@ class OutputConfig(Strict):
     def shape(self, field: str) -> tuple[int, ...]:
         """The global shape of ``field`` (its dimensions' sizes)."""
         return tuple(self.dims[d].size for d in self.fields[field].dims)
+
+    def reduced(self, field: str) -> bool:
+        """Whether the writer reduces ``field`` in float64: ensemble mean and spread, windows, user reductions."""
+        return (self.fields[field].ensemble and self.diagnostics) or bool(self.windows) or bool(self.reductions)
+
+    def narrowed(self, field: str) -> bool:
+        """Whether pieces of ``field`` travel as float32: stored as float32 and reduced by nothing, so the
+        sender's cast gives the values the writer's would, with half the bytes to copy and carry."""
+        return self.fields[field].dtype == "float32" and not self.reduced(field)

@@ -14,7 +14,7 @@ import zmq
 
 from enkflow.errors import InputError
 from enkflow.output import protocol as P
-from enkflow.output.client import OutputError, Region, check_piece
+from enkflow.output.client import OutputError, Region, check_piece, wire_copy
 from enkflow.output.config import OutputConfig
 from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
@@ -166,8 +166,8 @@ class RemoteOutput:
         t0 = _now()
         if self._closed:
             raise OutputError("add after close")
-        name, t, member, a, reg, _ = check_piece(self.cfg, self._shapes, name, array, time, member, region)
-        keep = np.array(a, order="C", copy=True)
+        name, t, member, a, reg, _, wire = check_piece(self.cfg, self._shapes, name, array, time, member, region)
+        keep = wire_copy(a, wire)
         self._seq += 1
         meta = P.encode(ADD, seq=self._seq, field=name, time=t, member=member,
                         region=[list(r) for r in reg] if reg is not None else None, dtype=keep.dtype.str,

@@ -72,7 +72,6 @@ class Ring:
         # otherwise double the cost of each add until the ring has wrapped once.
         whole[:: mmap.PAGESIZE] = 0
         self._counters = whole[:16].view(np.uint64)
-        self._notices = whole[HEADER_BYTES : HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES].reshape(NOTICE_SLOTS, NOTICE_BYTES)
         self.buf = whole[HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES :]
         self._slots: deque[tuple[int, int]] = deque()  # (offset, bytes reserved)
         self._head = 0
@@ -120,9 +119,9 @@ class Ring:
         """Write the next notice and make it (and the data it names) visible; returns its number (1, 2, ...)."""
         if len(notice) > NOTICE_BYTES - 4:
             raise ValueError(f"a notice of {len(notice)} bytes, more than {NOTICE_BYTES - 4}")
-        slot = self._notices[self.published % NOTICE_SLOTS]
-        slot[:4] = np.frombuffer(struct.pack("<I", len(notice)), dtype=np.uint8)
-        slot[4 : 4 + len(notice)] = np.frombuffer(notice, dtype=np.uint8)
+        at = HEADER_BYTES + (self.published % NOTICE_SLOTS) * NOTICE_BYTES
+        struct.pack_into("<I", self._map, at, len(notice))
+        self._map[at + 4 : at + 4 + len(notice)] = notice
         self.published += 1
         self._counters[0] = self.published  # last: the writer reads nothing before it sees this
         return self.published
@@ -137,7 +136,7 @@ class Ring:
 
     def close(self) -> None:
         self.unlink()
-        self.buf = self._notices = self._counters = None  # type: ignore[assignment]
+        self.buf = self._counters = None  # type: ignore[assignment]
         try:
             self._map.close()
         except BufferError:  # a view is still alive (an array in flight); the mapping goes with the process

@@ -150,9 +150,8 @@ class Writer:
         spec = self.cfg.fields[name]
         shape = self.cfg.shape(name)
         nmem = self.cfg.members if spec.ensemble else 1
-        need_acc = (spec.ensemble and self.cfg.diagnostics) or bool(self.cfg.windows) or bool(self.reductions)
         return OpenTime(path, cm, tf, np.zeros((nmem,) + shape, dtype=np.uint8), nmem * math.prod(shape),
-                        EnsembleAccumulator(shape) if need_acc else None, t, tmp)
+                        EnsembleAccumulator(shape) if self.cfg.reduced(name) else None, t, tmp)
 
     def _abandon(self, key: tuple[str, float], reason: str) -> None:
         ot = self.open.pop(key, None)
