@@ -356,3 +356,13 @@ def test_writers_run_at_lower_priority_and_where_pinned(tmp_path: Path) -> None:
         Output(config(tmp_path, writer_cpus=[4096]))
     with pytest.raises(ConfigError, match="writer_nice"):
         Output(config(tmp_path, writer_nice=-1))
+
+
+def test_a_field_whose_notice_cannot_fit_the_ring_is_refused_at_the_start(tmp_path: Path) -> None:
+    name = "t" * 1100
+    cfg = config(tmp_path)
+    cfg["fields"] = {name: cfg["fields"]["t2m"]}
+    with pytest.raises(ConfigError, match=f"output.fields.{name}: the metadata of a piece") as err:
+        Output(cfg)
+    assert "transport = 'ipc'" in str(err.value)
+    assert not (tmp_path / "out").exists()
