@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,8 @@ def test_bench_output_smoke(tmp_path, subprocess_env) -> None:  # type: ignore[n
                 "model_s_no_output_beside_busy_loop"):
         assert res[key] >= 0
     assert len(res["runs"]["none"]) == len(res["runs"]["busy"]) == 1
+    if len(os.sched_getaffinity(0)) >= 2:  # by default the writer has a CPU of its own, the model the others
+        assert res["writer_cpus"] and res["model_cpus"] and not set(res["writer_cpus"]) & set(res["model_cpus"])
     assert res["steps"] == 4 and res["writer_backlog_max"] <= 4
     assert res["max_abs_diff_last_file"] <= 20.0 / 65534  # the server's last file holds the model's last field
     assert "through the output server" in r.stdout
