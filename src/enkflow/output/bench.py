@@ -11,10 +11,13 @@ independent it costs the model nothing; where they share a core or a clock (SMT 
 virtual machine's vCPUs, turbo limits) it shows what any work beside the model costs it, the
 writer's included.
 
+By default the writer has a CPU of its own (the last this process may use) and the model, this
+process in all four runs alike, the others: the set-up of an I/O server (``--writer-cpus``).
+
 Timed: the model's wall time from its first to its last step (``model_s_*``). The server's
 start-up and its final ``close`` (which waits for the writer to drain) are reported apart
 (``server_start_s``, ``server_drain_s``); the largest backlog shows whether the writer keeps up.
-The three runs make one round, repeated ``--repeat`` times with the order rotated (a drift of the
+The four runs make one round, repeated ``--repeat`` times with the order rotated (a drift of the
 machine's speed, or one run's after-effects on the next, falls on each path in turn). The
 overheads are the medians of the rounds' own ratios (each path against the no-output run of its
 round), the times the medians of each path's times.
@@ -52,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=60, help="model steps, one output each (default 60)")
     p.add_argument("--substeps", type=int, default=6,
                    help="demo model substeps per step: its cost per output (default 6: synchronous output "
-                        "costs about 35%% of the model's time, the set-up of the target)")
+                        "costs about 40%% of the model's time, the set-up of the target)")
     p.add_argument("--dtype", choices=["float32", "float64", "int16"], default="float32")
     p.add_argument("--compression", choices=["none", "zlib", "zstd"], default="zlib")
     p.add_argument("--complevel", type=int, default=4, help="compression level of both writers (default 4, netCDF4's)")
@@ -63,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="pin the writer to these CPUs, e.g. '1' or '2,3', and the model to the others it may use; "
                         "'auto' (default): the writer on the last CPU this process may use, the model on the rest "
                         "(an I/O server with a core of its own, as XIOS runs); 'none': placement left to the scheduler")
-    p.add_argument("--repeat", type=int, default=5, help="rounds of the three runs (default 5; medians reported)")
+    p.add_argument("--repeat", type=int, default=5, help="rounds of the four runs (default 5; medians reported)")
     p.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the files")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -233,6 +236,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in res.items()}
     field_mb = args.nx * args.ny * np.dtype("float64").itemsize / 1e6
+
     def overhead(path: str, base: str) -> float:
         return statistics.median(a / b - 1.0 for a, b in zip(res[path], res[base]))
 
