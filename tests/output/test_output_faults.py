@@ -303,3 +303,40 @@ def test_window_means_survive_a_kill_9_of_the_writer(tmp_path: Path) -> None:
             assert ds.number_of_times == len(ts)
             np.testing.assert_allclose(ds["u_mean"][0], np.mean([means[t] for t in ts], axis=0), rtol=1e-12, atol=1e-12)
     assert not list(d.glob(".*tmp"))
+
+
+def test_over_tcp_a_writer_on_another_node_that_stops_is_lost_by_zeromq_pings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender on another node than its writer cannot see the process or its heartbeat page: it relies on
+    ZeroMQ's pings (writer_timeout). A stopped writer answers none, so the sender's sync ends with a clear
+    error instead of waiting for ever, and on_writer_failure = 'stop' holds for every later call."""
+    start = Output._start_writers
+
+    def on_another_node(self: Output, n: int) -> list[tuple[str, int, str, str]]:
+        return [(endpoint, pid, "writer-node", beat) for endpoint, pid, _, beat in start(self, n)]
+
+    monkeypatch.setattr(Output, "_start_writers", on_another_node)
+    d = tmp_path / "out"
+    out = Output(config(d, transport="tcp", writer_timeout=1.5, writer_nice=0, compression="none"))
+    ch = out._channels[0]
+    assert ch.watch is not None and ch.hb is None and ch.proc is None  # nothing but the connection to go by
+    (pid,) = out._procs
+    try:
+        for m in range(1, N + 1):
+            out.add("u", field(0, m), time=0.0, member=m)
+        out.sync()
+        os.kill(pid, signal.SIGSTOP)
+        out.add("u", field(1, 1), time=1.0, member=1)
+        t0 = time.monotonic()
+        with pytest.raises(OutputError, match=r"unreachable: the connection to it was closed \(no answer to "
+                                              r"ZeroMQ's pings within 1.5 s"):
+            out.sync()
+        assert time.monotonic() - t0 < 20
+        with pytest.raises(OutputError, match="unreachable"):
+            out.add("u", field(1, 2), time=1.0, member=2)
+        with pytest.raises(OutputError, match="unreachable"):
+            out.close()
+    finally:
+        if not gone(pid):  # the sender cannot kill what it cannot see; here it is the test's to end
+            os.kill(pid, signal.SIGKILL)
+    assert check_whole(d) == 1
