@@ -4,6 +4,7 @@ regions, transports, back-pressure, bad input, checkpointed windows."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -366,3 +367,33 @@ def test_a_field_whose_notice_cannot_fit_the_ring_is_refused_at_the_start(tmp_pa
         Output(cfg)
     assert "transport = 'ipc'" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("transport", ["shm", "ipc"])
+def test_a_writers_error_reaches_the_next_add_not_only_sync(tmp_path: Path, transport: str) -> None:
+    """With a ring, an add looks at its socket only when the writer has told (in the ring) of a message
+    not yet received: the writer's error still reaches the adds that follow, without a sync."""
+    X = ensemble(6, 1)
+    X[0, 0, 0, 0] = np.nan
+    out = Output(config(tmp_path, nan="error", transport=transport))
+    out.add("t2m", X[0, 0], time=0.0, member=1)
+    deadline = time.monotonic() + 30
+    with pytest.raises(OutputError, match="member 1: 1 NaN value"):
+        while time.monotonic() < deadline:
+            out.add("t2m", X[0, 1], time=1.0, member=1)  # time 1 is never complete: no sync needed
+            time.sleep(0.05)
+    assert out._channels[0].heard >= 2  # the welcome and the error
+    with pytest.raises(OutputError, match="incomplete output"):
+        out.close()  # times 0 and 1 lack members
+
+
+def test_a_ring_notice_is_the_json_of_the_put_message() -> None:
+    from enkflow.output import protocol as P
+
+    for t in (0.0, -0.0, 0.1, 6.0, 1e16, -2.2250738585072014e-308, 1.7976931348623157e308):
+        for member in (None, 3):
+            for region in (None, [[0, 5], [2, 16]]):
+                fast = P.put_notice(10, 20, t, member, region, P.put_fixed(field="t2m", dtype="<f4", shape=[5, 14]))
+                slow = P.encode(P.PUT, slot=[10, 20], field="t2m", time=t, member=member, region=region,
+                                dtype="<f4", shape=[5, 14])
+                assert P.decode(fast) == P.decode(slow) and len(fast) == len(slow)

@@ -43,6 +43,22 @@ def encode(kind: str, **meta: Any) -> bytes:
     return json.dumps({"kind": kind, **meta}, separators=(",", ":")).encode()
 
 
+def put_fixed(**fields: Any) -> str:
+    """The JSON members that :func:`put_notice` repeats in every notice of one field (no braces)."""
+    return json.dumps(fields, separators=(",", ":"))[1:-1]
+
+
+def put_notice(slot: int, nbytes: int, time: float, member: int | None, region: list[list[int]] | None,
+               fixed: str) -> bytes:
+    """What ``encode(PUT, slot=[slot, nbytes], time=time, member=member, region=region, **fields)`` gives
+    (members in another order), ``fixed`` being ``put_fixed(**fields)``: a shared-memory ring's notice.
+    Only the numbers are formatted per piece: json.dumps of the whole took about a tenth of an add's
+    time. ``time`` is finite (``add`` checked it), so its repr is JSON."""
+    r = "null" if region is None else json.dumps(region, separators=(",", ":"))
+    m = "null" if member is None else str(int(member))
+    return f'{{"kind":"put","slot":[{int(slot)},{int(nbytes)}],"time":{float(time)!r},"member":{m},"region":{r},{fixed}}}'.encode()
+
+
 def decode(frame: bytes | memoryview) -> dict[str, Any]:
     b = bytes(frame)
     if len(b) > MAX_JSON_BYTES:

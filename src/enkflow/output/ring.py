@@ -3,7 +3,8 @@
 The file (in /dev/shm, or the temporary directory) holds three parts::
 
     header   one page: published (u64, notices the sender has written), consumed (u64, notices
-             the writer has finished with)
+             the writer has finished with), told (u64, ZeroMQ messages the writer has sent this
+             sender: while it equals what the sender has received, an add need not look at its socket)
     notices  NOTICE_SLOTS slots of NOTICE_BYTES: u32 length + the JSON metadata of one piece
     data     the bytes of the pieces, allocated contiguously in FIFO order
 
@@ -71,7 +72,7 @@ class Ring:
         # Touch every page now: the first write to a page of shared memory faults, which would
         # otherwise double the cost of each add until the ring has wrapped once.
         whole[:: mmap.PAGESIZE] = 0
-        self._counters = whole[:16].view(np.uint64)
+        self._counters = whole[:24].view(np.uint64)
         self.buf = whole[HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES :]
         self._slots: deque[tuple[int, int]] = deque()  # (offset, bytes reserved)
         self._head = 0
@@ -129,6 +130,9 @@ class Ring:
     def consumed(self) -> int:
         return int(self._counters[1])
 
+    def told(self) -> int:
+        return int(self._counters[2])
+
     @property
     def in_use(self) -> int:
         """Data slots allocated and not yet freed."""
@@ -155,7 +159,7 @@ class RingView:
         finally:
             os.close(fd)
         whole = np.frombuffer(self._map, dtype=np.uint8)
-        self._counters = whole[:16].view(np.uint64)
+        self._counters = whole[:24].view(np.uint64)
         self._notices = whole[HEADER_BYTES : HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES].reshape(NOTICE_SLOTS, NOTICE_BYTES)
         self.buf = whole[HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES :]
         self.read = int(self._counters[1])
@@ -174,6 +178,10 @@ class RingView:
 
     def consume(self, number: int) -> None:
         self._counters[1] = number
+
+    def tell(self) -> None:
+        """Count one more message sent to this ring's sender (after it is sent)."""
+        self._counters[2] = self._counters[2] + 1
 
     def view(self, offset: int, n: int) -> np.ndarray:
         return self.buf[offset : offset + n]

@@ -359,6 +359,12 @@ class Writer:
         self.beat("waiting for work")
         return reply
 
+    def _send(self, sock: Any, ident: bytes, reply: dict[str, Any]) -> None:
+        sock.send_multipart([ident, P.encode(**reply)])
+        ring = self.rings.get(ident)
+        if ring is not None:
+            ring.tell()  # after the send: a sender that sees the count finds the message, or soon will
+
     def _serve_ring(self, sock: Any, ident: bytes, upto: int | None = None) -> int:
         """Write the pieces noticed in ``ident``'s ring (all, or at least up to notice ``upto``);
         only errors and warnings are answered. Returns the count written."""
@@ -380,7 +386,7 @@ class Writer:
             ring.consume(number)
             n += 1
             if reply["kind"] == P.ERROR or reply.get("warning"):
-                sock.send_multipart([ident, P.encode(**reply)])
+                self._send(sock, ident, reply)
 
     def serve(self, endpoint: str) -> None:
         ctx = zmq.Context()
@@ -445,13 +451,13 @@ class Writer:
                 except PieceError as exc:
                     reply.update(error=str(exc), fatal=True, incomplete=[])
                 reply["stats"] = self.stats.to_json()
-                sock.send_multipart([ident, P.encode(**reply)])
+                self._send(sock, ident, reply)
                 sock.close()
                 ctx.term()
                 return
             else:
                 reply = {"kind": P.ERROR, "seq": seq, "error": f"unknown message kind {kind!r}", "fatal": True}
-            sock.send_multipart([ident, P.encode(**reply)])
+            self._send(sock, ident, reply)
             self.beat("waiting for work")
 
 
