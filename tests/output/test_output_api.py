@@ -93,6 +93,9 @@ def test_a_float32_field_reduced_by_nothing_travels_as_float32_with_the_same_fil
                  {"reductions": {"r": "numpy:sum"}}):
         c = {**cfg, "diagnostics": False, **over}
         assert not OutputConfig.model_validate(c).narrowed("t2m"), over  # reduced in float64: sent as given
+    single = {**cfg, "diagnostics": True}
+    single["fields"] = {"t2m": {**cfg["fields"]["t2m"], "ensemble": False}}
+    assert OutputConfig.model_validate(single).narrowed("t2m")  # one array per time: no mean, no spread
 
 
 def test_xarray_opens_the_files_and_cf_attributes(tmp_path: Path) -> None:
@@ -390,10 +393,11 @@ def test_a_writers_error_reaches_the_next_add_not_only_sync(tmp_path: Path, tran
 def test_a_ring_notice_is_the_json_of_the_put_message() -> None:
     from enkflow.output import protocol as P
 
-    for t in (0.0, -0.0, 0.1, 6.0, 1e16, -2.2250738585072014e-308, 1.7976931348623157e308):
-        for member in (None, 3):
+    for t in (0.0, -0.0, 0.1, 6.0, 1e16, -2.2250738585072014e-308, 1.7976931348623157e308, np.float64(0.3)):
+        for member in (None, 3, np.int64(2)):
             for region in (None, [[0, 5], [2, 16]]):
                 fast = P.put_notice(10, 20, t, member, region, P.put_fixed(field="t2m", dtype="<f4", shape=[5, 14]))
-                slow = P.encode(P.PUT, slot=[10, 20], field="t2m", time=t, member=member, region=region,
-                                dtype="<f4", shape=[5, 14])
+                slow = P.encode(P.PUT, slot=[10, 20], field="t2m", time=float(t),
+                                member=None if member is None else int(member), region=region, dtype="<f4",
+                                shape=[5, 14])
                 assert P.decode(fast) == P.decode(slow) and len(fast) == len(slow)

@@ -17,10 +17,11 @@ process in all four runs alike, the others: the set-up of an I/O server (``--wri
 Timed: the model's wall time from its first to its last step (``model_s_*``). The server's
 start-up and its final ``close`` (which waits for the writer to drain) are reported apart
 (``server_start_s``, ``server_drain_s``); the largest backlog shows whether the writer keeps up.
-The four runs make one round, repeated ``--repeat`` times with the order rotated (a drift of the
-machine's speed, or one run's after-effects on the next, falls on each path in turn). The
-overheads are the medians of the rounds' own ratios (each path against the no-output run of its
-round), the times the medians of each path's times.
+The four runs make one round, repeated ``--repeat`` times in the orders of a Williams square
+(:data:`ORDERS`): over each 4 rounds every run takes every place once and follows every other run
+once, so a steady drift of the machine's speed cancels, and one run's after-effects on the next
+fall on each path alike. The overheads are the medians of the rounds' own ratios (each path
+against the no-output run of its round), the times the medians of each path's times.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ import numpy as np
 
 TARGET_SERVER = 0.02  # model-side overhead through the server, a fraction of the model's time
 TARGET_SYNC = 0.30  # what synchronous output must cost for the set-up to be the one of the target
+# The order of the four runs (no output, synchronous, server, busy loop) in rounds 1-4, 5-8, ...: a
+# Williams square, balanced for place and for the run that comes before. A plain rotation keeps one
+# cycle (no output always after the busy loop, the server after the synchronous run), and with an odd
+# count of rounds the median then keeps a drift.
+ORDERS = ((0, 1, 3, 2), (1, 2, 0, 3), (2, 3, 1, 0), (3, 0, 2, 1))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="pin the writer to these CPUs, e.g. '1' or '2,3', and the model to the others it may use; "
                         "'auto' (default): the writer on the last CPU this process may use, the model on the rest "
                         "(an I/O server with a core of its own, as XIOS runs); 'none': placement left to the scheduler")
-    p.add_argument("--repeat", type=int, default=5, help="rounds of the four runs (default 5; medians reported)")
+    p.add_argument("--repeat", type=int, default=8,
+                   help="rounds of the four runs (default 8; medians reported); a multiple of 4 balances their order")
     p.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the files")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -231,8 +238,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     paths = [no_output, sync_output, server_output, beside_busy_loop]
     for r in range(args.repeat):
-        for k in range(len(paths)):
-            paths[(r + k) % len(paths)](r)
+        for k in ORDERS[r % len(ORDERS)]:
+            paths[k](r)
     load_end = os.getloadavg()
     med = {k: statistics.median(v) for k, v in res.items()}
     field_mb = args.nx * args.ny * np.dtype("float64").itemsize / 1e6
@@ -260,6 +267,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "writer_backlog_max_first_half": halves[0], "writer_backlog_max_second_half": halves[1],
         "writer_busy_s": statistics.median(write_s), "writer_cpu_s": statistics.median(cpu_s),
         "runs": {k: v for k, v in res.items()}, "max_abs_diff_last_file": checksum,
+        "orders": [[("none", "sync", "server", "busy")[k] for k in ORDERS[r % len(ORDERS)]] for r in range(args.repeat)],
         "writer_nice": ocfg.writer_nice, "writer_cpus": ocfg.writer_cpus, "model_cpus": args.model_cpu_list,
         "loadavg_start": load_start[0], "loadavg_end": load_end[0], "cpus": os.cpu_count(),
         # Acceptance 1 of issue 12, judged on this run: the server costs the model <= 2% of its time

@@ -512,7 +512,7 @@ class Output:
         name, t, member, a, reg, what, wire = check_piece(self.cfg, self._shapes, name, array, time, member, region)
         nbytes = a.size * wire.itemsize
         if nbytes > self._limit:
-            raise InputError(f"{what}: the array has {nbytes} bytes, more than output.buffer_mb "
+            raise InputError(f"{what}: the piece takes {nbytes} bytes as sent ({wire}), more than output.buffer_mb "
                              f"({self.cfg.buffer_mb} MiB); raise buffer_mb or add it in regions", item=name)
         ch = self._channels[self._owner[name]]
         if ch.alive:
@@ -716,11 +716,13 @@ class Output:
         return sum(len(ch.pending) for ch in self._channels), sum(ch.outstanding for ch in self._channels)
 
     def stats(self) -> dict[str, Any]:
-        """Sender-side figures: ``adds``, ``bytes``, ``add_s`` (time spent in add, s), ``blocked_s``
-        (of it, waiting for buffer room), ``backlog_max_bytes`` / ``backlog_max_messages`` (most in
-        flight at once, per writer), ``lost_adds`` / ``lost_bytes`` (after a writer failure with
-        ``on_writer_failure = "continue"``), ``warnings``; ``writers``: each writer's own figures
-        at the last sync/close (``puts``, ``files``, ``write_s``, ``nan`` counts per field, ``errors``)."""
+        """Sender-side figures (bytes as sent: float32 for a field that travels narrowed, see
+        :meth:`~enkflow.output.config.OutputConfig.narrowed`): ``adds``, ``bytes``, ``add_s`` (time
+        spent in add, s), ``blocked_s`` (of it, waiting for buffer room), ``backlog_max_bytes`` /
+        ``backlog_max_messages`` (most in flight at once, per writer), ``lost_adds`` / ``lost_bytes``
+        (after a writer failure with ``on_writer_failure = "continue"``), ``warnings``; ``writers``:
+        each writer's own figures at the last sync/close (``puts``, ``files``, ``write_s``, ``nan``
+        counts per field, ``errors``)."""
         s = dict(self._stats)
         s["backlog_bytes"] = sum(ch.outstanding for ch in self._channels)
         s["writers"] = [dict(ch.writer_stats, alive=ch.alive) for ch in self._channels]

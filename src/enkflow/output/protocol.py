@@ -56,7 +56,8 @@ def put_notice(slot: int, nbytes: int, time: float, member: int | None, region: 
     time. ``time`` is finite (``add`` checked it), so its repr is JSON."""
     r = "null" if region is None else json.dumps(region, separators=(",", ":"))
     m = "null" if member is None else str(int(member))
-    return f'{{"kind":"put","slot":[{int(slot)},{int(nbytes)}],"time":{float(time)!r},"member":{m},"region":{r},{fixed}}}'.encode()
+    head = f'{{"kind":"put","slot":[{int(slot)},{int(nbytes)}],"time":{float(time)!r},'
+    return f'{head}"member":{m},"region":{r},{fixed}}}'.encode()
 
 
 def decode(frame: bytes | memoryview) -> dict[str, Any]:
