@@ -125,12 +125,11 @@ def _sync_writer(path: Path, args: argparse.Namespace, lon: np.ndarray, lat: np.
     return ds, (t, v)
 
 
-# The probe: spin where the writer would run, at its niceness, until killed.
+# The probe: spin where the writer would run, placed as the writer places itself, until killed.
 _BUSY_LOOP = """
-import os, sys
-os.nice(int(sys.argv[1]))
-if sys.argv[2]:
-    os.sched_setaffinity(0, [int(c) for c in sys.argv[2].split(",")])
+import json, sys
+from enkflow.output.writer import lower_priority
+lower_priority(json.loads(sys.argv[1]))
 print("spinning", flush=True)
 while True:
     pass
@@ -223,11 +222,11 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         shutil.rmtree(d)
 
     def beside_busy_loop(r: int) -> None:
-        loop = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(ocfg.writer_nice),
-                                 ",".join(map(str, ocfg.writer_cpus))], stdout=subprocess.PIPE)
+        loop = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, ocfg.model_dump_json()], stdout=subprocess.PIPE)
         try:
             assert loop.stdout is not None
-            loop.stdout.readline()  # it spins from here
+            if loop.stdout.readline().strip() != "spinning":  # it spins from here
+                raise RuntimeError(f"the busy loop of the probe did not start (exit {loop.wait()})")
             t0 = time.perf_counter()
             got = model.advance(u0, land, pattern)
             res["busy"].append(time.perf_counter() - t0)

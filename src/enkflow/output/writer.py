@@ -461,7 +461,7 @@ class Writer:
             self.beat("waiting for work")
 
 
-def _lower_priority(cfg: dict[str, Any]) -> None:
+def lower_priority(cfg: dict[str, Any]) -> None:
     """The writer is an I/O server off the model's critical path: where CPUs are short, the model
     should get them first (``writer_nice``, added to the niceness inherited from the model), and
     the writer may be kept off the model's cores (``writer_cpus``)."""
@@ -479,7 +479,7 @@ def _lower_priority(cfg: dict[str, Any]) -> None:
 def main() -> int:
     spec = json.loads(sys.stdin.read())
     try:
-        _lower_priority(spec["config"])
+        lower_priority(spec["config"])
         writer = Writer(spec)
     except Exception as exc:
         print(f"enkflow.output writer {spec.get('index')}: cannot start: {exc}", file=sys.stderr, flush=True)
