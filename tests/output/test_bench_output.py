@@ -35,3 +35,10 @@ def test_bench_output_smoke(tmp_path, subprocess_env) -> None:  # type: ignore[n
         assert line in r.stdout and any(("MET" in l) for l in r.stdout.splitlines() if l.startswith(line))
     assert res["writer_nice"] == 10 and res["loadavg_start"] >= 0 and isinstance(res["target_server_cpu_met"], bool)
     assert not list(tmp_path.rglob("*.nc"))  # the bench removes what it wrote
+
+
+def test_bench_output_refuses_cpus_it_cannot_run_on(tmp_path, subprocess_env) -> None:  # type: ignore[no-untyped-def]
+    r = subprocess.run([sys.executable, "-m", "enkflow", "bench", "output", "--writer-cpus", "4095", "--dir",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120, env=subprocess_env)
+    assert r.returncode != 0 and "--writer-cpus '4095': cannot run there" in r.stderr, r.stderr[-2000:]
+    assert not list(tmp_path.iterdir())  # refused before anything ran

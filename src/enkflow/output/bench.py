@@ -225,8 +225,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         loop = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, ocfg.model_dump_json()], stdout=subprocess.PIPE)
         try:
             assert loop.stdout is not None
-            if loop.stdout.readline().strip() != "spinning":  # it spins from here
-                raise RuntimeError(f"the busy loop of the probe did not start (exit {loop.wait()})")
+            if loop.stdout.readline().strip() != b"spinning":  # it spins from here
+                raise RuntimeError("the busy loop of the probe did not start (its error is above)")
             t0 = time.perf_counter()
             got = model.advance(u0, land, pattern)
             res["busy"].append(time.perf_counter() - t0)
@@ -295,6 +295,11 @@ def _placement(spec: str) -> tuple[list[int], list[int]]:
             raise InputError(f"--writer-cpus {spec!r}: a list of CPU numbers, 'auto' or 'none'", item="writer-cpus") from None
         if not writer or writer[0] < 0:
             raise InputError(f"--writer-cpus {spec!r}: a list of CPU numbers, 'auto' or 'none'", item="writer-cpus")
+    try:  # the writer and the probe will pin themselves there: find out now, before anything runs
+        os.sched_setaffinity(0, writer)
+    except OSError as exc:
+        raise InputError(f"--writer-cpus {spec!r}: cannot run there ({exc}); this process may use CPUs {mine}",
+                         item="writer-cpus") from None
     model = [c for c in mine if c not in writer] or mine
     os.sched_setaffinity(0, model)
     return writer, model
