@@ -132,7 +132,7 @@ class _Service:
         self.dir = Path(spec["dir"])
         self.endpoint = str(spec["endpoint"])
         self.token = secret_file(spec["token_file"])
-        self.timeout_key = str(spec.get("timeout_key") or TIMEOUT_KEY)
+        self.timeout_key = str(spec.get("timeout_key", TIMEOUT_KEY))
         self.hb = Heartbeat(spec["heartbeat"]) if spec.get("heartbeat") else None
         self.out = Output(self.cfg, coords=spec.get("coords") or None, base_dir=spec.get("base_dir"))
         if self.hb is not None:
@@ -402,10 +402,10 @@ class OutputService:
     configuration (a relative ``directory`` is relative to ``base_dir``)."""
 
     def __init__(self, proc: subprocess.Popen, address: str, directory: Path, runtime: Path | None,
-                 cfg: OutputConfig, hb: Heartbeat, timeout_key: str = "") -> None:
+                 cfg: OutputConfig, hb: Heartbeat, timeout_key: str = TIMEOUT_KEY) -> None:
         self.proc = proc
         self.cfg = cfg
-        self.timeout_key = timeout_key or TIMEOUT_KEY
+        self.timeout_key = timeout_key
         self.hb = hb
         self.silence = Silence(hb, proc.pid)
         self.address = address
@@ -419,7 +419,7 @@ class OutputService:
     def start(cls, config: OutputConfig | dict[str, Any], directory: str | os.PathLike[str], *, transport: str = "ipc",
               bind: str = "127.0.0.1", base_dir: str | os.PathLike[str] | None = None,
               coords: dict[str, Any] | None = None, timeout: float = START_TIMEOUT_S,
-              timeout_key: str = "") -> "OutputService":
+              timeout_key: str = TIMEOUT_KEY) -> "OutputService":
         """Start the service (its writers are ready when this returns); raises OutputError.
         ``timeout_key``: the setting ``config.writer_timeout`` came from, named when the service
         hangs (default ``output.writer_timeout``)."""
@@ -441,7 +441,7 @@ class OutputService:
             raise ValueError(f"transport {transport!r}: 'ipc' or 'tcp'")
         spec = {"config": cfg.model_dump(mode="json"), "owner": os.getpid(), "token_file": str(d / "token"),
                 "endpoint": endpoint, "dir": str(d), "base_dir": str(base_dir or os.getcwd()), "coords": coords or {},
-                "heartbeat": str(hb.path), "timeout_key": timeout_key or TIMEOUT_KEY}
+                "heartbeat": str(hb.path), "timeout_key": timeout_key}
         try:
             with open(d / "service.log", "ab") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.service"], stdin=subprocess.PIPE,
