@@ -328,8 +328,8 @@ def test_over_tcp_a_writer_on_another_node_that_stops_is_lost_by_zeromq_pings(
         os.kill(pid, signal.SIGSTOP)
         out.add("u", field(1, 1), time=1.0, member=1)
         t0 = time.monotonic()
-        with pytest.raises(OutputError, match=r"unreachable: the connection to it was closed \(no answer to "
-                                              r"ZeroMQ's pings within 1.5 s"):
+        with pytest.raises(OutputError, match=r"output writer 0 \(at tcp://[^,]+, fields u\) unreachable: the "
+                                              r"connection to it was closed \(no answer to ZeroMQ's pings within 1.5 s"):
             out.sync()
         assert time.monotonic() - t0 < 20
         with pytest.raises(OutputError, match="unreachable"):

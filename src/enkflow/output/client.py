@@ -79,6 +79,13 @@ class _Channel:
     watch: ConnectionWatch | None = None  # the connection, where this sender cannot see the process (another node)
 
 
+def _who(ch: _Channel) -> str:
+    """The writer of ``ch`` as messages name it: its pid, or its address where this sender cannot see
+    the process (another node)."""
+    where = f"pid {ch.pid}" if ch.pid else f"at {ch.watch.address}" if ch.watch is not None else "pid unknown"
+    return f"output writer {ch.index} ({where}, fields {', '.join(ch.fields)})"
+
+
 def _normalize_region(region: Region, dims: list[str], shape: tuple[int, ...], arr_shape: tuple[int, ...],
                       what: str) -> tuple[tuple[int, int], ...] | None:
     """``region`` as ((start, stop), ...) in the global field, checked against the array's shape."""
@@ -395,7 +402,7 @@ class Output:
 
     def _writer_lost(self, ch: _Channel, why: str) -> None:
         ch.alive = False
-        ch.lost_why = f"output writer {ch.index} (pid {ch.pid}, fields {', '.join(ch.fields)}) {why}"
+        ch.lost_why = f"{_who(ch)} {why}"
         lost = len(ch.pending)
         lost_bytes = ch.outstanding
         self._stats["lost_adds"] += lost
@@ -404,7 +411,7 @@ class Output:
         ch.outstanding = 0
         removed = self._remove_temporaries(ch.pid)
         tail = f"\n{log_tail(ch.log, 10)}" if ch.log is not None and ch.log.exists() and ch.log.stat().st_size else ""
-        msg = (f"output writer {ch.index} (pid {ch.pid}, fields {', '.join(ch.fields)}) {why}: {lost} piece(s) "
+        msg = (f"{_who(ch)} {why}: {lost} piece(s) "
                f"({lost_bytes} bytes) in flight were not written, nor the files it had open"
                f"{f' ({removed} temporary file(s) removed)' if removed else ''}; "
                f"later output of these fields is lost" + tail)
