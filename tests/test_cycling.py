@@ -15,8 +15,10 @@ from enkflow.analysis import Geometry, LocalDomains
 from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig, Method, Metric
 from enkflow.experiment.cycling import (
-    ArrayStore, EnsembleStore, LocalGeometry, NoOutput, ObservationSpace, OutputSink, Propagator, analyse, run_cycles,
+    ArrayStore, EnsembleStore, NoOutput, ObservationSpace, OutputSink, Propagator, run_cycles,
 )
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.experiment.driver import Experiment
 from enkflow.experiment.file_store import FileStore
 from enkflow.io import EnsembleFiles
@@ -81,7 +83,7 @@ def old_loop(s: l96x.L96Setup) -> tuple[np.ndarray, list[np.ndarray]]:
     E = np.asfortranarray(truth[:, None] + fil_rng.standard_normal((n, s.members)))
     coords = np.arange(n, dtype=float)
     obs_err = np.full(n, s.obs_std**2)
-    f = l96x.make_filter(s)
+    f = make_filter(l96x.analysis_config(s))
     kw: dict = {}
     if s.method.is_local:
         k = s.domain_size
@@ -117,15 +119,16 @@ def test_run_cycles_on_lorenz96_equals_the_loop_it_replaced(method):
     fil_rng = np.random.default_rng([s.seed, 1])
     nature = l96x.NatureRun(l96.spin_up(nature_rng), nature_rng, s.obs_std)
     store = ArrayStore(nature.truth[:, None] + fil_rng.standard_normal((l96.N_VARS, s.members)))
-    f = l96x.make_filter(s)
+    f = make_filter(l96x.analysis_config(s))
     local = None
     if method.is_local:
         n, k = l96.N_VARS, s.domain_size
         centres = (np.arange(n // k) * k + 0.5 * (k - 1)).astype(float)
         local = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres), Geometry(Metric.PERIODIC, nature.coords, float(n)))
     got = []
+    step = AnalysisStep(f, local)
     done = run_cycles(range(s.burn_in + s.cycles), l96x.Forecast(nature, store),
-                      lambda c: analyse(store, nature, f, c, local=local)[1],
+                      lambda c: analyse(step, store, nature, c)[1],
                       on_cycle_end=lambda c, diag: got.append(store.X.copy()))
     assert done == list(range(s.burn_in + s.cycles))
     assert all(a.tobytes() == b.tobytes() for a, b in zip(got, ensembles, strict=True))
@@ -145,11 +148,12 @@ def test_analyse_on_the_member_files_equals_analyse_in_memory(land, tmp_path, me
         truth = np.asarray(ds["soil_moisture"][:], dtype=np.float64).ravel()
     with EnsembleFiles(paths, layout) as ens:
         mem = ArrayStore(ens.read())
-    Xm, dm = analyse(mem, obs, make_filter(cfg), 4, local=local, truth=truth)
+    Xm, dm = analyse(AnalysisStep(make_filter(cfg), local, truth=lambda c: truth), mem, obs, 4)
     with EnsembleFiles(paths, layout, mode="r+") as ens:
-        Xf, df = analyse(FileStore(ens), obs, make_filter(cfg), 4, local=local, truth=truth)
+        Xf, df = analyse(AnalysisStep(make_filter(cfg), local, truth=lambda c: truth), FileStore(ens), obs, 4)
     assert Xf.tobytes() == Xm.tobytes() and mem.X is Xm
-    assert {k: v for k, v in df.items() if k not in TIMINGS} == {k: v for k, v in dm.items() if k not in TIMINGS}
-    assert dm["oma_rms"] < dm["omb_rms"] and "rmse_analysis" in dm
+    assert ({k: v for k, v in df.as_dict().items() if k not in TIMINGS}
+            == {k: v for k, v in dm.as_dict().items() if k not in TIMINGS})
+    assert dm.oma_rms < dm.omb_rms and dm.rmse_analysis is not None
     with EnsembleFiles(paths, layout) as ens:  # the files hold the analysis
         assert ens.read().tobytes() == Xm.tobytes()

@@ -92,6 +92,13 @@ class LocalizationConfig(Strict):
         return self
 
 
+class AdaptiveInflation(str, Enum):
+    """Adaptive prior inflation of the local filters (:mod:`enkflow.analysis.adaptive_inflation`)."""
+
+    NONE = "none"
+    MIYOSHI2011 = "miyoshi2011"  # Miyoshi (2011), the estimate's variance carried (docs/analysis.md)
+
+
 class InflationConfig(Strict):
     """Inflation; all default to no inflation. See :class:`enkflow.analysis.Inflation`."""
 
@@ -100,7 +107,7 @@ class InflationConfig(Strict):
     rtpp: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior perturbations, alpha")
     rtps: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior spread, alpha")
     # Adaptive prior inflation (local filters): enkflow.analysis.adaptive_inflation, docs/analysis.md.
-    adaptive: str = Field(default="none", pattern="^(none|miyoshi2011)$", description="none | miyoshi2011")
+    adaptive: AdaptiveInflation = Field(default=AdaptiveInflation.NONE, description="none | miyoshi2011")
     adaptive_initial: float = Field(default=1.0, gt=0.0, description="covariance inflation factor at the first cycle")
     adaptive_sd: float = Field(default=0.04, gt=0.0, description="lower bound of the prior estimate's standard deviation")
     adaptive_sd_initial: float = Field(default=0.6, gt=0.0, description="standard deviation of the estimate at the first cycle")
@@ -110,7 +117,7 @@ class InflationConfig(Strict):
 
     @model_validator(mode="after")
     def _adaptive_bounds(self) -> "InflationConfig":
-        if self.adaptive != "none" and not self.adaptive_minimum <= self.adaptive_initial <= self.adaptive_maximum:
+        if self.adaptive is not AdaptiveInflation.NONE and not self.adaptive_minimum <= self.adaptive_initial <= self.adaptive_maximum:
             raise ValueError("adaptive_initial must lie in [adaptive_minimum, adaptive_maximum]")
         return self
 
@@ -128,8 +135,8 @@ class AnalysisConfig(Strict):
     def _local_needs_radius(self) -> "AnalysisConfig":
         if self.method.is_local and self.localization is None:
             raise ValueError(f"method '{self.method.value}' needs an [analysis.localization] table with 'radius'")
-        if self.inflation.adaptive != "none" and not self.method.is_local:
-            raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive}' needs a local filter (letkf, lestkf), "
+        if self.inflation.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
+            raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive.value}' needs a local filter (letkf, lestkf), "
                              f"not '{self.method.value}'")
         return self
 

@@ -8,7 +8,7 @@ from enkflow.analysis.domains import LocalDomains
 from enkflow.analysis.geometry import Geometry
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation, inflate_posterior
-from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel, LocalStats
+from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel, LocalFilter, LocalStats
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.obsset import ObsSet
 
@@ -23,6 +23,7 @@ __all__ = [
     "Kernel",
     "LESTKF",
     "LETKF",
+    "LocalFilter",
     "LocalDomains",
     "LocalStats",
     "Localization",

@@ -36,7 +36,9 @@ rho is clipped to ``[minimum, maximum]``.
 
 The state is kept per state row (the rows of a domain share one value), so that it can be
 carried from cycle to cycle whatever the domains or the ranks' row blocks: a *field* of shape
-(n_rows, 2), column 0 the factor rho, column 1 the standard deviation s of the estimate.
+(n_rows, 2), column 0 the factor rho, column 1 the standard deviation s of the estimate. The
+field's files are :mod:`enkflow.io.inflation_field`'s; :class:`enkflow.experiment.inflation.InflationCarrier`
+carries it from cycle to cycle.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enkflow.config import AdaptiveInflation, InflationConfig
 from enkflow.errors import InputError
 
 
@@ -134,128 +137,9 @@ def domain_values(field: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> n
     return np.divide(sums, counts, out=np.ones_like(sums), where=counts > 0)
 
 
-def from_config(cfg) -> Miyoshi2011 | None:
-    """The scheme an ``[analysis.inflation]`` table (:class:`enkflow.config.InflationConfig`) names, or None."""
-    if cfg.adaptive == "none":
+def from_config(cfg: InflationConfig) -> Miyoshi2011 | None:
+    """The scheme an ``[analysis.inflation]`` table names, or None."""
+    if cfg.adaptive is AdaptiveInflation.NONE:
         return None
     return Miyoshi2011(initial=cfg.adaptive_initial, sd=cfg.adaptive_sd, sd_initial=cfg.adaptive_sd_initial,
                        minimum=cfg.adaptive_minimum, maximum=cfg.adaptive_maximum, relax=cfg.adaptive_relax)
-
-
-FILE_NAME = "inflation.nc"
-
-
-def read_field(path, n_rows: int) -> np.ndarray:
-    """The factors a previous cycle wrote with :func:`write_field`: (n_rows,) float64. A missing
-    file, another number of rows or a value that is not finite and > 0 is an InputError naming it."""
-    return _read(path, n_rows, ("inflation",))[0]
-
-
-def read_state(path, n_rows: int, sd_missing: float) -> np.ndarray:
-    """The field (n_rows, 2) a previous cycle wrote with :func:`write_field`: the factors and the
-    standard deviations of the estimates. A file without ``inflation_sd`` (written before the
-    deviation was carried) gives ``sd_missing`` everywhere. Errors as :func:`read_field`."""
-    f, sd = _read(path, n_rows, ("inflation", "inflation_sd"))
-    return np.column_stack([f, np.full(n_rows, float(sd_missing)) if sd is None else sd])
-
-
-def _read(path, n_rows: int, names: tuple[str, ...]) -> list[np.ndarray | None]:
-    import netCDF4
-
-    from enkflow.errors import FileFormatError
-
-    out: list[np.ndarray | None] = []
-    try:
-        with netCDF4.Dataset(path, "r") as ds:
-            if "inflation" not in ds.variables:
-                raise FileFormatError("no variable 'inflation'", path=str(path), variable="inflation")
-            ds.set_auto_mask(False)
-            for name in names:
-                v = ds.variables.get(name)
-                out.append(None if v is None else np.asarray(v[:], dtype=np.float64).reshape(-1))
-    except OSError as exc:
-        raise InputError(f"cannot read the previous cycle's adaptive inflation field {path}: {exc} (it carries the "
-                         "inflation from cycle to cycle)", item=str(path)) from None
-    for name, f in zip(names, out):
-        if f is None:
-            continue
-        if f.size != n_rows:
-            raise FileFormatError(f"the inflation field has {f.size} rows, the state {n_rows}", path=str(path),
-                                  variable=name)
-        if not (np.isfinite(f).all() and (f > 0).all()):
-            raise FileFormatError("the inflation field holds values that are not finite and > 0", path=str(path),
-                                  variable=name)
-    return out
-
-
-def write_field(path, field: np.ndarray, *, cycle: int, coords: np.ndarray | None = None) -> None:
-    """Write the posterior field (n_rows, 2) of ``cycle`` atomically to ``path`` (NetCDF-4):
-    ``inflation(row)``, ``inflation_sd(row)`` and, with ``coords`` (n_rows, n_dim), ``row_coords(row, coord)``."""
-    import time
-
-    import netCDF4
-
-    from enkflow.fsutil import atomic_output
-
-    if field.ndim != 2 or field.shape[1] != 2:
-        raise InputError(f"an adaptive inflation field is (n_rows, 2), got {field.shape}", item="infl_field")
-    with atomic_output(path) as tmp:
-        ds = netCDF4.Dataset(tmp, "w", format="NETCDF4")
-        try:
-            ds.createDimension("row", field.shape[0])
-            v = ds.createVariable("inflation", "f8", ("row",))
-            v.long_name = "adaptive prior covariance inflation factor of each state row (Miyoshi 2011)"
-            v.units = "1"
-            v[:] = field[:, 0]
-            v = ds.createVariable("inflation_sd", "f8", ("row",))
-            v.long_name = "standard deviation of the inflation factor's estimate"
-            v.units = "1"
-            v[:] = field[:, 1]
-            if coords is not None:
-                c = np.asarray(coords, dtype=np.float64).reshape(field.shape[0], -1)
-                ds.createDimension("coord", c.shape[1])
-                cv = ds.createVariable("row_coords", "f8", ("row", "coord"))
-                cv.long_name = "localization coordinates of each state row"
-                cv[:] = c
-            ds.setncatts({"Conventions": "CF-1.8", "title": f"enkflow adaptive inflation, cycle {cycle}",
-                          "source": "enkflow", "cycle": np.int32(cycle),
-                          "history": f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} enkflow"})
-        finally:
-            ds.close()
-
-
-class FieldCarrier:
-    """Carries the field of a long-running analysis (the online server) from cycle to cycle in
-    memory, and writes each cycle's posterior field to ``dir_of(cycle) / inflation.nc`` (rank 0 of
-    ``comm``, atomically) when ``dir_of`` is given; a restarted server continues from the previous
-    cycle's file where it exists (else from ``initial``). ``coords`` (n_rows, n_dim) go into the files."""
-
-    def __init__(self, scheme: Miyoshi2011, n_rows: int, comm, dir_of=None, coords: np.ndarray | None = None):
-        self.scheme, self.n_rows, self.comm, self.dir_of, self.coords = scheme, n_rows, comm, dir_of, coords
-        self._field: np.ndarray | None = None
-        self._cycle: int | None = None
-
-    def prior(self, cycle: int, row_start: int, row_stop: int) -> np.ndarray:
-        """This rank's rows of the prior field of ``cycle``: (row_stop - row_start, 2) float64, a new array."""
-        from pathlib import Path
-
-        if self._field is None or self._cycle != cycle - 1:
-            prev = Path(self.dir_of(cycle - 1)) / FILE_NAME if self.dir_of is not None else None
-            full = read_state(prev, self.n_rows, self.scheme.sd) if prev is not None and prev.is_file() else \
-                self.scheme.initial_field(self.n_rows)
-            self._field = full[row_start:row_stop]
-        return np.array(self.scheme.forecast(self._field), dtype=np.float64)
-
-    def posterior(self, cycle: int, field: np.ndarray) -> None:
-        """Keep the posterior field of ``cycle`` (this rank's rows) and write the cycle's file (collective)."""
-        from pathlib import Path
-
-        self._field, self._cycle = np.array(field, dtype=np.float64), cycle
-        if self.dir_of is None:
-            return
-        allf = self.comm.allgather_rows(np.ascontiguousarray(self._field))
-        if self.comm.rank == 0:
-            d = Path(self.dir_of(cycle))
-            d.mkdir(parents=True, exist_ok=True)
-            write_field(d / FILE_NAME, allf, cycle=cycle, coords=self.coords)
-        self.comm.barrier()

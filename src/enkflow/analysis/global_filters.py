@@ -16,6 +16,7 @@ own rows, so the result does not depend on the rank count.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,10 +25,18 @@ from enkflow.analysis.transforms import estkf_weights, kalman_gain_ens, letkf_we
 from enkflow.analysis.validate import check_ensemble, check_obs_ensemble
 from enkflow.analysis.obsset import ObsSet
 
+if TYPE_CHECKING:  # the local filters derive from Filter
+    from enkflow.analysis.local_filters import LocalFilter
+
 
 @dataclass(frozen=True, kw_only=True)
 class Filter:
-    """Base class: a subclass must define ``analyze``."""
+    """Base class: a subclass must define ``analyze``.
+
+    A filter says itself how its analysis divides: :meth:`as_local` is None for a global filter (one
+    transform from the full ``HX``, the same on every rank, applied to each rank's rows), the filter
+    itself for a local one (one analysis per domain of rows, so the rows may be split over the ranks
+    in any way: :class:`~enkflow.analysis.local_filters.LocalFilter`)."""
 
     inflation: Inflation = field(default_factory=Inflation)
 
@@ -35,6 +44,10 @@ class Filter:
         super().__init_subclass__(**kw)
         if not callable(getattr(cls, "analyze", None)):
             raise TypeError(f"{cls.__name__} must define analyze(X, HX, obs)")
+
+    def as_local(self) -> LocalFilter | None:
+        """This filter as a local filter (domains, localization, statistics), or None: a global filter."""
+        return None
 
     def _check(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet) -> None:
         check_ensemble(X)

@@ -53,7 +53,11 @@ class LocalStats:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _LocalFilter(Filter):
+class LocalFilter(Filter):
+    """Base of the local filters: one analysis per domain of rows (:meth:`analyze`), with the
+    observations its :class:`Localization` selects. A new local filter derives from it and sets
+    ``_weights``; the cycle driver finds it local through :meth:`as_local`."""
+
     localization: Localization
     kernel: Kernel = Kernel.COMPILED
     chunk: int = 8192  # domains per local-search + kernel call, at most
@@ -63,6 +67,25 @@ class _LocalFilter(Filter):
     adaptive: Miyoshi2011 | None = None
 
     _weights = staticmethod(letkf_weights)
+
+    def as_local(self) -> LocalFilter:
+        return self
+
+    def obs_geometry(self, obs: ObsSet) -> Geometry:
+        """The search geometry of the observations ``obs`` in this filter's metric."""
+        return Geometry(self.localization.metric, obs.coords, self.localization.period)
+
+    def local_obs_counts(self, coords: np.ndarray, geometry: Geometry) -> np.ndarray:
+        """How many observations of ``geometry`` a domain at each of ``coords`` (n, n_dim; with
+        vertical localization the vertical coordinate last) analyses: (n,) float64, at most
+        ``localization.max_obs``. The work of a domain grows with it (:mod:`enkflow.analysis.balance`)."""
+        loc = self.localization
+        h = loc.horizontal(coords)[0]
+        geometry.check_domain_coords(h)
+        counts = geometry.counts(h, loc.support).astype(np.float64)
+        if loc.max_obs is not None:  # a capped domain analyses at most max_obs observations
+            counts = np.minimum(counts, float(loc.max_obs))
+        return counts
 
     def analyze(
         self,
@@ -96,7 +119,7 @@ class _LocalFilter(Filter):
         if domains.rows.size and (domains.rows.min() < 0 or domains.rows.max() >= X.shape[0]):
             raise InputError(f"domain rows must lie in [0, {X.shape[0]})", item="domains")
         # Every check runs before the first row is written.
-        geometry = geometry or Geometry(self.localization.metric, obs.coords, self.localization.period)
+        geometry = geometry or self.obs_geometry(obs)
         geometry.check_domain_coords(self.localization.horizontal(domains.coords)[0])
         if self.localization.vertical and obs.vcoord is None:
             raise InputError("vertical localization needs each observation's vertical coordinate (ObsSet.vcoord)",
@@ -187,14 +210,14 @@ class _LocalFilter(Filter):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LETKF(_LocalFilter):
+class LETKF(LocalFilter):
     """Local ensemble transform Kalman filter (Hunt et al. 2007), symmetric square root."""
 
     _weights = staticmethod(letkf_weights)
 
 
 @dataclass(frozen=True, kw_only=True)
-class LESTKF(_LocalFilter):
+class LESTKF(LocalFilter):
     """Local error-subspace transform Kalman filter (Nerger et al. 2012)."""
 
     _weights = staticmethod(estkf_weights)

@@ -97,7 +97,7 @@ def analyse_dir(s: LandBenchSetup, d: Path) -> dict | None:
     """Analyse the files in ``d`` on this process's ranks (collective); the report on rank 0, None elsewhere."""
     import netCDF4
 
-    from enkflow.experiment.analysis_step import analyse_files
+    from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
     from enkflow.parallel import get_comm
 
     comm = get_comm()
@@ -111,8 +111,8 @@ def analyse_dir(s: LandBenchSetup, d: Path) -> dict | None:
     })
     comm.barrier()
     t0 = time.perf_counter()
-    res = analyse_files(paths, d / "obs.nc", state, analysis, IOConfig(), comm=comm, truth=truth,
-                        mean_path=d / "analysis_mean.nc", spread_path=d / "analysis_spread.nc", balance=s.balance)
+    res = analyse_files(paths, d / "obs.nc", state, analysis, IOConfig(), comm=comm, truth=truth, balance=s.balance,
+                        files=AnalysisFiles(mean=d / "analysis_mean.nc", spread=d / "analysis_spread.nc"))
     comm.barrier()
     total = time.perf_counter() - t0
     # Stage seconds and local-filter statistics of the slowest rank; local obs averaged over all points.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from enkflow.config import Method
+from enkflow.config import AdaptiveInflation, Method
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cycles", type=int, default=10_000, help="cycles after the burn-in (default 10000)")
     p.add_argument("--burn-in", type=int, default=400, help="cycles discarded first (default 400)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--adaptive", choices=["none", "miyoshi2011"], default="none",
+    p.add_argument("--adaptive", choices=[a.value for a in AdaptiveInflation], default=AdaptiveInflation.NONE.value,
                    help="adaptive prior inflation of the local methods (Miyoshi 2011), on top of --inflation")
     p.add_argument("--json", action="store_true", help="end with one line: a JSON object of the scores")
     p.add_argument("--online", type=int, default=0, metavar="RUNNERS",
@@ -55,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
             bar.close()
     print(
         f"{s.method.value} N={s.members} inflation={s.inflation}"
-        + (f" adaptive {s.adaptive} (mean factor {res.inflation_mean:.4f})" if s.adaptive != "none" else "")
+        + (f" adaptive {s.adaptive.value} (mean factor {res.inflation_mean:.4f})"
+           if s.adaptive is not AdaptiveInflation.NONE else "")
         + f": rmse_a {res.rmse_a:.4f}  "
         f"spread_a {res.spread_a:.4f}  rmse_f {res.rmse_f:.4f}  ({res.seconds_per_cycle * 1e3:.3f} ms/cycle, {res.cycles} cycles)"
     )

@@ -6,36 +6,80 @@ update the restarts in place, write the analysis mean and spread.
 Collective over ``comm``: run it under mpiexec for a parallel analysis; each
 rank reads, analyses and writes its own row block.
 
-It is :func:`enkflow.experiment.cycling.analyse` on the member files
-(:class:`~enkflow.experiment.file_store.FileStore`) and the observation file
-(:class:`~enkflow.obs.space.FileObservations`: H the selection of the file's
+It is :func:`enkflow.experiment.step.analyse` of the step :func:`~enkflow.experiment.step.build_step`
+makes, on the member files (:class:`~enkflow.experiment.file_store.FileStore`) and the
+observation file (:class:`~enkflow.obs.space.FileObservations`: H the selection of the file's
 ``state_index``, or H(x) per member as an operator stage wrote it).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from enkflow.analysis import LocalDomains
-from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig
 from enkflow.errors import ConfigError
-from enkflow.experiment.cycling import LocalGeometry, analyse
+from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
+from enkflow.experiment.cycling import OutputSink
 from enkflow.experiment.file_store import FileStore
+from enkflow.experiment.step import StateRows, analyse, build_step
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
-from enkflow.io.meanspread import write_mean_spread
-from enkflow.obs.obsfile import ObsSettings, load_for_state
+from enkflow.io.meanspread import ensemble_mean_spread, write_mean_spread
+from enkflow.obs.obsfile import ObsSettings
 from enkflow.obs.space import FileObservations
-from enkflow.obs.vertical import localization_coords
+from enkflow.output.analysis_output import AnalysisOutput, service_dir
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
 from enkflow.state.config import StateConfig
+
+
+@dataclass(frozen=True)
+class AnalysisFiles:
+    """What an offline analysis writes besides the member files (None: not written).
+
+    ``cycle_dir(cycle)``: the directory of each cycle's ``obs_diag.nc`` and adaptive inflation
+    field (the previous cycle's is read, after ``first_cycle``); ``mean`` and ``spread``: the
+    analysis mean and spread files; ``applied``: the completion record that commits together with
+    the update in place (it makes the analysis idempotent, see :func:`analyse_files`).
+
+    ``stats_dir`` (the experiment's ``cycles`` directory): every rank also hands its rows of the
+    forecast mean, analysis mean and spread and increment to the asynchronous output server
+    (:class:`enkflow.output.analysis_output.AnalysisOutput`; ``stats_settings``: its compression,
+    level and writer timeout, :meth:`AnalysisOutputSection.writer_settings`), whose writer writes
+    ``NNNN/VAR_STAT.nc`` while the restarts are updated. ``stats_service``: the directory of the
+    study's output service (:mod:`enkflow.output.service`); when one runs there, every rank adds
+    its rows through it instead, and ``mean`` and ``spread`` are not written here: the service's
+    owner (the experiment driver) writes them from the statistics."""
+
+    cycle_dir: Callable[[int], Path] | None = None
+    first_cycle: int = 0
+    mean: Path | None = None
+    spread: Path | None = None
+    applied: Path | None = None
+    stats_dir: Path | None = None
+    stats_settings: Mapping[str, Any] = field(default_factory=dict)
+    stats_service: Path | None = None
+
+
+class MeanSpreadFiles(OutputSink):
+    """The offline output sink: the analysis mean and spread files of the cycle
+    (:func:`enkflow.io.meanspread.write_mean_spread`, collective); ``write_s`` its seconds."""
+
+    def __init__(self, layout: StateLayout, mean: Path, spread: Path | None, comm: Comm):
+        self.layout, self.mean, self.spread, self.comm = layout, mean, spread, comm
+        self.write_s = 0.0
+
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: CycleDiagnostics | None = None) -> None:
+        t0 = time.perf_counter()
+        write_mean_spread(Xa, self.layout, self.mean, self.spread, comm=self.comm,
+                          title=f"enkflow analysis, cycle {cycle}")
+        self.write_s = time.perf_counter() - t0
 
 
 def analyse_files(
@@ -47,206 +91,125 @@ def analyse_files(
     *,
     comm: Comm | None = None,
     cycle: int = 0,
-    mean_path: str | Path | None = None,
-    spread_path: str | Path | None = None,
+    files: AnalysisFiles = AnalysisFiles(),
     hx_files: Sequence[Path] | None = None,
-    truth: np.ndarray | None = None,
-    applied: str | Path | None = None,
-    balance: bool | None = None,
-    stats_dir: str | Path | None = None,
-    stats_settings: Mapping[str, Any] | None = None,
-    stats_service: str | Path | None = None,
     obs_settings: ObsSettings | None = None,
-    obs_diag_dir: str | Path | None = None,
-    inflation_files: tuple[Path | None, Path | None] | None = None,
-) -> dict[str, float]:
+    truth: np.ndarray | None = None,
+    balance: bool | None = None,
+) -> dict[str, float | list[float]]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
 
-    Returns seconds per stage (``read_s``, ``analysis_s``, ``update_s``,
-    ``output_s``) and diagnostics: ``n_obs``, ``mean_local_obs``, the RMS of
-    the innovation before and after (``omb_rms``, ``oma_rms``: observation minus
-    background / analysis mean), and with ``truth`` (n_state,) the RMSE of the
-    prior and analysis means against it. Every check (files, structure,
-    observations, configuration) runs before the first byte is written.
+    Returns seconds per stage (``read_s``, ``analysis_s``, ``update_s``, ``output_s``) and the
+    diagnostics of :class:`~enkflow.experiment.cycle_diagnostics.CycleDiagnostics` (with ``truth``
+    (n_state,) the RMSE of the prior and analysis means against it). Every check (files,
+    structure, observations, configuration) runs before the first byte is written. ``hx_files``:
+    H(x) of each member from an operator stage; ``obs_settings``: the ``[observations]`` keys.
 
-    ``applied`` makes the analysis idempotent: the path of a JSON record that
-    commits together with the in-place update (it exists if and only if the
-    update was applied, also after a kill and the write-ahead log's recovery,
-    see :meth:`EnsembleFiles.update`). When it exists, the files already hold
-    the analysis: nothing is assimilated again; the mean/spread are written
-    from the files and the recorded diagnostics are returned, with
-    ``already_applied`` = 1.
+    With ``files.applied`` the analysis is idempotent: the record commits together with the
+    in-place update (it exists if and only if the update was applied, also after a kill and the
+    write-ahead log's recovery, see :meth:`EnsembleFiles.update`). When it exists, the files
+    already hold the analysis: nothing is assimilated again; the mean/spread are written from the
+    files and the recorded diagnostics are returned, with ``already_applied`` = 1.
 
-    ``balance`` (local filters): see :func:`enkflow.experiment.cycling.analyse`; True analyses
-    rows of equal estimated cost on every rank instead of the I/O row blocks (same result),
-    False keeps the row blocks; both add the balance diagnostics (``imbalance_est``,
-    ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance`` (default True:
-    equal-cost ranges under mpiexec; one rank keeps its rows), with the balance diagnostics.
-
-    ``stats_dir`` (the experiment's ``cycles`` directory): every rank also hands its rows of the
-    forecast mean, analysis mean and spread and increment to the asynchronous output server
-    (:class:`enkflow.output.analysis_output.AnalysisOutput`, started here; ``stats_settings``: its
-    compression, level and writer timeout, :meth:`AnalysisOutputSection.writer_settings`), whose
-    writer writes ``NNNN/VAR_STAT.nc`` while the restarts are updated; it is closed (everything
-    written) before this returns. ``stats_s`` and ``stats_wait_s``: the seconds spent computing
-    and adding them, and waiting for the writer at the end.
-    ``stats_service``: the directory of the study's output service (:mod:`enkflow.output.service`);
-    when one runs there, every rank adds its rows through it instead (no writer is started here,
-    and the end waits only until the service has received them), and ``mean_path`` and
-    ``spread_path`` are not written here: the service's owner (the experiment driver) writes
-    them from the statistics (:class:`enkflow.output.mean_spread_files.MeanSpreadFromStatistics`).
-
-    ``obs_diag_dir``: write the observation-space diagnostics file ``obs_diag.nc`` there
-    (:mod:`enkflow.obs.diagnostics`). ``inflation_files`` (adaptive inflation): the previous
-    cycle's field file (None: the configured initial value) and this cycle's, written (rank 0,
-    atomically) before the update commits (:mod:`enkflow.analysis.adaptive_inflation`).
-    """
+    ``balance`` (local filters): True analyses rows of equal estimated cost on every rank instead
+    of the I/O row blocks (same result), False keeps the row blocks; both report the balance
+    (``imbalance_est``, ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance``
+    where there are several ranks. With statistics (``files.stats_dir``) the output is closed
+    (everything written) before this returns: ``stats_s`` and ``stats_wait_s`` are the seconds
+    spent computing and adding them, and waiting for the writer at the end."""
     comm = comm or get_comm()
     t0 = time.perf_counter()
     layout = StateLayout.from_config(paths[0], state)
-    f = make_filter(analysis)
-    metric = analysis.localization.metric if analysis.localization else None
     # Every check of the file against the state, metric and observation settings (enkflow run did them before
     # the first forecast). Without settings: located by state_index, and the localization's vertical coordinate.
-    obs_settings = obs_settings or ObsSettings(localization=analysis.localization)
-    obs = FileObservations(load_for_state(obs_file, layout, metric, cycle=cycle, settings=obs_settings), layout.n_rows,
-                           hx_files, obs_settings)
+    obs = FileObservations.load(obs_file, layout, obs_settings or ObsSettings(localization=analysis.localization),
+                                cycle, hx_files)
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
-    out = None
-    t_start = 0.0
+    stats = None
     try:
-        if stats_dir is not None:
-            from enkflow.output.analysis_output import AnalysisOutput
-
-            ts = time.perf_counter()
-            if stats_service is not None:
-                out = AnalysisOutput.through_service(layout, stats_dir, stats_service, cycle, comm,
-                                                     **(stats_settings or {}))
-            if out is None:
-                out = AnalysisOutput(layout, stats_dir, comm, **(stats_settings or {}))
-            t_start = time.perf_counter() - ts
-        store = FileStore(ens, applied=applied)
+        ts = time.perf_counter()
+        stats = _statistics(files, layout, cycle, comm)
+        t_start = time.perf_counter() - ts
+        store = FileStore(ens, applied=files.applied)
         # After the open: it finished any interrupted update, which writes the record.
         record = store.applied_record(cycle)
-        if out is not None and out.remote:
-            # The driver writes the mean and spread files from the statistics the service writes
-            # (enkflow.output.mean_spread_files): not on this task's path.
-            mean_path = spread_path = None
+        # With the output service the driver writes the mean and spread files from the statistics
+        # (enkflow.output.mean_spread_files): not on this task's path.
+        mean_spread = (MeanSpreadFiles(layout, files.mean, files.spread, comm)
+                       if files.mean is not None and not (stats is not None and stats.remote) else None)
         if record is not None:
-            res = _redo_outputs(store, record, cycle, mean_path, spread_path, t0, out)
-            if out is not None:
-                out.close()
-            return res
-        infl_field, before = _adaptive_field(f, inflation_files, layout, store, comm, cycle)
+            redone = _redo_outputs(store, record, cycle, mean_spread, t0, stats)
+            if stats is not None:
+                stats.close()
+                stats = None  # closed: nothing left to abandon
+            return redone
         t1 = time.perf_counter()
-        local = None
-        if balance is None:
-            # One rank has nothing to balance: its rows stay where they are (the balance is still reported).
-            balance = analysis.balance and comm.size > 1
-        if analysis.method.is_local:
-            # With vertical localization the rows' vertical coordinate is a last column: domains per point and level.
-            rc = localization_coords(layout, analysis.localization)
-            if balance:  # the domains of the balanced ranges are built inside the analysis
-                local = LocalGeometry(row_coords=rc)
-            else:
-                local = LocalGeometry(LocalDomains.by_location(rc[store.row_start:store.row_stop]), row_coords=rc)
-        t_local = time.perf_counter() - t1
-        diag_sink = None
-        if obs_diag_dir is not None:
-            from enkflow.obs.diagnostics import ObsDiagnosticsWriter
-
-            mname = metric.value if metric is not None else ("sphere" if getattr(obs.file, "lonlat", False) else None)
-            diag_sink = ObsDiagnosticsWriter(lambda _c: Path(obs_diag_dir), comm.rank, mname)
-        Xa, diag = analyse(store, obs, f, cycle, local=local, truth=truth, before_update=before, balance=balance,
-                           stats=out, infl_field=infl_field, obs_diag=diag_sink)
-        t2 = time.perf_counter()
-        if mean_path is not None:
-            write_mean_spread(Xa, layout, mean_path, spread_path, comm=comm, title=f"enkflow analysis, cycle {cycle}")
-        t_out = time.perf_counter() - t2
-        if out is not None:
-            diag["stats_remote"] = float(out.remote)
+        step = build_step(analysis, StateRows.of_layout(layout), comm, cycle_dir=files.cycle_dir,
+                          first_cycle=files.first_cycle, stats=stats, output=mean_spread,
+                          truth=None if truth is None else lambda _c: truth, balance=balance)
+        t_step = time.perf_counter() - t1
+        _, diag = analyse(step, store, obs, cycle)
+        res: dict[str, float | list[float]] = {k: v for k, v in diag.as_dict().items() if k != "analysis_s"}
+        if stats is not None:
+            res["stats_remote"] = float(stats.remote)
             t3 = time.perf_counter()
-            out.close()
-            diag["stats_wait_s"] = time.perf_counter() - t3
-            diag["stats_start_s"] = t_start
-            out = None
+            stats.close()
+            stats = None
+            res["stats_wait_s"] = time.perf_counter() - t3
+            res["stats_start_s"] = t_start
     finally:
         ens.close()
-        if out is not None:  # an error: the writers are stopped, what they had not written is lost
-            out.abandon()
+        if stats is not None:  # an error: the writers are stopped, what they had not written is lost
+            stats.abandon()
     t_read = t1 - t0 - t_start + store.read_s
-    t_an = t_local + diag.pop("analysis_s")
-    return {"read_s": t_read, "analysis_s": t_an, "update_s": store.update_s, "output_s": t_out, **diag}
+    t_out = mean_spread.write_s if mean_spread is not None else 0.0
+    return {"read_s": t_read, "analysis_s": t_step + diag.analysis_s, "update_s": store.update_s, "output_s": t_out,
+            **res}
 
 
-def _adaptive_field(f, inflation_files, layout: StateLayout, store: FileStore, comm: Comm, cycle: int):
-    """``(this rank's rows of the prior inflation field or None, the before_update hook)``: with
-    adaptive inflation, the field of the previous cycle's file (or the initial value), and a hook
-    that writes the posterior field before the completion record commits."""
-    adaptive = getattr(f, "adaptive", None)
-    if adaptive is None:
-        return None, store.record
-    from enkflow.analysis.adaptive_inflation import read_state, write_field
-
-    prev, new = inflation_files or (None, None)
-    full = read_state(prev, layout.n_rows, adaptive.sd) if prev is not None else adaptive.initial_field(layout.n_rows)
-    field = np.array(adaptive.forecast(full)[store.row_start:store.row_stop], dtype=np.float64)
-
-    def before(Xa: np.ndarray, diag: dict[str, float]) -> None:
-        if new is not None:
-            allf = comm.allgather_rows(field)
-            if comm.rank == 0:
-                write_field(new, allf, cycle=cycle, coords=layout.coords)
-            comm.barrier()
-        store.record(Xa, diag)
-
-    return field, before
+def _statistics(files: AnalysisFiles, layout: StateLayout, cycle: int, comm: Comm) -> AnalysisOutput | None:
+    """The statistics sink of ``files`` (collective): through the study's output service where one
+    runs, else a writer of its own; None without ``files.stats_dir``."""
+    if files.stats_dir is None:
+        return None
+    out = None
+    if files.stats_service is not None:
+        out = AnalysisOutput.through_service(layout, files.stats_dir, files.stats_service, cycle, comm,
+                                             **files.stats_settings)
+    return out or AnalysisOutput(layout, files.stats_dir, comm, **files.stats_settings)
 
 
-def _redo_outputs(store: FileStore, record: dict, cycle: int, mean_path: str | Path | None, spread_path: str | Path | None,
-                  t0: float, out=None) -> dict[str, float]:
+def _redo_outputs(store: FileStore, record: dict, cycle: int, mean_spread: MeanSpreadFiles | None, t0: float,
+                  stats: AnalysisOutput | None) -> dict[str, float | list[float]]:
     """A rerun after the update was applied: rewrite the outputs from the files, assimilate nothing
     (the forecast mean is gone with the update: only the analysis mean and spread statistics are redone)."""
     X = store.ens.read()
     t_read = time.perf_counter() - t0
     t1 = time.perf_counter()
-    if out is not None:
-        from enkflow.io.meanspread import ensemble_mean_spread
-
+    if stats is not None:
         amean, aspread = ensemble_mean_spread(X)
-        out.add(cycle, store.row_start, {"analysis_mean": amean, "analysis_spread": aspread})
-    if mean_path is not None:
-        write_mean_spread(X, store.ens.layout, mean_path, spread_path, comm=store.comm, title=f"enkflow analysis, cycle {cycle}")
+        stats.add(cycle, store.row_start, {"analysis_mean": amean, "analysis_spread": aspread})
+    if mean_spread is not None:
+        mean_spread.write(cycle, X, store.row_start)
     diag = {k: float(v) for k, v in dict(record.get("diagnostics", {})).items()}
     return {"read_s": t_read, "analysis_s": 0.0, "update_s": 0.0, "output_s": time.perf_counter() - t1,
             **diag, "already_applied": 1.0}
 
 
-def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float]:
+def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float | list[float]]:
     """The experiment's analysis task for ``cycle`` (``cfg`` an ExperimentConfig)."""
     if cfg.state is None:
         raise ConfigError("the built-in analysis needs a [state] table (which variables form the state)", key="state")
-    paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
-    hx = None
-    if cfg.observations.operator is not None:
-        hx = [cfg.operator_output(m, cycle) for m in range(1, cfg.experiment.members + 1)]
-    from enkflow.output.analysis_output import service_dir
-
+    members = range(1, cfg.experiment.members + 1)
+    hx = [cfg.operator_output(m, cycle) for m in members] if cfg.observations.operator is not None else None
     cdir = cfg.cycle_dir(cycle)
     cdir.mkdir(parents=True, exist_ok=True)
     ao = cfg.analysis_output
-    files = ao.mean_spread_files
-    infl = None
-    if cfg.analysis.inflation.adaptive != "none":  # carried in the cycle directories, cycle to cycle
-        from enkflow.analysis.adaptive_inflation import FILE_NAME
-
-        first = cycle <= cfg.experiment.first_cycle
-        infl = (None if first else cfg.cycle_dir(cycle - 1) / FILE_NAME, cdir / FILE_NAME)
-    return analyse_files(
-        paths, cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io, cycle=cycle,
-        mean_path=cdir / "analysis_mean.nc" if files else None, spread_path=cdir / "analysis_spread.nc" if files else None,
-        hx_files=hx, applied=cfg.applied_record(cycle), obs_settings=ObsSettings.from_experiment(cfg),
-        stats_dir=cdir.parent if ao.statistics_for("offline") else None, stats_settings=ao.writer_settings(),
-        stats_service=service_dir(expdir),
-        obs_diag_dir=cdir, inflation_files=infl,
-    )
+    ms = ao.mean_spread_files
+    files = AnalysisFiles(
+        cycle_dir=cfg.cycle_dir, first_cycle=cfg.experiment.first_cycle,  # obs_diag.nc; the inflation field, cycle to cycle
+        mean=cdir / "analysis_mean.nc" if ms else None, spread=cdir / "analysis_spread.nc" if ms else None,
+        applied=cfg.applied_record(cycle), stats_dir=cdir.parent if ao.statistics_for("offline") else None,
+        stats_settings=ao.writer_settings(), stats_service=service_dir(expdir))
+    return analyse_files([cfg.restart_path(m) for m in members], cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io,
+                         cycle=cycle, files=files, hx_files=hx, obs_settings=ObsSettings.from_experiment(cfg))

@@ -8,26 +8,31 @@ Scores are time means after the burn-in: ``rmse_a`` the RMSE of the analysis
 mean against the truth, ``spread_a`` sqrt(mean ensemble variance).
 
 The cycles are :func:`~enkflow.experiment.cycling.run_cycles` and
-:func:`~enkflow.experiment.cycling.analyse` on an in-memory ensemble
+:func:`~enkflow.experiment.step.analyse` on an in-memory ensemble
 (:class:`~enkflow.experiment.cycling.ArrayStore`), the nature run as the
-observation space and a propagator stepping both.
+observation space and a propagator stepping both; the analysis step is the one
+:func:`~enkflow.experiment.step.build_step` makes of :func:`analysis_config`
+(:func:`make_step`, which :mod:`enkflow.online.l96` uses as well).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from enkflow.analysis import Filter, Geometry, LocalDomains
-from enkflow.analysis.factory import make_filter as build
-from enkflow.config import AnalysisConfig, Method, Metric
+from enkflow.analysis import Geometry, LocalDomains
+from enkflow.config import AdaptiveInflation, AnalysisConfig, Method, Metric
 from enkflow.errors import InputError
-from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse, run_cycles
+from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
+from enkflow.experiment.cycling import ArrayStore, ObservationSpace, OutputSink, run_cycles
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.step import AnalysisStep, StateRows, analyse, build_step
 from enkflow.models import lorenz96 as l96
 from enkflow.obs import ObsSet
-from enkflow.parallel import Comm
+from enkflow.parallel import Comm, SerialComm
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +46,8 @@ class L96Setup:
     burn_in: int = 400
     obs_std: float = 1.0
     seed: int = 0
-    adaptive: str = "none"  # "miyoshi2011": adaptive prior inflation (local methods), Miyoshi (2011) defaults
+    # Adaptive prior inflation (local methods), Miyoshi (2011) defaults; "none" or "miyoshi2011" are taken too.
+    adaptive: AdaptiveInflation = AdaptiveInflation.NONE
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -52,9 +58,11 @@ class L96Setup:
             raise InputError(f"--radius must be > 0, got {self.radius}", item="radius")
         if self.domain_size < 1 or l96.N_VARS % self.domain_size:
             raise InputError(f"--domain-size must divide {l96.N_VARS}, got {self.domain_size}", item="domain_size")
-        if self.adaptive not in ("none", "miyoshi2011"):
-            raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive")
-        if self.adaptive != "none" and not self.method.is_local:
+        try:
+            object.__setattr__(self, "adaptive", AdaptiveInflation(self.adaptive))
+        except ValueError:
+            raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive") from None
+        if self.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
 
 
@@ -71,16 +79,27 @@ class L96Result:
         return asdict(self)
 
 
-def make_filter(s: L96Setup) -> Filter:
-    """The filter of ``s``: posterior inflation (DAPPER's convention), GC half-width
-    ``radius`` on the ring of 40 points for the local methods."""
-    cfg = {"method": s.method.value, "seed": s.seed, "inflation": {"posterior": s.inflation, "adaptive": s.adaptive}}
+def analysis_config(s: L96Setup) -> AnalysisConfig:
+    """The ``[analysis]`` configuration of ``s``: posterior inflation (DAPPER's convention), GC
+    half-width ``radius`` on the ring of 40 points for the local methods."""
+    cfg: dict = {"method": s.method.value, "seed": s.seed,
+                 "inflation": {"posterior": s.inflation, "adaptive": s.adaptive.value}}
     if s.method.is_local:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
-    return build(AnalysisConfig.model_validate(cfg))
+    return AnalysisConfig.model_validate(cfg)
 
 
-class NatureRun:
+def make_step(s: L96Setup, coords: np.ndarray, truth: Callable[[int], np.ndarray | None], output: OutputSink,
+              analysis: AnalysisConfig | None = None) -> AnalysisStep:
+    """The analysis step of ``s`` (or of ``analysis``, its configuration changed), one process: the
+    local methods' domains are ``domain_size`` neighbouring points of the ring, observed at ``coords``."""
+    n, k = l96.N_VARS, s.domain_size
+    centres = (np.arange(n // k) * k + 0.5 * (k - 1)).astype(float)
+    ring = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres), Geometry(Metric.PERIODIC, coords, float(n)))
+    return build_step(analysis or analysis_config(s), StateRows(n, local=ring), SerialComm(), truth=truth, output=output)
+
+
+class NatureRun(ObservationSpace):
     """The truth of the twin experiment and its observations: an
     :class:`~enkflow.experiment.cycling.ObservationSpace` observing every variable (H = I)
     with errors of standard deviation ``obs_std`` drawn from ``rng``."""
@@ -97,13 +116,38 @@ class NatureRun:
         self.y = self.truth + self.obs_std * self.rng.standard_normal(self.truth.size)
 
     def observations(self, cycle: int) -> ObsSet:
+        if self.y is None:
+            raise InputError(f"cycle {cycle}: the nature run has not been advanced to its first observations", item="y")
         return ObsSet(self.y, self.error_var, self.coords)
 
     def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
         return X.copy(order="K")  # a copy: a local analysis overwrites X
 
-    def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
-        return x
+    def apply_analysis(self, cycle: int, Xa: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return Xa
+
+
+class Scores(OutputSink):
+    """The output of a twin experiment: the sums of the scores after the burn-in (the analysis RMSE,
+    the spread, the forecast RMSE and the adaptive inflation's mean factor). A diverged ensemble is
+    an error naming the cycle."""
+
+    def __init__(self, burn_in: int):
+        self.burn_in = burn_in
+        self.sums = np.zeros(4)
+
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: CycleDiagnostics) -> None:
+        if not np.isfinite(Xa).all():
+            raise InputError(f"the ensemble diverged (NaN/Inf) at cycle {cycle}; try more inflation", item="ensemble")
+        d = diagnostics
+        if cycle >= self.burn_in and d.rmse_analysis is not None and d.rmse_prior is not None:
+            self.sums += (d.rmse_analysis, np.sqrt(np.mean(Xa.var(axis=1, ddof=1))), d.rmse_prior,
+                          d.inflation.mean if d.inflation is not None else 1.0)
+
+    def result(self, cycles: int, seconds_per_cycle: float) -> L96Result:
+        """The time means over the ``cycles`` scored cycles."""
+        m = self.sums / cycles
+        return L96Result(float(m[0]), float(m[1]), float(m[2]), seconds_per_cycle, cycles, float(m[3]))
 
 
 @dataclass
@@ -118,47 +162,24 @@ class Forecast:
         self.store.X = l96.step(self.store.X)
 
 
-def run(s: L96Setup, progress=None) -> L96Result:
-    """Cycle burn-in + cycles analyses; returns the time-mean scores after the burn-in."""
+def run(s: L96Setup, progress: Callable[[int, int], None] | None = None, *,
+        analysis: AnalysisConfig | None = None) -> L96Result:
+    """Cycle burn-in + cycles analyses; returns the time-mean scores after the burn-in. ``analysis``:
+    the ``[analysis]`` configuration instead of :func:`analysis_config`'s (benchmarks, tests)."""
     nature_rng = np.random.default_rng([s.seed, 0])
     fil_rng = np.random.default_rng([s.seed, 1])
-    n = l96.N_VARS
     nature = NatureRun(l96.spin_up(nature_rng), nature_rng, s.obs_std)
-    store = ArrayStore(nature.truth[:, None] + fil_rng.standard_normal((n, s.members)))
-    f = make_filter(s)
-    local = None
-    if s.method.is_local:
-        k = s.domain_size
-        centres = (np.arange(n // k) * k + 0.5 * (k - 1)).astype(float)
-        local = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres),
-                              Geometry(Metric.PERIODIC, nature.coords, float(n)))
+    store = ArrayStore(nature.truth[:, None] + fil_rng.standard_normal((l96.N_VARS, s.members)))
+    scores = Scores(s.burn_in)
+    step = make_step(s, nature.coords, lambda c: nature.truth, scores, analysis)
     total = s.burn_in + s.cycles
-    sums = np.zeros(4)
-    adaptive = getattr(f, "adaptive", None)
-    field = adaptive.initial_field(n) if adaptive is not None else None  # carried in memory from cycle to cycle
 
-    def analysis(c: int) -> dict[str, float]:
-        nonlocal field
-        if adaptive is not None:
-            field = adaptive.forecast(field).copy()
-        Xa, diag = analyse(store, nature, f, c, local=local, truth=nature.truth, infl_field=field)
-        if not np.isfinite(Xa).all():
-            raise InputError(f"the ensemble diverged (NaN/Inf) at cycle {c}; try more inflation", item="ensemble")
-        if c >= s.burn_in:
-            diag["spread"] = np.sqrt(np.mean(Xa.var(axis=1, ddof=1)))
-        return diag
-
-    def cycle_end(c: int, diag: dict[str, float]) -> None:
-        nonlocal sums
-        if c >= s.burn_in:
-            sums += (diag["rmse_analysis"], diag["spread"], diag["rmse_prior"], diag.get("inflation_mean", 1.0))
+    def cycle_end(c: int, diag: CycleDiagnostics) -> None:
         if progress and (c + 1) % 1000 == 0:
             progress(c + 1, total)
 
     forecast = Forecast(nature, store)
-    run_cycles(range(s.burn_in), forecast, analysis, on_cycle_end=cycle_end)
+    run_cycles(range(s.burn_in), forecast, lambda c: analyse(step, store, nature, c)[1], on_cycle_end=cycle_end)
     t0 = time.perf_counter()
-    run_cycles(range(s.burn_in, total), forecast, analysis, on_cycle_end=cycle_end)
-    dt = time.perf_counter() - t0
-    m = sums / s.cycles
-    return L96Result(float(m[0]), float(m[1]), float(m[2]), dt / s.cycles, s.cycles, float(m[3]))
+    run_cycles(range(s.burn_in, total), forecast, lambda c: analyse(step, store, nature, c)[1], on_cycle_end=cycle_end)
+    return scores.result(s.cycles, (time.perf_counter() - t0) / s.cycles)

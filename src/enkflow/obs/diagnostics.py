@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from enkflow.analysis.obsset import ObsSet
+from enkflow.config import Metric
 from enkflow.fsutil import atomic_output
 
 FILE_NAME = "obs_diag.nc"
@@ -139,28 +141,36 @@ def write_obs_diagnostics(
             ds.close()
 
 
-@dataclass
+@dataclass(frozen=True)
 class ObsDiagnosticsWriter:
-    """The sink :func:`enkflow.experiment.cycling.analyse` hands each cycle's observation-space
-    ensembles to: writes ``directory_of(cycle) / obs_diag.nc`` on rank 0 of ``comm``.
+    """The sink :func:`enkflow.experiment.step.analyse` hands each cycle's observation-space
+    ensembles to: writes ``directory_of(cycle) / obs_diag.nc`` on rank 0 of the analysis.
 
-    ``directory_of`` maps a cycle to its directory (created if missing)."""
+    ``directory_of`` maps a cycle to its directory (created if missing). ``metric``: the
+    localization's, which names the coordinates; None (a global filter without one): the
+    observation space's own (longitude and latitude where they are), else ``coord_1``, ...."""
 
-    directory_of: object  # Callable[[int], Path]
+    directory_of: Callable[[int], Path]
     rank: int = 0
-    metric: str | None = None
+    metric: Metric | None = None
 
     def path(self, cycle: int) -> Path:
-        return Path(self.directory_of(cycle)) / FILE_NAME  # type: ignore[operator]
+        return Path(self.directory_of(cycle)) / FILE_NAME
 
     def write(self, cycle: int, y: ObsSet, HX: np.ndarray, HXa: np.ndarray, qc_flags: np.ndarray | None,
-              kind_names: dict[int, str] | None = None) -> None:
+              kind_names: Mapping[int, str], coordinate_metric: Metric | None = None) -> None:
+        """Write the file of ``cycle`` (rank 0; the other ranks return): ``y``, ``HX`` and ``HXa``
+        (n_obs, N) every observation of the cycle (QC-rejected ones included) and H(x) of the forecast
+        and of the analysis members, ``qc_flags`` (n_obs,) the QC's verdicts (None: all used);
+        ``coordinate_metric``: the observations' own, named where ``metric`` is None."""
         if self.rank != 0:
             return
         p = self.path(cycle)
         p.parent.mkdir(parents=True, exist_ok=True)
+        metric = self.metric if self.metric is not None else coordinate_metric
         write_obs_diagnostics(p, y, ObsSpaceStats.from_ensembles(HX, HXa), cycle=cycle, n_members=HX.shape[1],
-                              qc_flags=qc_flags, metric=self.metric, kind_names=kind_names)
+                              qc_flags=qc_flags, metric=metric.value if metric is not None else None,
+                              kind_names=dict(kind_names))
 
 
 def summary_by_kind(path: str | os.PathLike[str]) -> dict[str, dict[str, float]]:
@@ -193,19 +203,3 @@ def summary_by_kind(path: str | os.PathLike[str]) -> dict[str, dict[str, float]]
             d[key] = float(np.sqrt(np.mean(v * v))) if v.size else float("nan")
         out[name] = d
     return out
-
-
-def record(sink: ObsDiagnosticsWriter, obs, cycle: int, y: ObsSet, HX: np.ndarray, Xa: np.ndarray, row_start: int,
-           comm, qc_flags: np.ndarray | None = None) -> None:
-    """What :func:`~enkflow.experiment.cycling.analyse` calls after the assimilation (collective over
-    ``comm``): H of every analysis member of this rank's rows ``Xa`` (through the observation
-    space's file operator where it has one, so an external operator stage's forecast H(x) is not
-    taken for the analysis's), and the file, written by ``sink`` on rank 0. ``y`` and ``HX``
-    (n_obs, N): every observation of the cycle and the forecast H(x), QC-rejected ones included;
-    ``qc_flags`` (n_obs,) the QC's verdicts (None: all used)."""
-    op = getattr(obs, "operator", None)
-    if op is not None:
-        HXa = op.apply(Xa, row_start, comm)
-    else:
-        HXa = obs.apply(cycle, Xa, row_start, comm)
-    sink.write(cycle, y, HX, HXa, qc_flags, getattr(obs, "kind_names", None))

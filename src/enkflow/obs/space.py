@@ -8,13 +8,14 @@ member (NetCDF files with ``hx(obs)``, or ``hx(slot, obs)`` with ``slot_time(slo
 for H(x) at several times of the window, see docs/formats.md), which is then used
 as given; the analysis mean is always mapped with the file's operator.
 
-Its ``qc`` (:class:`enkflow.analysis.qc.QualityControl` or None) is the quality control
-:func:`enkflow.experiment.cycling.analyse` applies to the cycle's observations.
+Its :meth:`~FileObservations.quality_control` (:class:`enkflow.analysis.qc.QualityControl` or
+None) is the quality control :func:`enkflow.experiment.step.analyse` applies to the cycle's
+observations. :class:`CycleObservations` reads each cycle's file when the cycle's analysis asks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,10 @@ from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.qc import QualityControl
 from enkflow.config import Metric
 from enkflow.errors import FileFormatError, InputError
-from enkflow.obs.obsfile import ObsFile, ObsSettings
+from enkflow.obs.obsfile import ObsFile, ObsSettings, load_for_state
 from enkflow.obs.operators import GivenHX
 from enkflow.parallel import Comm
+from enkflow.state import StateLayout
 
 HX_VAR = "hx"
 SLOT_DIM = "slot"
@@ -102,7 +104,8 @@ def quality_control(obs_file: ObsFile, settings: ObsSettings | None) -> QualityC
 class FileObservations:
     """The observations of one cycle, from ``obs_file`` (as :func:`~enkflow.obs.obsfile.load_for_state`
     read and checked it) on a state of ``n_rows`` rows; ``hx_files`` (member 1 first) hold H(x)
-    of the cycle's forecasts, read when :meth:`apply` is called; ``settings`` give the QC."""
+    of the cycle's forecasts, read when :meth:`apply` is called; ``settings`` give the QC.
+    An :class:`~enkflow.experiment.cycling.ObservationSpace`."""
 
     def __init__(self, obs_file: ObsFile, n_rows: int, hx_files: Sequence[Path] | None = None,
                  settings: ObsSettings | None = None):
@@ -110,7 +113,15 @@ class FileObservations:
         self.operator = obs_file.operator_for(n_rows)
         self.hx_files = list(hx_files) if hx_files else None
         self.qc = quality_control(obs_file, settings)
-        self.kind_names = dict(obs_file.kind_names)
+
+    @classmethod
+    def load(cls, path: str | Path, layout: StateLayout, settings: ObsSettings, cycle: int | None = None,
+             hx_files: Sequence[Path] | None = None) -> "FileObservations":
+        """The observation file ``path`` read and checked against the state ``layout``, located in
+        the metric of ``settings.localization`` (none: the state's own coordinates)."""
+        metric = settings.localization.metric if settings.localization is not None else None
+        of = load_for_state(path, layout, metric, cycle=cycle, settings=settings)
+        return cls(of, layout.n_rows, hx_files, settings)
 
     def observations(self, cycle: int) -> ObsSet:
         return self.file.obs
@@ -120,8 +131,53 @@ class FileObservations:
             return GivenHX(read_given_hx(self.hx_files, self.file.obs.n_obs, self.file.time)).apply(X, row_start, comm)
         return self.operator.apply(X, row_start, comm)
 
-    def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
-        return self.operator.apply(x[:, None], row_start, comm)[:, 0]
+    def apply_analysis(self, cycle: int, Xa: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return self.operator.apply(Xa, row_start, comm)
+
+    def quality_control(self, cycle: int) -> QualityControl | None:
+        return self.qc
+
+    def kind_names(self, cycle: int) -> Mapping[int, str]:
+        return self.file.kind_names
+
+    def coordinate_metric(self, cycle: int) -> Metric | None:
+        return Metric.SPHERE if self.file.lonlat else None
+
+
+class CycleObservations:
+    """Each cycle's observation file, ``path_of(cycle)``, read and checked against the state
+    ``layout`` when the cycle's analysis first asks (:meth:`FileObservations.load`); an
+    :class:`~enkflow.experiment.cycling.ObservationSpace` over every cycle of a study."""
+
+    def __init__(self, path_of: Callable[[int], Path], layout: StateLayout, settings: ObsSettings):
+        self.path_of, self.layout, self.settings = path_of, layout, settings
+        self._cycle: int | None = None
+        self._space: FileObservations | None = None
+
+    def of(self, cycle: int) -> FileObservations:
+        """The observations of ``cycle`` (the last cycle's are kept)."""
+        if self._space is None or self._cycle != cycle:
+            self._space = FileObservations.load(self.path_of(cycle), self.layout, self.settings, cycle)
+            self._cycle = cycle
+        return self._space
+
+    def observations(self, cycle: int) -> ObsSet:
+        return self.of(cycle).observations(cycle)
+
+    def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return self.of(cycle).apply(cycle, X, row_start, comm)
+
+    def apply_analysis(self, cycle: int, Xa: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return self.of(cycle).apply_analysis(cycle, Xa, row_start, comm)
+
+    def quality_control(self, cycle: int) -> QualityControl | None:
+        return self.of(cycle).quality_control(cycle)
+
+    def kind_names(self, cycle: int) -> Mapping[int, str]:
+        return self.of(cycle).kind_names(cycle)
+
+    def coordinate_metric(self, cycle: int) -> Metric | None:
+        return self.of(cycle).coordinate_metric(cycle)
 
 
 class SlotObservations(FileObservations):
@@ -132,7 +188,7 @@ class SlotObservations(FileObservations):
     units). Whatever advances the members calls :meth:`record` with the ensemble rows at each slot
     time during the forecast (collective, like :meth:`apply`); :meth:`apply` then assembles H X from
     the recorded slots and forgets them. A slot that observations need but nobody recorded is an
-    error naming it. The analysis mean's H (``apply_mean``, for OmA) stays at the analysis time.
+    error naming it. The analysis's H (``apply_analysis``, for OmA) stays at the analysis time.
     """
 
     def __init__(self, obs_file: ObsFile, n_rows: int, slot_times: Sequence[float],

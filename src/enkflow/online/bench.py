@@ -81,6 +81,8 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import EnkflowError, InputError
+from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
+from enkflow.experiment.cycling import ObservationSpace, OutputSink
 from enkflow.jobs.files import log_tail
 
 _MASK = (1 << 64) - 1
@@ -111,7 +113,7 @@ def _member_sums(X: np.ndarray, row_start: int, comm) -> list[int]:
 # -- the server's problems ----------------------------------------------------------------------
 
 
-class SparseObs:
+class SparseObs(ObservationSpace):
     """The exchange benchmark's observation space: ``n_obs`` state elements, evenly spaced; with
     ``sums``, the forecast checksums of every member (rank 0 keeps them in ``forecasts``)."""
 
@@ -139,23 +141,23 @@ class SparseObs:
             self.forecasts[cycle] = _member_sums(X, row_start, comm)
         return self._select(X, row_start, comm)
 
-    def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm) -> np.ndarray:
-        return self._select(x, row_start, comm)
+    def apply_analysis(self, cycle: int, Xa: np.ndarray, row_start: int, comm) -> np.ndarray:
+        return self._select(Xa, row_start, comm)
 
 
-class SumSink:
+class SumSink(OutputSink):
     """An output sink keeping each cycle's analysis checksums (or nothing)."""
 
     def __init__(self, comm, sums: bool):
         self.comm, self.sums = comm, sums
         self.analyses: dict[int, list[int]] = {}
 
-    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: CycleDiagnostics) -> None:
         if self.sums:
             self.analyses[cycle] = _member_sums(Xa, row_start, self.comm)
 
 
-class L96Obs:
+class L96Obs(ObservationSpace):
     """Lorenz-96 twin: the truth advanced ``nsteps`` RK4 steps per cycle, every variable observed
     (H = I, R = I); the same on every rank (seeded by cycle)."""
 
@@ -187,13 +189,14 @@ class L96Obs:
             self.forecasts[cycle] = _member_sums(X, row_start, comm)
         return comm.allgather_rows(np.ascontiguousarray(X))
 
-    def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm) -> np.ndarray:
-        return comm.allgather_rows(np.ascontiguousarray(x))
+    def apply_analysis(self, cycle: int, Xa: np.ndarray, row_start: int, comm) -> np.ndarray:
+        return comm.allgather_rows(np.ascontiguousarray(Xa))
 
 
 def _serve(a: argparse.Namespace) -> int:
     """``python -m enkflow.online.bench server``: one rank of the benchmark's server."""
     from enkflow.analysis import ETKF
+    from enkflow.experiment.step import AnalysisStep
     from enkflow.jobs.events import EventLog
     from enkflow.online.fields import Field
     from enkflow.online.scheduler import SchedulerConfig
@@ -228,7 +231,7 @@ def _serve(a: argparse.Namespace) -> int:
             if a.check:
                 initial_sums.extend(_member_sums(store.parts[0], store.row_start, comm))
         fields = (Field("x", "float64", (40,)),)
-    problem = Problem(fields, a.members, initial, lambda cycle: a.nsteps, obs, ETKF(), sink=sink, truth=truth)
+    problem = Problem(fields, a.members, initial, lambda cycle: a.nsteps, obs, AnalysisStep(ETKF(), output=sink, truth=truth))
     cfg = ServerConfig(token=token, heartbeat_s=1.0, heartbeat_timeout_s=120.0, address_file=d / "address",
                        scheduler=SchedulerConfig(due_floor=600.0), min_runners=a.runners)
     t0 = time.perf_counter()

@@ -18,16 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.analysis import LocalDomains
-from enkflow.analysis.factory import make_filter
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, FileFormatError, MemberError
 from enkflow.experiment.config import ExperimentConfig, experiment_from_json
-from enkflow.experiment.cycling import LocalGeometry, NoOutput
+from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
+from enkflow.experiment.cycling import NoOutput, OutputSink
+from enkflow.experiment.step import StateRows, build_step
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.events import EventLog
-from enkflow.obs.obsfile import ObsSettings, load_for_state
-from enkflow.obs.space import FileObservations
-from enkflow.obs.vertical import localization_coords
+from enkflow.obs.obsfile import ObsSettings
+from enkflow.obs.space import CycleObservations
 from enkflow.online.fields import Field
 from enkflow.output.archive_background import ArchiveFailure
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
@@ -42,35 +41,6 @@ def online_dir(cfg: ExperimentConfig) -> Path:
     return cfg.expdir / "online"
 
 
-class CycleObservations:
-    """Each cycle's observation file, read and checked against the state when the cycle's analysis asks."""
-
-    def __init__(self, cfg: ExperimentConfig, layout: StateLayout):
-        self.cfg, self.layout = cfg, layout
-        self._cycle: int | None = None
-        self._space: FileObservations | None = None
-        self.qc = None
-        self.kind_names: dict[int, str] = {}
-
-    def _for(self, cycle: int) -> FileObservations:
-        if self._cycle != cycle:
-            metric = self.cfg.analysis.localization.metric if self.cfg.analysis.localization else None
-            settings = ObsSettings.from_experiment(self.cfg)
-            of = load_for_state(self.cfg.obs_path(cycle), self.layout, metric, cycle=cycle, settings=settings)
-            self._space, self._cycle = FileObservations(of, self.layout.n_rows, settings=settings), cycle
-            self.qc, self.kind_names = self._space.qc, self._space.kind_names
-        return self._space
-
-    def observations(self, cycle: int):
-        return self._for(cycle).observations(cycle)  # also sets self.qc, self.kind_names (analyse reads them)
-
-    def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
-        return self._for(cycle).apply(cycle, X, row_start, comm)
-
-    def apply_mean(self, cycle: int, x: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
-        return self._for(cycle).apply_mean(cycle, x, row_start, comm)
-
-
 class ArchivingOutput:
     """An output sink that also archives the server's analysis checkpoints ([archive] dir).
 
@@ -80,7 +50,7 @@ class ArchivingOutput:
     background archiver compresses and copies them. :meth:`finish` does the last cycle's, once
     the server's checkpointer has closed, and waits for the archiver."""
 
-    def __init__(self, inner, cfg: ExperimentConfig, comm: Comm, events: EventLog, progress=None):
+    def __init__(self, inner: OutputSink, cfg: ExperimentConfig, comm: Comm, events: EventLog, progress=None):
         from enkflow.output.archive_background import BackgroundArchiver
 
         self.inner, self.cfg, self.comm = inner, cfg, comm
@@ -89,7 +59,7 @@ class ArchivingOutput:
         if self.archiver is not None:
             self.archiver.poll()  # cycles a crashed server staged but did not archive
 
-    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: CycleDiagnostics) -> None:
         self.inner.write(cycle, Xa, row_start, diagnostics)
         self._stage(cycle - 1)
 
@@ -164,8 +134,9 @@ def _carried_io(cfg: ExperimentConfig, store: MemoryStore, write: bool) -> None:
     store.comm.barrier()
 
 
-def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> tuple[Problem, StateLayout]:
-    """The server's :class:`Problem` for ``cfg``; every check of the configuration and files first."""
+def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tuple[Problem, StateLayout]:
+    """The server's :class:`Problem` for ``cfg``, its analysis writing to ``output``; every check of the
+    configuration and files first."""
     from enkflow.io import EnsembleFiles
 
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
@@ -178,31 +149,13 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> t
         store.scatter(cfg.cycle_numbers[0], X)
         _carried_io(cfg, store, write=False)
 
-    # As offline: several server ranks analyse rows of equal estimated work (the same result).
-    balance = True if cfg.analysis.balance and comm.size > 1 and cfg.analysis.method.is_local else None
-
-    def local(store: MemoryStore) -> LocalGeometry | None:
-        if not cfg.analysis.method.is_local:
-            return None
-        if balance:
-            return LocalGeometry(row_coords=localization_coords(layout, cfg.analysis.localization))
-        return LocalGeometry(LocalDomains.by_location(
-            localization_coords(layout, cfg.analysis.localization)[store.row_start:store.row_stop]))
-
     steps = cfg.steps_per_cycle
-    from enkflow.analysis.adaptive_inflation import FieldCarrier
-    from enkflow.obs.diagnostics import ObsDiagnosticsWriter
-
-    flt = make_filter(cfg.analysis)
-    metric = cfg.analysis.localization.metric.value if cfg.analysis.localization else None
-    carrier = None
-    if getattr(flt, "adaptive", None) is not None:  # in memory, and written per cycle (a restart resumes from it)
-        carrier = FieldCarrier(flt.adaptive, layout.n_rows, comm, cfg.cycle_dir, layout.coords)
-    problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
-                      flt, local=local, sink=sink or BackgroundMeanSpread(cfg, layout, comm, online_dir(cfg)),
-                      balance=balance, stats=stats, obs_diag=ObsDiagnosticsWriter(cfg.cycle_dir, comm.rank, metric),
-                      inflation=carrier)
-    return problem, layout
+    # As offline: the same step (several server ranks analyse rows of equal estimated work, the same
+    # result); the adaptive inflation field in memory, and written per cycle (a restart resumes from it).
+    step = build_step(cfg.analysis, StateRows.of_layout(layout), comm, cycle_dir=cfg.cycle_dir,
+                      first_cycle=cfg.experiment.first_cycle, output=output)
+    obs = CycleObservations(cfg.obs_path, layout, ObsSettings.from_experiment(cfg))
+    return Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, obs, step), layout
 
 
 def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: str | None = None) -> ServerConfig:
@@ -235,7 +188,7 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     ao = cfg.analysis_output
     files = BackgroundMeanSpread(cfg, layout, comm, odir) if ao.mean_spread_files else None
-    sink = files or NoOutput()
+    sink: OutputSink = files or NoOutput()
     if cfg.archive.dir is not None:
         sink = ArchivingOutput(sink, cfg, comm, events, progress)
     problem, layout = build_problem(cfg, comm, sink)  # every check first
@@ -247,7 +200,7 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
 
         # One writer for the whole study: the ranks add their rows each cycle and go on.
         stats = AnalysisOutput(layout, cfg.expdir / "cycles", comm, **ao.writer_settings())
-        problem.stats = stats
+        problem.step.stats = stats
     try:
         server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
         diag = server.run(cfg.cycle_numbers)

@@ -14,16 +14,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from enkflow.analysis import Geometry, LocalDomains
-from enkflow.config import Metric
 from enkflow.errors import EnkflowError
-from enkflow.experiment.cycling import LocalGeometry
 from enkflow.models import lorenz96 as l96
-from enkflow.models.l96_experiment import L96Result, L96Setup, NatureRun, make_filter
+from enkflow.models.l96_experiment import L96Result, L96Setup, NatureRun, Scores, make_step
 from enkflow.online.fields import Field
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.store import MemoryStore
@@ -32,8 +30,8 @@ from enkflow.online.store import MemoryStore
 class _OnlineNature(NatureRun):
     """The nature run advanced to the cycle asked for (the server's runners advance only the members)."""
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, truth: np.ndarray, rng: np.random.Generator, obs_std: float) -> None:
+        super().__init__(truth, rng, obs_std)
         self.at = -1
 
     def to(self, cycle: int) -> "_OnlineNature":
@@ -46,46 +44,22 @@ class _OnlineNature(NatureRun):
         return super(_OnlineNature, self.to(cycle)).observations(cycle)
 
 
-class _Scores:
-    """An output sink summing the scores after the burn-in."""
-
-    def __init__(self, burn_in: int):
-        self.burn_in = burn_in
-        self.sums = np.zeros(3)
-
-    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diag: dict[str, float]) -> None:
-        if cycle >= self.burn_in:
-            self.sums += (diag["rmse_analysis"], np.sqrt(np.mean(Xa.var(axis=1, ddof=1))), diag["rmse_prior"])
-
-
-def run_online(s: L96Setup, runners: int = 2, progress=None, heartbeat_timeout_s: float = 30.0) -> L96Result:
+def run_online(s: L96Setup, runners: int = 2, progress: Callable[[int, int], None] | None = None,
+               heartbeat_timeout_s: float = 30.0) -> L96Result:
     """Cycle burn-in + cycles analyses through the server; returns the time-mean scores after the burn-in."""
     nature_rng = np.random.default_rng([s.seed, 0])
     fil_rng = np.random.default_rng([s.seed, 1])
     n = l96.N_VARS
     nature = _OnlineNature(l96.spin_up(nature_rng), nature_rng, s.obs_std)
     E0 = nature.truth[:, None] + fil_rng.standard_normal((n, s.members))
-    local = None
-    if s.method.is_local:
-        k = s.domain_size
-        centres = (np.arange(n // k) * k + 0.5 * (k - 1)).astype(float)
-        local = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres),
-                              Geometry(Metric.PERIODIC, nature.coords, float(n)))
 
     def initial(store: MemoryStore) -> None:
         store.parts[0][...] = E0
 
-    scores = _Scores(s.burn_in)
+    scores = Scores(s.burn_in)
     total = s.burn_in + s.cycles
-    flt = make_filter(s)
-    carrier = None
-    if getattr(flt, "adaptive", None) is not None:  # the adaptive inflation field, in the server's memory
-        from enkflow.analysis.adaptive_inflation import FieldCarrier
-        from enkflow.parallel import SerialComm
-
-        carrier = FieldCarrier(flt.adaptive, n, SerialComm())
-    problem = Problem((Field("x", "float64", (n,)),), s.members, initial, lambda c: 1, nature, flt,
-                      local=lambda store: local, sink=scores, truth=lambda c: nature.to(c).truth, inflation=carrier)
+    step = make_step(s, nature.coords, lambda c: nature.to(c).truth, scores)
+    problem = Problem((Field("x", "float64", (n,)),), s.members, initial, lambda c: 1, nature, step)
     with tempfile.TemporaryDirectory(prefix="enkflow-l96-") as tmp:
         token = Path(tmp) / "token"
         token.write_text(secrets.token_hex(32))
@@ -108,5 +82,4 @@ def run_online(s: L96Setup, runners: int = 2, progress=None, heartbeat_timeout_s
             raise EnkflowError(f"runner exit statuses {[p.returncode for p in procs]}")
     if progress:
         progress(total, total)
-    m = scores.sums / s.cycles
-    return L96Result(float(m[0]), float(m[1]), float(m[2]), dt / total, s.cycles)
+    return scores.result(s.cycles, dt / total)

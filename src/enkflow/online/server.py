@@ -28,15 +28,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import zmq
 
-from enkflow.analysis import Filter
 from enkflow.errors import EnkflowError, MemberError
-from enkflow.experiment.cycling import (LocalGeometry, NoOutput, ObservationSpace, OutputSink, StatsSink, analyse,
-                                       run_cycles)
+from enkflow.experiment.cycling import ObservationSpace, run_cycles
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.jobs.events import EventLog
 from enkflow.online import checkpoint as ckpt
 from enkflow.online.fields import Field, Ownership, describe_mismatch
@@ -84,11 +82,9 @@ class Problem:
 
     ``fields``: a member's fields (runners must declare exactly these);
     ``initial(store)`` fills the store's shares with the initial ensemble;
-    ``nsteps(cycle)`` the model steps of a cycle's forecast; ``local(store)`` the
-    local filters' domains of this rank's rows (None for a global filter);
-    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None; ``balance``: the local
-    analysis on rows of equal estimated work per rank (see :func:`~enkflow.experiment.cycling.analyse`);
-    ``stats``: receives each rank's rows of the cycle's ensemble statistics (an asynchronous output).
+    ``nsteps(cycle)`` the model steps of a cycle's forecast; ``obs``: the observations;
+    ``step``: the analysis (:func:`~enkflow.experiment.step.build_step` makes it from the
+    configuration), which every server rank runs collectively once the forecasts are in.
     """
 
     fields: tuple[Field, ...]
@@ -96,14 +92,7 @@ class Problem:
     initial: Callable[[MemoryStore], None]
     nsteps: Callable[[int], int]
     obs: ObservationSpace
-    filter: Filter
-    local: Callable[[MemoryStore], LocalGeometry | None] = lambda store: None
-    sink: OutputSink = field(default_factory=NoOutput)
-    truth: Callable[[int], np.ndarray | None] = lambda cycle: None
-    balance: bool | None = None  # see analyse(); True needs LocalGeometry.row_coords
-    stats: StatsSink | None = None
-    obs_diag: Any = None  # enkflow.obs.diagnostics.ObsDiagnosticsWriter: obs_diag.nc per cycle
-    inflation: Any = None  # enkflow.analysis.adaptive_inflation.FieldCarrier: the adaptive inflation field
+    step: AnalysisStep
 
 
 # Bus operations between server ranks.
@@ -162,11 +151,11 @@ class Server:
         self.own = Ownership(tuple(problem.fields), self.size)
         # Ranks that own elements: a task is complete once each of them has its part.
         self.active = [r for r in range(self.size) if any(a < b for a, b in self.own.table()[r])]
-        self.store = MemoryStore(self.own, self.comm, problem.n_members)
         self.cred = credential(config.token)
         # One incarnation number for all ranks: data messages must carry the one the runner was welcomed with.
         self.epoch = self.comm.bcast(int.from_bytes(np.random.default_rng().bytes(7), "little") or 1, root=0)
         self.ckpt = ckpt.Checkpointer(config.checkpoint_dir, self.rank, self.own.fields, self.size) if config.checkpoint_dir else None
+        self.store = MemoryStore(self.own, self.comm, problem.n_members, checkpointer=self.ckpt)
         self.cycle = -1
         self._kept: dict[int, list[np.ndarray]] = {}
         self.staged: dict[int, _Staged] = {}
@@ -297,7 +286,7 @@ class Server:
                 self._say(f"cycle {todo[0]}: {len(done)} forecasts recovered from the checkpoints")
         return todo, done
 
-    def _analysis(self, k: int) -> dict[str, float]:
+    def _analysis(self, k: int) -> dict[str, float | list[float]]:
         t0 = time.perf_counter()
         error = None
         if self.ckpt is not None:
@@ -311,24 +300,19 @@ class Server:
         if errors:
             raise EnkflowError("; ".join(errors))
         t_flush = time.perf_counter() - t0
-        infl = self.p.inflation.prior(k, self.store.row_start, self.store.row_stop) if self.p.inflation is not None else None
-        Xa, diag = analyse(self.store, self.p.obs, self.p.filter, k, local=self.p.local(self.store), truth=self.p.truth(k),
-                           balance=self.p.balance, stats=self.p.stats, infl_field=infl, obs_diag=self.p.obs_diag)
-        if infl is not None:
-            self.p.inflation.posterior(k, infl)
-        self.p.sink.write(k, Xa, self.store.row_start, diag)
+        _, analysed = analyse(self.p.step, self.store, self.p.obs, k)
         transfer = self.comm.allgather_obj(self.stats.get("transfer_s", 0.0))
-        diag = {**diag, **{k2: v for k2, v in self.stats.items() if k2 != "transfer_s"}, "transfer_s": float(max(transfer)),
-                "checkpoint_wait_s": t_flush}
+        diag = {**analysed.as_dict(), **{k2: v for k2, v in self.stats.items() if k2 != "transfer_s"},
+                "transfer_s": float(max(transfer)), "checkpoint_wait_s": t_flush}
         self.diagnostics[k] = diag
         self._emit("online_cycle_end", cycle=k, **diag)
         self._emit("cycle_end", cycle=k)
-        if self.ckpt is not None:
-            # Last: a restarted server skips every cycle whose analysis is checkpointed, so the cycle's
-            # outputs (mean and spread files, events) must exist before its checkpoint does; the sink
-            # may write them in the background; its ``wait`` says when they are written.
-            self.ckpt.analysis(k, self.store.parts, after=getattr(self.p.sink, "wait", None))
-        self._say(f"cycle {k}: analysis done ({diag['analysis_s']:.2f} s), omb {diag['omb_rms']:.4g} -> oma {diag['oma_rms']:.4g}")
+        # Last: a restarted server skips every cycle whose analysis is checkpointed, so the cycle's
+        # outputs (mean and spread files, events) must exist before its checkpoint does; the output
+        # may write them in the background; its ``wait`` says when they are written.
+        self.store.checkpoint(k, after=self.p.step.output.wait)
+        self._say(f"cycle {k}: analysis done ({analysed.analysis_s:.2f} s), omb {analysed.omb_rms:.4g} -> oma "
+                  f"{analysed.oma_rms:.4g}")
         if self.rank == 0:
             now = time.monotonic()
             for r in self.runners.values():  # they could not be heard during the analysis

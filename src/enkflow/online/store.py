@@ -9,14 +9,21 @@ order, are this rank's rows ``row_start:row_stop`` of the state vector: an
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import numpy as np
 
+from enkflow.online.checkpoint import Checkpointer
 from enkflow.online.fields import Ownership
 from enkflow.parallel import Comm
 
 
 class MemoryStore:
-    def __init__(self, own: Ownership, comm: Comm, n_members: int):
+    """This rank's shares; ``checkpointer`` (None: none) writes the analysis checkpoints, from which
+    a restarted server resumes (:meth:`checkpoint`)."""
+
+    def __init__(self, own: Ownership, comm: Comm, n_members: int, *, checkpointer: Checkpointer | None = None):
+        self.checkpointer = checkpointer
         self.own = own
         self.comm = comm
         self.n_members = n_members
@@ -52,7 +59,7 @@ class MemoryStore:
             r += p.shape[0]
         return X
 
-    def scatter(self, cycle: int, Xa: np.ndarray) -> None:
+    def scatter(self, cycle: int, Xa: np.ndarray, record: Mapping[str, float] | None = None) -> None:
         one = self._single()
         if one is not None:
             if Xa is not one:
@@ -63,3 +70,9 @@ class MemoryStore:
             p = self.parts[k]
             p[...] = Xa[r:r + p.shape[0]]
             r += p.shape[0]
+
+    def checkpoint(self, cycle: int, after: Callable[[], None] | None = None) -> None:
+        """Queue the checkpoint of every share (the analysis of ``cycle``), written in the background;
+        it exists once ``after()`` has returned (:meth:`Checkpointer.analysis`)."""
+        if self.checkpointer is not None:
+            self.checkpointer.analysis(cycle, self.parts, after=after)

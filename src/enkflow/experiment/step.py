@@ -1,0 +1,227 @@
+"""One analysis step for every mode: what it is made of, the one factory, and the algorithm.
+
+:func:`build_step` makes the :class:`AnalysisStep` of an ``[analysis]`` configuration once
+(after JEDI/OOPS's ``LocalEnsembleSolverFactory``): the filter, a local filter's geometry and
+decomposition over the ranks, the adaptive inflation field's carrier and the sinks. The offline
+analysis task (:mod:`enkflow.experiment.analysis_step`), the online server
+(:mod:`enkflow.online.experiment`) and Lorenz-96 in process and online
+(:mod:`enkflow.models.l96_experiment`, :mod:`enkflow.online.l96`) all call it, and all run
+:func:`analyse`, which reads as the algorithm (after OOPS's ``LocalEnsembleDA::execute``)::
+
+    X = store.gather(k)                      # this rank's rows of the forecast ensemble
+    y, HX = observations, H X                # every rank the full HX
+    y, HX = quality control(y, HX)           # the same rejections on every rank
+    Xa = filter(X, HX, y)                    # global, or local over the ranks' domains
+    diagnostics, obs_diag.nc, inflation field
+    store.scatter(k, Xa, record)             # the member files commit the record with the update
+    statistics, mean and spread              # the sinks
+
+Shapes: ``X`` (n_local_rows, N) float64 Fortran order, ``HX`` (n_obs, N), the same on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from enkflow.analysis import Filter
+from enkflow.analysis.factory import make_filter
+from enkflow.analysis.qc import QCResult
+from enkflow.config import AnalysisConfig, LocalizationConfig
+from enkflow.errors import InputError
+from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics, InflationSummary, LocalFilterStats
+from enkflow.experiment.cycling import EnsembleStore, NoOutput, ObservationSpace, OutputSink, StatsSink
+from enkflow.experiment.decomposition import LocalGeometry, local_analysis
+from enkflow.experiment.inflation import InflationCarrier
+from enkflow.io.meanspread import ensemble_mean_spread
+from enkflow.obs import ObsSet
+from enkflow.obs.diagnostics import ObsDiagnosticsWriter
+from enkflow.obs.vertical import localization_coords
+from enkflow.parallel import Comm
+from enkflow.state import StateLayout
+
+
+def _no_truth(cycle: int) -> np.ndarray | None:
+    return None
+
+
+@dataclass
+class AnalysisStep:
+    """One cycle's analysis, everything but the ensemble and the observations.
+
+    ``filter``; ``local``: a local filter's domains and their decomposition over the ranks (None
+    for a global filter); ``inflation``: the adaptive inflation field's carrier (a filter with
+    ``adaptive``); the sinks ``obs_diag`` (each cycle's ``obs_diag.nc``), ``stats`` (the ensemble
+    statistics of each rank's rows) and ``output`` (the analysis: mean and spread files, scores);
+    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None."""
+
+    filter: Filter
+    local: LocalGeometry | None = None
+    inflation: InflationCarrier | None = None
+    obs_diag: ObsDiagnosticsWriter | None = None
+    stats: StatsSink | None = None
+    output: OutputSink = field(default_factory=NoOutput)
+    truth: Callable[[int], np.ndarray | None] = _no_truth
+
+    def __post_init__(self) -> None:
+        if (self.filter.as_local() is None) != (self.local is None):
+            raise InputError("a local filter needs its LocalGeometry, a global filter none", item="local")
+
+
+@dataclass(frozen=True)
+class StateRows:
+    """The state rows as the factory needs them: ``n_rows``, and either the ``layout`` of the
+    restart files (local domains by location, the work balanced over the ranks, coordinates in
+    the inflation field's files) or the fixed domains and geometry of a local filter (``local``)."""
+
+    n_rows: int
+    layout: StateLayout | None = None
+    local: LocalGeometry | None = None
+
+    @classmethod
+    def of_layout(cls, layout: StateLayout) -> "StateRows":
+        return cls(layout.n_rows, layout=layout)
+
+    @property
+    def coords(self) -> np.ndarray | None:
+        return self.layout.coords if self.layout is not None else None
+
+    def local_geometry(self, localization: LocalizationConfig | None, balance: bool) -> LocalGeometry:
+        if self.local is not None:
+            return self.local
+        if self.layout is None:
+            raise InputError("a local filter needs the state's layout or fixed domains", item="rows")
+        # With vertical localization the rows' vertical coordinate is a last column: domains per point and level.
+        return LocalGeometry(row_coords=localization_coords(self.layout, localization), balance=balance)
+
+
+def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_dir: Callable[[int], Path] | None = None,
+               first_cycle: int = 0, stats: StatsSink | None = None, output: OutputSink | None = None,
+               truth: Callable[[int], np.ndarray | None] | None = None, balance: bool | None = None) -> AnalysisStep:
+    """The analysis step of ``analysis`` on ``rows``, for the ranks of ``comm``.
+
+    ``cycle_dir(cycle)``: the directory of each cycle's ``obs_diag.nc`` and adaptive inflation
+    field (None: neither is written, the field stays in memory); ``first_cycle``: the study's first
+    cycle (its inflation field is the initial one). ``stats``, ``output``, ``truth``: see
+    :class:`AnalysisStep`. ``balance`` (local filters): rows of equal estimated work on every rank;
+    None: ``analysis.balance`` where there are several ranks. The balance is reported where the rows
+    come from a layout (the coordinates of every row known), whether they move or not."""
+    flt = make_filter(analysis)
+    lf = flt.as_local()
+    local, inflation = None, None
+    if lf is not None:
+        # One rank has nothing to balance: its rows stay where they are.
+        local = rows.local_geometry(analysis.localization, analysis.balance and comm.size > 1 if balance is None else balance)
+        if lf.adaptive is not None:
+            inflation = InflationCarrier(lf.adaptive, rows.n_rows, comm, dir_of=cycle_dir, first_cycle=first_cycle,
+                                         coords=rows.coords)
+    obs_diag = None
+    if cycle_dir is not None:
+        metric = analysis.localization.metric if analysis.localization is not None else None
+        obs_diag = ObsDiagnosticsWriter(cycle_dir, comm.rank, metric)
+    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth)
+
+
+def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cycle: int) -> tuple[np.ndarray, CycleDiagnostics]:
+    """The analysis of ``cycle``: gather, H X, quality control, assimilate, record, scatter, the
+    sinks. Collective over ``store.comm``. Returns this rank's rows of the analysis (as stored: the
+    scatter may round them to the files' type) and the diagnostics (:class:`CycleDiagnostics`).
+
+    The observations the quality control rejects (decided from the full ``HX``, so the same on
+    every rank) are left out of the analysis and of ``n_obs``, ``omb_rms`` and ``oma_rms``. The
+    forecast mean, the analysis mean and spread and the increment of this rank's rows go to
+    ``step.stats`` as :func:`enkflow.io.meanspread.ensemble_mean_spread` computes them (the values
+    of the mean and spread files, bitwise). The adaptive inflation field's posterior is kept (and
+    written) before the store commits the analysis, so that a redo of a committed cycle finds it."""
+    comm = store.comm
+    X = store.gather(cycle)
+    t0 = time.perf_counter()
+    fmean = ensemble_mean(X) if step.stats is not None else None  # before the in-place analysis overwrites X
+    t_fmean = time.perf_counter() - t0
+    y_all = obs.observations(cycle)
+    HX_all = obs.apply(cycle, X, store.row_start, comm)
+    qc = _quality_control(obs, cycle, y_all, HX_all)
+    keep = qc.keep if qc is not None and qc.flags.any() else None
+    y, HX = (y_all, HX_all) if keep is None else (y_all.subset(keep), HX_all[keep])
+    diag = CycleDiagnostics(n_obs=y.n_obs, omb_rms=_rms(y, HX.mean(axis=1)),
+                            qc=qc.counts(y_all.kinds, dict(obs.kind_names(cycle))) if qc is not None else {})
+    truth = step.truth(cycle)
+    prior_mean = X.mean(axis=1) if truth is not None else None
+    infl = step.inflation.prior(cycle, store.row_start, store.row_stop) if step.inflation is not None else None
+    Xa, diag.balance = _assimilate(step, store, X, HX, y, cycle, infl)
+    hxa = obs.apply_analysis(cycle, np.ascontiguousarray(Xa.mean(axis=1))[:, None], store.row_start, comm)[:, 0]
+    diag.oma_rms = _rms(y, hxa if keep is None else hxa[keep])
+    _record(step, store, diag, Xa, truth, prior_mean, infl)
+    diag.analysis_s = time.perf_counter() - t0
+    Xa = np.asfortranarray(Xa)
+    if step.obs_diag is not None:
+        t1 = time.perf_counter()
+        HXa = obs.apply_analysis(cycle, Xa, store.row_start, comm)
+        step.obs_diag.write(cycle, y_all, HX_all, HXa, qc.flags if qc is not None else None, obs.kind_names(cycle),
+                            obs.coordinate_metric(cycle))
+        diag.obs_diag_s = time.perf_counter() - t1
+    if step.inflation is not None and infl is not None:
+        step.inflation.posterior(cycle, infl)
+    store.scatter(cycle, Xa, diag.record())
+    if step.stats is not None and fmean is not None:
+        t1 = time.perf_counter()
+        amean, aspread = ensemble_mean_spread(Xa)
+        step.stats.add(cycle, store.row_start, {"forecast_mean": fmean, "analysis_mean": amean,
+                                                "analysis_spread": aspread, "analysis_increment": amean - fmean})
+        diag.stats_s = t_fmean + time.perf_counter() - t1
+    step.output.write(cycle, Xa, store.row_start, diag)
+    return Xa, diag
+
+
+def _quality_control(obs: ObservationSpace, cycle: int, y: ObsSet, HX: np.ndarray) -> QCResult | None:
+    qc = obs.quality_control(cycle)
+    return qc.check(y, HX) if qc is not None else None
+
+
+def _rms(y: ObsSet, hx: np.ndarray) -> float:
+    """Root mean square of ``y.values - hx`` (n_obs,); 0 without observations."""
+    return float(np.sqrt(np.mean((y.values - hx) ** 2))) if y.n_obs else 0.0
+
+
+def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.ndarray, y: ObsSet, cycle: int,
+                infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport | None]:
+    """The filter on this rank's rows ``X``: a global filter's transform, or the local analysis of
+    the ranks' domains (which may overwrite ``X``); and the balance report of a local one, if any."""
+    lf = step.filter.as_local()
+    if lf is None or step.local is None:
+        return step.filter.analyze(X, HX, y, cycle=cycle), None
+    return local_analysis(lf, step.local, store, X, HX, y, cycle, infl)
+
+
+def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa: np.ndarray,
+            truth: np.ndarray | None, prior_mean: np.ndarray | None, infl: np.ndarray | None) -> None:
+    """The local filter's statistics, the RMSE against ``truth`` (n_rows,) of the forecast mean
+    ``prior_mean`` and of the analysis mean, and the inflation factors' range (collective)."""
+    comm = store.comm
+    lf = step.filter.as_local()
+    if lf is not None:
+        diag.local = LocalFilterStats(lf.stats.mean_local_obs, lf.stats.search_s, lf.stats.kernel_s)
+    if truth is not None and prior_mean is not None:
+        tl = truth[store.row_start:store.row_stop]
+        sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
+        diag.rmse_prior = float(np.sqrt(sq[0] / store.n_rows))
+        diag.rmse_analysis = float(np.sqrt(sq[1] / store.n_rows))
+    if infl is not None:
+        fac = infl[:, 0]
+        ext = np.array(comm.allgather_obj((float(fac.sum()), float(fac.min(initial=np.inf)),
+                                           float(fac.max(initial=-np.inf)))), dtype=np.float64).reshape(-1, 3)
+        diag.inflation = InflationSummary(float(ext[:, 0].sum() / store.n_rows), float(ext[:, 1].min()),
+                                          float(ext[:, 2].max()))
+
+
+def ensemble_mean(X: np.ndarray, block: int = 65536) -> np.ndarray:
+    """The row-wise mean of ``X`` (n_rows, N) as :func:`~enkflow.io.meanspread.ensemble_mean_spread`
+    computes it (the same blocks, the same bits), without the spread."""
+    mean = np.empty(X.shape[0])
+    for r0 in range(0, X.shape[0], block):
+        mean[r0:r0 + block] = X[r0:r0 + block].mean(axis=1)
+    return mean
