@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from enkflow.config import AnalysisConfig
-from enkflow.experiment.analysis_step import analyse_files
+from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
 from enkflow.parallel import get_comm
 from enkflow.state import StateConfig
 
@@ -16,12 +16,6 @@ paths = sorted(src.glob("member_*.nc"))
 cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
                                      "inflation": {"adaptive": "miyoshi2011", "adaptive_sd": 0.3}})
 state = StateConfig(variables=["soil_moisture"], coordinates=["land_lon", "land_lat"])
-prev = None
+files = AnalysisFiles(cycle_dir=lambda c: out / f"c{c}", first_cycle=1)
 for k in (1, 2):
-    d = out / f"c{k}"
-    if comm.rank == 0:
-        d.mkdir(parents=True, exist_ok=True)
-    comm.barrier()
-    analyse_files(paths, src / "obs.nc", state, cfg, comm=comm, cycle=k, balance=True, obs_diag_dir=d,
-                  inflation_files=(prev, d / "inflation.nc"))
-    prev = d / "inflation.nc"
+    analyse_files(paths, src / "obs.nc", state, cfg, comm=comm, cycle=k, balance=True, files=files)

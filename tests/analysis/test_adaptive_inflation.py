@@ -9,12 +9,13 @@ import pytest
 from analysis_problems import grid_problem
 
 from enkflow.analysis import LESTKF, LETKF, Geometry, Inflation, Kernel, LocalDomains, Localization
-from enkflow.analysis.adaptive_inflation import Miyoshi2011, read_field, read_state, segment_sums, write_field
+from enkflow.analysis.adaptive_inflation import Miyoshi2011, segment_sums
 from enkflow.analysis.kernels import local_analysis
 from enkflow.analysis.taper import Taper, weights
 from enkflow.config import AnalysisConfig, Method
 from enkflow.errors import InputError
-from enkflow.models.l96_experiment import L96Setup, run
+from enkflow.io.inflation_field import read_field, read_state, write_field
+from enkflow.models.l96_experiment import L96Setup, analysis_config, run
 
 
 def test_segment_sums_with_empty_segments():
@@ -178,22 +179,26 @@ def test_field_file_round_trip_and_a_file_without_deviations(tmp_path):
 
 
 def test_a_restarted_carrier_resumes_factor_and_deviation_from_the_last_file(tmp_path):
-    """The online server's FieldCarrier: cycle 2's prior from memory equals the one a new carrier
-    (a restarted server) reads from cycle 1's file, deviation included."""
-    from enkflow.analysis.adaptive_inflation import FieldCarrier
+    """The carrier of the online server and the analysis tasks: cycle 2's prior from memory equals
+    the one a new carrier (a restarted server, the next analysis task) reads from cycle 1's file,
+    deviation included; after the first cycle a missing file is an error naming it."""
+    from enkflow.experiment.inflation import InflationCarrier
     from enkflow.parallel import SerialComm
 
     ad = Miyoshi2011(sd=0.05, sd_initial=0.5)
     dir_of = lambda c: tmp_path / f"{c:04d}"  # noqa: E731
-    a = FieldCarrier(ad, 6, SerialComm(), dir_of)
+    a = InflationCarrier(ad, 6, SerialComm(), dir_of=dir_of, first_cycle=1)
     p1 = a.prior(1, 0, 6)
     np.testing.assert_array_equal(p1, ad.initial_field(6))
     post = np.column_stack([np.linspace(1.0, 1.5, 6), np.array([0.5, 0.3, 0.2, 0.04, 0.01, 0.3])])
     a.posterior(1, post)
     mem = a.prior(2, 0, 6)
     np.testing.assert_array_equal(mem[:, 1], np.maximum(post[:, 1], 0.05))
-    np.testing.assert_array_equal(FieldCarrier(ad, 6, SerialComm(), dir_of).prior(2, 0, 6), mem)
-    np.testing.assert_array_equal(FieldCarrier(ad, 6, SerialComm(), dir_of).prior(2, 2, 6), mem[2:])
+    np.testing.assert_array_equal(InflationCarrier(ad, 6, SerialComm(), dir_of=dir_of, first_cycle=1).prior(2, 0, 6), mem)
+    np.testing.assert_array_equal(InflationCarrier(ad, 6, SerialComm(), dir_of=dir_of, first_cycle=1).prior(2, 2, 6),
+                                  mem[2:])
+    with pytest.raises(InputError, match="0002"):
+        InflationCarrier(ad, 6, SerialComm(), dir_of=dir_of, first_cycle=1).prior(3, 0, 6)
 
 
 def test_config_keys_reach_the_scheme():
@@ -216,17 +221,10 @@ def test_lorenz96_adaptive_inflation_spins_up_with_its_defaults():
     within the burn-in; with Miyoshi's fixed prior deviation 0.04 from the first cycle the gain is
     about 1e-5 per cycle here and the estimate has hardly left 1 (the defect the carried deviation
     fixes)."""
-    import dataclasses
-
-    from enkflow.models import l96_experiment as E
-
     s = L96Setup(method=Method.LETKF, members=10, cycles=1000, burn_in=400, adaptive="miyoshi2011")
     ad = run(s)
-    base = E.make_filter
-    try:
-        E.make_filter = lambda st: dataclasses.replace(base(st), adaptive=Miyoshi2011(sd_initial=0.04))
-        fixed = run(s)
-    finally:
-        E.make_filter = base
+    cfg = analysis_config(s).model_dump(mode="json")
+    cfg["inflation"]["adaptive_sd_initial"] = 0.04
+    fixed = run(s, analysis=AnalysisConfig.model_validate(cfg))
     assert np.isfinite(ad.rmse_a) and 1.02 < ad.inflation_mean < 1.2
     assert 1.0 < fixed.inflation_mean < 1.015

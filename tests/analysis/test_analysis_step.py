@@ -13,7 +13,7 @@ import pytest
 
 from enkflow.config import AnalysisConfig
 from enkflow.errors import ConfigError, FileFormatError
-from enkflow.experiment.analysis_step import analyse_files
+from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
 from enkflow.state import StateConfig
 
 N = 10
@@ -51,7 +51,7 @@ def test_analysis_improves_and_updates_only_the_state(tmp_path):
     with netCDF4.Dataset(src / "truth.nc") as ds:
         truth = np.asarray(ds["soil_moisture"][:])
     res = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, analysis(radius=2000.0), truth=truth,
-                        mean_path=tmp_path / "mean.nc", spread_path=tmp_path / "spread.nc")
+                        files=AnalysisFiles(mean=tmp_path / "mean.nc", spread=tmp_path / "spread.nc"))
     assert res["rmse_analysis"] < 0.6 * res["rmse_prior"]
     synth_dir = src
     assert res["oma_rms"] < res["omb_rms"]

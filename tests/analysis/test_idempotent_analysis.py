@@ -9,7 +9,7 @@ import pytest
 
 from enkflow.errors import RecoveryError, StorageError
 from enkflow.experiment import analysis_step
-from enkflow.experiment.analysis_step import analyse_files
+from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
 from enkflow.io import wal
 from enkflow.io.config import IOConfig
 
@@ -34,8 +34,8 @@ def states(paths) -> list[np.ndarray]:
 
 
 def run(tmp, paths, cycle=1, **kw):
-    return analyse_files(paths, tmp / "d" / "obs.nc", STATE, analysis(), cycle=cycle, applied=tmp / "applied.json",
-                         mean_path=tmp / "mean.nc", spread_path=tmp / "spread.nc", **kw)
+    files = AnalysisFiles(applied=tmp / "applied.json", mean=tmp / "mean.nc", spread=tmp / "spread.nc")
+    return analyse_files(paths, tmp / "d" / "obs.nc", STATE, analysis(), cycle=cycle, files=files, **kw)
 
 
 @pytest.fixture

@@ -8,12 +8,10 @@ import json
 import subprocess
 import sys
 
-from dataclasses import replace
-
 import pytest
 
-from enkflow.analysis import LESTKF, Kernel, Localization
-from enkflow.config import Method, Metric, Taper
+from enkflow.analysis import LESTKF, Kernel
+from enkflow.config import AnalysisConfig, Method
 from enkflow.models import l96_experiment as l96x
 from enkflow.models.l96_experiment import L96Setup, run
 
@@ -34,19 +32,20 @@ def test_short_run_scores(method, N, infl, expected):
 
 
 def _run_with(monkeypatch, setup: L96Setup, **changes) -> tuple:
-    """``run(setup)`` with the filter it builds changed by ``dataclasses.replace(f, **changes)``;
-    returns the result and the filter that ran (to check which code path it took)."""
+    """``run(setup)`` with its ``[analysis]`` configuration changed by ``changes``; returns the
+    result and the filter that ran (to check which code path it took)."""
     made = []
-    build = l96x.make_filter
+    build = l96x.build_step
 
-    def make(s: L96Setup):
-        made.append(replace(build(s), **changes))
+    def make(*args, **kw):
+        made.append(build(*args, **kw))
         return made[-1]
 
+    cfg = l96x.analysis_config(setup).model_dump(mode="json") | changes
     with monkeypatch.context() as m:
-        m.setattr(l96x, "make_filter", make)
-        res = run(setup)
-    return res, made[0]
+        m.setattr(l96x, "build_step", make)
+        res = run(setup, analysis=AnalysisConfig.model_validate(cfg))
+    return res, made[0].filter
 
 
 def _same(a, b, tol=1e-10):
@@ -63,7 +62,7 @@ def test_lestkf_reference_equals_letkf_compiled(monkeypatch):
     error subspace (``estkf_weights``, the T projection). With the compiled
     kernel on both sides the two would run the same C code and could not differ."""
     a = run(L96Setup(method=Method.LETKF, **CYCLED))
-    b, f = _run_with(monkeypatch, L96Setup(method=Method.LESTKF, **CYCLED), kernel=Kernel.REFERENCE)
+    b, f = _run_with(monkeypatch, L96Setup(method=Method.LESTKF, **CYCLED), kernel="reference")
     assert isinstance(f, LESTKF) and f.kernel is Kernel.REFERENCE and f.stats.n_domains > 0
     assert a.rmse_a < 0.5
     _same(a, b)
@@ -76,7 +75,7 @@ def test_local_with_unlimited_radius_equals_global_estkf(monkeypatch):
     glob = {**CYCLED, "members": 20}  # 10 members diverge without localization
     a = run(L96Setup(method=Method.ESTKF, **glob))
     assert a.rmse_a < 0.5
-    unlimited = Localization(half_width=1e9, taper=Taper.STEP, metric=Metric.PERIODIC, period=40.0)
+    unlimited = {"radius": 1e9, "taper": "step", "metric": "periodic", "period": 40.0}
     b, f = _run_with(monkeypatch, L96Setup(method=Method.LETKF, **glob), localization=unlimited)
     assert f.kernel is Kernel.COMPILED and f.stats.fallbacks == 0 and f.stats.mean_local_obs == 40
     _same(a, b)

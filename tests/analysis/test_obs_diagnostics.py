@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from test_analysis_step import STATE, N, analysis, copy, synth
 
-from enkflow.analysis.adaptive_inflation import FILE_NAME as INFL_FILE
-from enkflow.analysis.adaptive_inflation import read_field
 from enkflow.config import AnalysisConfig, Metric
 from enkflow.errors import InputError
-from enkflow.experiment.analysis_step import analyse_files
+from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
+from enkflow.io.inflation_field import FILE_NAME as INFL_FILE
+from enkflow.io.inflation_field import read_field
 from enkflow.io import EnsembleFiles
 from enkflow.obs.diagnostics import FILE_NAME, summary_by_kind
 from enkflow.obs.obsfile import load_for_state
@@ -42,7 +42,8 @@ def test_omb_oma_equal_a_recomputation_from_the_saved_ensembles(synth_dir, tmp_p
     saved = tmp_path / "forecast"
     shutil.copytree(tmp_path / "d", saved)  # the forecast ensemble, kept before the in-place update
     out = tmp_path / "cycle"
-    res = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, analysis("letkf"), obs_diag_dir=out, cycle=3)
+    res = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, analysis("letkf"), cycle=3,
+                        files=AnalysisFiles(cycle_dir=lambda c: out))
     assert res["obs_diag_s"] >= 0
     Xf = _ensemble([saved / p.name for p in paths])
     Xa = _ensemble(paths)
@@ -80,19 +81,18 @@ def test_adaptive_inflation_field_carried_between_analysis_tasks(synth_dir, tmp_
     paths = copy(synth_dir, tmp_path / "d")
     cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
                                          "inflation": {"adaptive": "miyoshi2011", "adaptive_sd": 0.3}})
+    files = AnalysisFiles(cycle_dir=lambda c: tmp_path / f"c{c}", first_cycle=1)
     f1, f2 = tmp_path / "c1" / INFL_FILE, tmp_path / "c2" / INFL_FILE
-    f1.parent.mkdir()
-    f2.parent.mkdir()
-    r1 = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(None, f1), cycle=1)
+    r1 = analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, files=files, cycle=1)
     a = read_field(f1, StateLayout.from_config(paths[0], STATE).n_rows)
     assert a.min() >= 1.0 and a.max() > 1.0 and r1["inflation_mean"] == pytest.approx(a.mean())
-    analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(f1, f2), cycle=2)
+    analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, files=files, cycle=2)
     b = read_field(f2, a.size)
     assert not np.array_equal(a, b)
     # A missing previous field is an error before anything is written.
     before = _ensemble(paths)
     with pytest.raises(InputError, match="previous cycle's adaptive inflation field"):
-        analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, inflation_files=(tmp_path / "nope.nc", f2), cycle=3)
+        analyse_files(paths, tmp_path / "d" / "obs.nc", STATE, cfg, files=files, cycle=4)
     np.testing.assert_array_equal(_ensemble(paths), before)
 
 

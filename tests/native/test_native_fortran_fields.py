@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.analysis import ETKF, ObsSet
+from enkflow.experiment.cycling import ObservationSpace
+from enkflow.experiment.step import AnalysisStep
 from enkflow.online import Field, Problem, Runner, SchedulerConfig, Server, ServerConfig
 
 HERE = Path(__file__).resolve().parent
@@ -25,7 +27,7 @@ FIELDS = (Field("a", "float64", (5, 4)), Field("b", "float32", (4, 3, 2)),
 N_ROWS = 20 + 24
 
 
-class Obs:
+class Obs(ObservationSpace):
     """Every assimilated element observed (H = I), cycle-dependent values."""
 
     def observations(self, cycle: int) -> ObsSet:
@@ -34,8 +36,8 @@ class Obs:
     def apply(self, cycle, X, row_start, comm):
         return comm.allgather_rows(np.array(X, order="C"))
 
-    def apply_mean(self, cycle, x, row_start, comm):
-        return comm.allgather_rows(np.array(x))
+    def apply_analysis(self, cycle, Xa, row_start, comm):
+        return comm.allgather_rows(np.array(Xa, order="C"))
 
 
 def problem() -> Problem:
@@ -47,7 +49,7 @@ def problem() -> Problem:
         for part, x in zip(store.parts, init):
             part[...] = x
 
-    return Problem(FIELDS, MEMBERS, initial, lambda cycle: NSTEPS, Obs(), ETKF())
+    return Problem(FIELDS, MEMBERS, initial, lambda cycle: NSTEPS, Obs(), AnalysisStep(ETKF()))
 
 
 def python_model(s: dict[str, np.ndarray], member: int, cycle: int, nsteps: int) -> None:

@@ -11,7 +11,9 @@ import numpy as np
 
 from enkflow.analysis import LETKF, Localization
 from enkflow.config import Metric
-from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse
+from enkflow.experiment.cycling import ArrayStore
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.obs.config import ObsSettingsConfig
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
@@ -35,8 +37,10 @@ r0, r1 = blocks.start(comm.rank), blocks.stop(comm.rank)
 store = ArrayStore(np.array(X[r0:r1], order="F", copy=True), comm=comm, row_start=r0, n_rows=layout.n_rows)
 # The QC decision on every rank, from the full HX (an allreduce of each rank's rows).
 flags = comm.allgather_obj(obs.qc.check(obs.observations(1), obs.apply(1, store.X, r0, comm)).flags.tolist())
-Xa, diag = analyse(store, obs, LETKF(localization=Localization.from_config(LOC)), 1,
-                   local=LocalGeometry(row_coords=layout.coords), truth=truth, balance=True)
+step = AnalysisStep(LETKF(localization=Localization.from_config(LOC)), LocalGeometry(row_coords=layout.coords, balance=True),
+                    truth=lambda c: truth)
+Xa, analysed = analyse(step, store, obs, 1)
+diag = analysed.as_dict()
 full = comm.allgather_rows(np.ascontiguousarray(Xa))
 if comm.rank == 0:
     np.savez(out, Xa=full, size=comm.size, flags=np.array(flags),

@@ -16,7 +16,9 @@ import pytest
 from enkflow.analysis import LETKF, LocalDomains, Localization
 from enkflow.config import LocalizationConfig, Metric
 from enkflow.errors import ConfigError, FileFormatError
-from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse
+from enkflow.experiment.cycling import ArrayStore
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.obs.config import ObsSettingsConfig
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
@@ -81,7 +83,8 @@ def _analysis(path: Path, layout: StateLayout, loc: LocalizationConfig, interpol
     obs = FileObservations(of, layout.n_rows, settings=settings)
     flt = LETKF(localization=Localization.from_config(loc))
     store = ArrayStore(np.array(X, order="F", copy=True), comm=SerialComm())
-    return analyse(store, obs, flt, 1, local=LocalGeometry(LocalDomains.by_location(layout.coords)))
+    Xa, diag = analyse(AnalysisStep(flt, LocalGeometry(LocalDomains.by_location(layout.coords))), store, obs, 1)
+    return Xa, diag.as_dict()
 
 
 CASES = {
@@ -141,7 +144,7 @@ def test_off_grid_bilinear_against_a_direct_computation(tmp_path: Path) -> None:
     np.testing.assert_array_equal(of.obs.coords, np.column_stack([lon, lat]))  # localized where they are
     obs = FileObservations(of, layout.n_rows)
     x = rng.normal(size=layout.n_rows)
-    got = obs.apply_mean(1, x, 0, SerialComm())
+    got = obs.apply_analysis(1, x[:, None], 0, SerialComm())[:, 0]
     np.testing.assert_allclose(got, _bilinear_by_hand(x.reshape(LAT.size, LON.size), lon, lat), rtol=0, atol=1e-12)
     # Nearest: the grid point nearest on the sphere.
     near = FileObservations(load_for_state(p, layout, Metric.SPHERE,
@@ -169,7 +172,7 @@ def test_off_grid_bilinear_on_a_cartesian_grid_and_masked_corners(tmp_path: Path
     fx, fy = xy[:, 0] - i0, xy[:, 1] - j0
     want = ((1 - fx) * (1 - fy) * f[j0, i0] + fx * (1 - fy) * f[j0, i0 + 1] + (1 - fx) * fy * f[j0 + 1, i0]
             + fx * fy * f[j0 + 1, i0 + 1])
-    np.testing.assert_allclose(obs.apply_mean(1, f.ravel(), 0, SerialComm()), want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(obs.apply_analysis(1, f.ravel()[:, None], 0, SerialComm())[:, 0], want, rtol=0, atol=1e-12)
     # Outside the grid: an error naming the file, the coordinate and the observation.
     bad = _write(tmp_path / "bad.nc", np.zeros(2), np.array([[3.0, 4.0], [19.5, 2.0]]), ("x", "y"), None)
     with pytest.raises(FileFormatError, match=r"observation 1 at \(19.5, 2\) is outside the domain.*x must lie in \[0, 19\]"):
@@ -281,6 +284,6 @@ def test_bilinear_never_spans_a_masked_column(tmp_path: Path) -> None:
     field = np.full((4, 6), np.nan)
     field[:, [0, 1, 3, 4, 5]] = np.arange(20.0).reshape(4, 5)
     x = field[:, [0, 1, 3, 4, 5]].ravel()  # the state rows, in row order (y, then x)
-    got = obs.apply_mean(1, x, 0, SerialComm())
+    got = obs.apply_analysis(1, x[:, None], 0, SerialComm())[:, 0]
     # (1.5, 1): only the x = 1 corners are in the state -> field[1, 1]; (3, 2.5): on the x = 3 column.
     np.testing.assert_allclose(got, [field[1, 1], 0.5 * (field[2, 3] + field[3, 3])], rtol=0, atol=1e-12)

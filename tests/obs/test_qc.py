@@ -16,7 +16,9 @@ import numpy as np
 from enkflow.analysis import LETKF, LocalDomains, Localization, ObsSet
 from enkflow.analysis.qc import BUDDY, GROSS, QualityControl
 from enkflow.config import LocalizationConfig, Metric
-from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse
+from enkflow.experiment.cycling import ArrayStore
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.obs.config import ObsSettingsConfig
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
@@ -78,9 +80,10 @@ def run(layout, truth, X, path: Path, qc: dict | None) -> dict:
     obs = FileObservations(load_for_state(path, layout, Metric.PERIODIC, settings=settings), layout.n_rows,
                            settings=settings)
     store = ArrayStore(np.array(X, order="F", copy=True), comm=SerialComm())
-    _, diag = analyse(store, obs, LETKF(localization=Localization.from_config(LOC)), 1,
-                      local=LocalGeometry(LocalDomains.by_location(layout.coords)), truth=truth)
-    return diag
+    step = AnalysisStep(LETKF(localization=Localization.from_config(LOC)),
+                        LocalGeometry(LocalDomains.by_location(layout.coords)), truth=lambda c: truth)
+    _, diag = analyse(step, store, obs, 1)
+    return diag.as_dict()
 
 
 def figures(tmp_path: Path) -> dict[str, dict]:

@@ -14,7 +14,9 @@ from enkflow.analysis.taper import gaspari_cohn
 from enkflow.analysis.transforms import letkf_weights
 from enkflow.config import AnalysisConfig, LocalizationConfig, Metric, validate
 from enkflow.errors import ConfigError, FileFormatError
-from enkflow.experiment.cycling import ArrayStore, LocalGeometry, analyse
+from enkflow.experiment.cycling import ArrayStore
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.space import FileObservations
 from enkflow.obs.vertical import localization_coords, row_vertical
@@ -61,8 +63,8 @@ def test_vertical_localization_matches_a_direct_per_row_letkf(tmp_path: Path) ->
     domains = LocalDomains.by_location(rc)
     assert domains.n_domains == layout.n_rows  # one domain per (point, level)
     flt = LETKF(localization=Localization.from_config(loc))
-    Xa, _ = analyse(ArrayStore(X.copy(order="F"), comm=SerialComm()), FileObservations(of, layout.n_rows), flt, 1,
-                    local=LocalGeometry(domains))
+    Xa, _ = analyse(AnalysisStep(flt, LocalGeometry(domains)), ArrayStore(X.copy(order="F"), comm=SerialComm()),
+                    FileObservations(of, layout.n_rows), 1)
     # Directly: weight = GC(horizontal distance / 2) * GC(|level difference| / 0.75), per row.
     HX = X[idx]
     Yp, dy = HX - HX.mean(axis=1, keepdims=True), y - HX.mean(axis=1)
@@ -79,8 +81,8 @@ def test_vertical_localization_matches_a_direct_per_row_letkf(tmp_path: Path) ->
         np.testing.assert_allclose(Xa[r], want, rtol=0, atol=1e-10)
     # Without vertical localization every level of a point gets the same weights: the rows differ.
     flat = Localization.from_config(LocalizationConfig(radius=2.0, metric=Metric.CARTESIAN))
-    Xb, _ = analyse(ArrayStore(X.copy(order="F"), comm=SerialComm()), FileObservations(of, layout.n_rows),
-                    LETKF(localization=flat), 1, local=LocalGeometry(LocalDomains.by_location(layout.coords)))
+    Xb, _ = analyse(AnalysisStep(LETKF(localization=flat), LocalGeometry(LocalDomains.by_location(layout.coords))),
+                    ArrayStore(X.copy(order="F"), comm=SerialComm()), FileObservations(of, layout.n_rows), 1)
     assert not np.allclose(Xa, Xb)
 
 

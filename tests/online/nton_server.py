@@ -11,6 +11,8 @@ import numpy as np
 
 from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig
+from enkflow.experiment.cycling import ObservationSpace
+from enkflow.experiment.step import AnalysisStep
 from enkflow.obs import ObsSet
 from enkflow.obs.operators import LinearObsOperator
 from enkflow.online import Field, Problem, Server, ServerConfig
@@ -27,7 +29,7 @@ def initial_member(m: int) -> list[np.ndarray]:
     return [rng.standard_normal(37), rng.standard_normal(15).astype(np.float32), np.arange(11, dtype=np.int32) * m]
 
 
-class Obs:
+class Obs(ObservationSpace):
     def __init__(self):
         self.H = LinearObsOperator.selection(OBS_ROWS, N_ROWS)
 
@@ -38,8 +40,8 @@ class Obs:
     def apply(self, cycle, X, row_start, comm):
         return self.H.apply(X, row_start, comm)
 
-    def apply_mean(self, cycle, x, row_start, comm):
-        return self.H.apply(x[:, None], row_start, comm)[:, 0]
+    def apply_analysis(self, cycle, Xa, row_start, comm):
+        return self.H.apply(Xa, row_start, comm)
 
 
 def initial(store):
@@ -54,7 +56,7 @@ def main() -> None:
     min_runners = int(sys.argv[2])
     comm = get_comm()
     flt = make_filter(AnalysisConfig.model_validate({"method": "etkf", "inflation": {"prior": 1.02}}))
-    problem = Problem(FIELDS, N_MEMBERS, initial, lambda c: 2, Obs(), flt)
+    problem = Problem(FIELDS, N_MEMBERS, initial, lambda c: 2, Obs(), AnalysisStep(flt))
     server = Server(problem, ServerConfig(token=(d / "token").read_text().strip(), heartbeat_s=0.2,
                                           heartbeat_timeout_s=20, address_file=d / "address",
                                           min_runners=min_runners), comm=comm)

@@ -30,7 +30,8 @@ import zmq
 
 from enkflow.analysis import ETKF, ObsSet
 from enkflow.errors import MemberError
-from enkflow.experiment.cycling import ArrayStore, analyse
+from enkflow.experiment.cycling import ArrayStore, ObservationSpace
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.jobs.events import EventLog, iter_events
 from enkflow.online import Field, Problem, Runner, SchedulerConfig, Server, ServerConfig, ServerError
 from enkflow.online.store import MemoryStore
@@ -61,7 +62,7 @@ def model(x: np.ndarray, cycle: int, nsteps: int) -> np.ndarray:
     return y
 
 
-class IdentityObs:
+class IdentityObs(ObservationSpace):
     """Every variable observed (H = I) with fixed, cycle-dependent values."""
 
     def observations(self, cycle: int) -> ObsSet:
@@ -71,8 +72,8 @@ class IdentityObs:
     def apply(self, cycle, X, row_start, comm):
         return comm.allgather_rows(np.array(X, order="C"))
 
-    def apply_mean(self, cycle, x, row_start, comm):
-        return comm.allgather_rows(np.array(x))
+    def apply_analysis(self, cycle, Xa, row_start, comm):
+        return comm.allgather_rows(np.array(Xa, order="C"))
 
 
 def problem() -> Problem:
@@ -82,7 +83,7 @@ def problem() -> Problem:
         lo, hi = store.ranges[0]
         store.parts[0][...] = X0[lo:hi]
 
-    return Problem(FIELDS, N_MEMBERS, initial, lambda cycle: NSTEPS, IdentityObs(), ETKF())
+    return Problem(FIELDS, N_MEMBERS, initial, lambda cycle: NSTEPS, IdentityObs(), AnalysisStep(ETKF()))
 
 
 def offline_result() -> np.ndarray:
@@ -90,7 +91,7 @@ def offline_result() -> np.ndarray:
     store = ArrayStore(initial_ensemble())
     for k in CYCLES:
         store.X = np.asfortranarray(np.stack([model(store.X[:, m], k, NSTEPS) for m in range(N_MEMBERS)], axis=1))
-        analyse(store, IdentityObs(), ETKF(), k)
+        analyse(AnalysisStep(ETKF()), store, IdentityObs(), k)
     return np.array(store.X)
 
 

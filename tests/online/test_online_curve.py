@@ -9,28 +9,31 @@ import zmq
 
 from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig
+from enkflow.experiment.cycling import ObservationSpace
+from enkflow.experiment.step import AnalysisStep
 from enkflow.obs import ObsSet
 from enkflow.online import Field, Problem, Runner, Server, ServerConfig, ServerLost
 
 FIELD = Field("x", "float64", (6,))
 
 
-class Identity:
+class Identity(ObservationSpace):
     def observations(self, cycle):
         return ObsSet(np.full(6, float(cycle)), np.ones(6), np.arange(6.0)[:, None])
 
     def apply(self, cycle, X, row_start, comm):
         return X.copy()
 
-    def apply_mean(self, cycle, x, row_start, comm):
-        return x
+    def apply_analysis(self, cycle, Xa, row_start, comm):
+        return Xa
 
 
 def _server(**kw) -> Server:
     def initial(store):
         store.parts[0][...] = np.arange(18.0).reshape(6, 3)
 
-    p = Problem((FIELD,), 3, initial, lambda c: 1, Identity(), make_filter(AnalysisConfig.model_validate({"method": "etkf"})))
+    p = Problem((FIELD,), 3, initial, lambda c: 1, Identity(),
+                AnalysisStep(make_filter(AnalysisConfig.model_validate({"method": "etkf"}))))
     return Server(p, ServerConfig(token="tok", heartbeat_timeout_s=30, **kw))
 
 

@@ -12,7 +12,7 @@ from enkflow.config import Method
 from enkflow.errors import MemberError
 from enkflow.experiment.demo import DemoSettings, run_demo
 from enkflow.models import lorenz96 as l96
-from enkflow.models.l96_experiment import L96Setup, NatureRun, make_filter, run
+from enkflow.models.l96_experiment import L96Setup, NatureRun, Scores, make_step, run
 from enkflow.online import Field, Problem, Runner, Server, ServerConfig
 from enkflow.online.l96 import run_online
 
@@ -63,7 +63,9 @@ def test_a_model_with_hidden_state_fails_the_statelessness_check():
             self.y = self.truth
             return super().observations(cycle)
 
-    problem = Problem((Field("x", "float64", (40,)),), 4, initial, lambda c: 1, Nature(nature.truth, rng, 1.0), make_filter(s))
+    nat = Nature(nature.truth, rng, 1.0)
+    problem = Problem((Field("x", "float64", (40,)),), 4, initial, lambda c: 1, nat,
+                      make_step(s, nat.coords, lambda c: None, Scores(s.burn_in)))
     server = Server(problem, ServerConfig(token="t", stateless_check=True, heartbeat_timeout_s=30))
     errors = []
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from enkflow.experiment import Experiment, load_experiment
-from enkflow.experiment.cycling import ArrayStore, analyse
+from enkflow.experiment.cycling import ArrayStore, ObservationSpace
+from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.io.meanspread import ensemble_mean_spread
 from enkflow.jobs.events import iter_events
 from enkflow_testing.experiments import STATE_VARIABLE, synth_problem, write_builtin_experiment
@@ -44,24 +45,24 @@ def test_analyse_hands_on_the_forecast_and_analysis_statistics() -> None:
     X = np.asfortranarray(rng.standard_normal((50, 8)))
     prior = X.copy(order="F")  # the same memory order: the same summation order, the same bits
 
-    class Obs:
+    class Obs(ObservationSpace):
         def observations(self, cycle):
             return ObsSet(np.zeros(10), np.ones(10), np.arange(10.0)[:, None])
 
         def apply(self, cycle, X, row_start, comm):
             return X[:10].copy()
 
-        def apply_mean(self, cycle, x, row_start, comm):
-            return x[:10].copy()
+        def apply_analysis(self, cycle, Xa, row_start, comm):
+            return Xa[:10].copy()
 
     sink = _Rows()
-    Xa, diag = analyse(ArrayStore(X), Obs(), ETKF(), 1, stats=sink)
+    Xa, diag = analyse(AnalysisStep(ETKF(), stats=sink), ArrayStore(X), Obs(), 1)
     fm, _ = ensemble_mean_spread(prior)
     am, asp = ensemble_mean_spread(Xa)
     assert np.array_equal(sink.got["forecast_mean"], fm)
     assert np.array_equal(sink.got["analysis_mean"], am) and np.array_equal(sink.got["analysis_spread"], asp)
     assert np.array_equal(sink.got["analysis_increment"], am - fm)
-    assert not np.array_equal(am, fm) and diag["stats_s"] >= 0
+    assert not np.array_equal(am, fm) and diag.stats_s is not None and diag.stats_s >= 0
 
 
 @pytest.fixture(scope="module")

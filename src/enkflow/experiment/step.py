@@ -138,6 +138,8 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     of the mean and spread files, bitwise). The adaptive inflation field's posterior is kept (and
     written) before the store commits the analysis, so that a redo of a committed cycle finds it."""
     comm = store.comm
+    # The inflation field first: a missing one is an error before the store has begun its update.
+    infl = step.inflation.prior(cycle, store.row_start, store.row_stop) if step.inflation is not None else None
     X = store.gather(cycle)
     t0 = time.perf_counter()
     fmean = ensemble_mean(X) if step.stats is not None else None  # before the in-place analysis overwrites X
@@ -151,7 +153,6 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
                             qc=qc.counts(y_all.kinds, dict(obs.kind_names(cycle))) if qc is not None else {})
     truth = step.truth(cycle)
     prior_mean = X.mean(axis=1) if truth is not None else None
-    infl = step.inflation.prior(cycle, store.row_start, store.row_stop) if step.inflation is not None else None
     Xa, diag.balance = _assimilate(step, store, X, HX, y, cycle, infl)
     hxa = obs.apply_analysis(cycle, np.ascontiguousarray(Xa.mean(axis=1))[:, None], store.row_start, comm)[:, 0]
     diag.oma_rms = _rms(y, hxa if keep is None else hxa[keep])
