@@ -111,12 +111,9 @@ def analyse_files(
     already hold the analysis: nothing is assimilated again; the mean/spread are written from the
     files and the recorded diagnostics are returned, with ``already_applied`` = 1.
 
-    ``balance`` (local filters): True analyses rows of equal estimated cost on every rank instead
-    of the I/O row blocks (same result), False keeps the row blocks; both report the balance
-    (``imbalance_est``, ``imbalance_cpu``, ``rank_analysis_s``, ...). None: ``analysis.balance``
-    where there are several ranks. With statistics (``files.stats_dir``) the output is closed
-    (everything written) before this returns: ``stats_s`` and ``stats_wait_s`` are the seconds
-    spent computing and adding them, and waiting for the writer at the end."""
+    ``balance`` (local filters): see :func:`~enkflow.experiment.step.build_step`; the balance is
+    reported either way. Statistics (``files.stats_dir``) are closed (written) before this returns:
+    ``stats_s`` and ``stats_wait_s`` are the seconds spent adding them and waiting for the writer."""
     comm = comm or get_comm()
     t0 = time.perf_counter()
     layout = StateLayout.from_config(paths[0], state)
@@ -131,8 +128,7 @@ def analyse_files(
         stats = _statistics(files, layout, cycle, comm)
         t_start = time.perf_counter() - ts
         store = FileStore(ens, applied=files.applied)
-        # After the open: it finished any interrupted update, which writes the record.
-        record = store.applied_record(cycle)
+        record = store.applied_record(cycle)  # after the open, which finished any interrupted update
         # With the output service the driver writes the mean and spread files from the statistics
         # (enkflow.output.mean_spread_files): not on this task's path.
         mean_spread = (MeanSpreadFiles(layout, files.mean, files.spread, comm)
@@ -151,12 +147,8 @@ def analyse_files(
         _, diag = analyse(step, store, obs, cycle)
         res: dict[str, float | list[float]] = {k: v for k, v in diag.as_dict().items() if k != "analysis_s"}
         if stats is not None:
-            res["stats_remote"] = float(stats.remote)
-            t3 = time.perf_counter()
-            stats.close()
+            res |= _close_statistics(stats, t_start)
             stats = None
-            res["stats_wait_s"] = time.perf_counter() - t3
-            res["stats_start_s"] = t_start
     finally:
         ens.close()
         if stats is not None:  # an error: the writers are stopped, what they had not written is lost
@@ -177,6 +169,13 @@ def _statistics(files: AnalysisFiles, layout: StateLayout, cycle: int, comm: Com
         out = AnalysisOutput.through_service(layout, files.stats_dir, files.stats_service, cycle, comm,
                                              **files.stats_settings)
     return out or AnalysisOutput(layout, files.stats_dir, comm, **files.stats_settings)
+
+
+def _close_statistics(stats: AnalysisOutput, t_start: float) -> dict[str, float]:
+    """Close the statistics sink (everything written, or received by the service); its figures."""
+    t0 = time.perf_counter()
+    stats.close()
+    return {"stats_remote": float(stats.remote), "stats_wait_s": time.perf_counter() - t0, "stats_start_s": t_start}
 
 
 def _redo_outputs(store: FileStore, record: dict, cycle: int, mean_spread: MeanSpreadFiles | None, t0: float,
