@@ -3,6 +3,7 @@ write the same inflation field and observation-space diagnostics (to 1e-12) over
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def test_one_and_two_ranks_carry_the_same_field(mpiexec, subprocess_env, tmp_pat
         shutil.copytree(src, tmp_path / f"m{n}")
         cmd = [mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_adaptive.py"), str(tmp_path / f"m{n}"),
                str(tmp_path / f"o{n}")]
-        r = subprocess.run(cmd, env=dict(subprocess_env, PYTHONPATH=str(HERE)), capture_output=True, text=True,
+        path = os.pathsep.join(filter(None, [str(HERE), subprocess_env.get("PYTHONPATH")]))
+        r = subprocess.run(cmd, env=dict(subprocess_env, PYTHONPATH=path), capture_output=True, text=True,
                            timeout=180)
         assert r.returncode == 0, r.stderr[-3000:]
     for k in (1, 2):

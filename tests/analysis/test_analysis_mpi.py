@@ -3,6 +3,7 @@ count gives bitwise-identical results."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ HERE = Path(__file__).parent
 
 
 def run_ranks(mpiexec, env, n, path):
-    env = dict(env, PYTHONPATH=str(HERE))
+    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
     cmd = [mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_analysis.py"), str(path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,6 +5,7 @@ land problem; its diagnostics report the balance."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ def land(tmp_path_factory):
 
 def run(mpiexec, env, n, src, out, radius=1500.0):
     cmd = [mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_balance.py"), str(src), str(out), str(radius)]
-    proc = subprocess.run(cmd, env=dict(env, PYTHONPATH=str(HERE)), capture_output=True, text=True, timeout=300)
+    env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return np.load(out)
 
