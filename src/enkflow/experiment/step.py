@@ -160,20 +160,12 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     diag.analysis_s = time.perf_counter() - t0
     Xa = np.asfortranarray(Xa)
     if step.obs_diag is not None:
-        t1 = time.perf_counter()
-        HXa = obs.apply_analysis(cycle, Xa, store.row_start, comm)
-        step.obs_diag.write(cycle, y_all, HX_all, HXa, qc.flags if qc is not None else None, obs.kind_names(cycle),
-                            obs.coordinate_metric(cycle))
-        diag.obs_diag_s = time.perf_counter() - t1
+        diag.obs_diag_s = _write_obs_diag(step.obs_diag, obs, cycle, y_all, HX_all, Xa, store, qc)
     if step.inflation is not None and infl is not None:
         step.inflation.posterior(cycle, infl)
     store.scatter(cycle, Xa, diag.record())
     if step.stats is not None and fmean is not None:
-        t1 = time.perf_counter()
-        amean, aspread = ensemble_mean_spread(Xa)
-        step.stats.add(cycle, store.row_start, {"forecast_mean": fmean, "analysis_mean": amean,
-                                                "analysis_spread": aspread, "analysis_increment": amean - fmean})
-        diag.stats_s = t_fmean + time.perf_counter() - t1
+        diag.stats_s = t_fmean + _add_statistics(step.stats, cycle, store.row_start, fmean, Xa)
     step.output.write(cycle, Xa, store.row_start, diag)
     return Xa, diag
 
@@ -217,6 +209,27 @@ def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa
                                            float(fac.max(initial=-np.inf)))), dtype=np.float64).reshape(-1, 3)
         diag.inflation = InflationSummary(float(ext[:, 0].sum() / store.n_rows), float(ext[:, 1].min()),
                                           float(ext[:, 2].max()))
+
+
+def _write_obs_diag(writer: ObsDiagnosticsWriter, obs: ObservationSpace, cycle: int, y: ObsSet, HX: np.ndarray,
+                    Xa: np.ndarray, store: EnsembleStore, qc: QCResult | None) -> float:
+    """The cycle's observation-space diagnostics of every observation ``y`` (QC-rejected ones
+    included) from the forecast ``HX`` and H of the analysis members ``Xa`` (collective); its seconds."""
+    t0 = time.perf_counter()
+    HXa = obs.apply_analysis(cycle, Xa, store.row_start, store.comm)
+    writer.write(cycle, y, HX, HXa, qc.flags if qc is not None else None, obs.kind_names(cycle),
+                 obs.coordinate_metric(cycle))
+    return time.perf_counter() - t0
+
+
+def _add_statistics(stats: StatsSink, cycle: int, row_start: int, fmean: np.ndarray, Xa: np.ndarray) -> float:
+    """Hand this rank's rows of the forecast mean ``fmean``, the analysis mean and spread and the
+    increment to ``stats``; its seconds."""
+    t0 = time.perf_counter()
+    amean, aspread = ensemble_mean_spread(Xa)
+    stats.add(cycle, row_start, {"forecast_mean": fmean, "analysis_mean": amean, "analysis_spread": aspread,
+                                 "analysis_increment": amean - fmean})
+    return time.perf_counter() - t0
 
 
 def ensemble_mean(X: np.ndarray, block: int = 65536) -> np.ndarray:
