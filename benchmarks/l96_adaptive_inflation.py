@@ -21,7 +21,6 @@ as JSON; exits non-zero if the default adaptive run is more than 5% above it at 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -35,24 +34,20 @@ ADAPTIVE = {"default": {}, "sd_initial 0.3": {"sd_initial": 0.3}, "sd_initial 1.
 
 
 def _one(job: tuple) -> dict:
-    from enkflow.analysis import Inflation
-    from enkflow.analysis.adaptive_inflation import Miyoshi2011
+    from enkflow.config import AnalysisConfig
     from enkflow.models import l96_experiment as E
 
     members, kind, value, cycles, burn_in, seed = job
     s = E.L96Setup(method=Method.LETKF, members=members, cycles=cycles, burn_in=burn_in, seed=seed,
                    inflation=value if kind == "posterior" else 1.0,
                    adaptive="miyoshi2011" if kind == "adaptive" else "none")
-    base = E.make_filter
+    cfg = E.analysis_config(s).model_dump(mode="json")
     if kind == "prior":
-        E.make_filter = lambda st: dataclasses.replace(base(st), inflation=Inflation(prior=value))
-    elif kind == "adaptive" and ADAPTIVE[value]:
-        E.make_filter = lambda st: dataclasses.replace(base(st), adaptive=Miyoshi2011(**ADAPTIVE[value]))
+        cfg["inflation"]["prior"] = value
+    elif kind == "adaptive":
+        cfg["inflation"].update({f"adaptive_{k}": v for k, v in ADAPTIVE[value].items()})
     t0 = time.perf_counter()
-    try:
-        r = E.run(s)
-    finally:
-        E.make_filter = base
+    r = E.run(s, analysis=AnalysisConfig.model_validate(cfg))
     return {"members": members, "kind": kind, "value": value, "rmse_a": r.rmse_a, "spread_a": r.spread_a,
             "inflation_mean": r.inflation_mean if kind == "adaptive" else None, "seconds": time.perf_counter() - t0}
 
