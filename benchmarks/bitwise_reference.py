@@ -350,13 +350,13 @@ def bench_keys(ctx: Ctx) -> dict:
     d.mkdir(parents=True)
     cases = {
         "analysis": ["--nx", "30", "--ny", "30", "--members", "8", "--baseline-points", "50", "--ranks", "1"],
-        "io": ["--members", "2", "--mb-per-file", "1", "--repeat", "1", "--no-cold", "--dir", str(d / "io")],
+        "io": ["--members", "2", "--mb-per-file", "1", "--repeat", "1", "--no-cold", "--dir", str(d)],
         "land": ["--size", "tiny", "--members", "4"],
         "online": ["--state-mb", "1", "--members", "2", "--runners", "1", "--ranks", "2", "--cycles", "1",
                    "--dir", str(d)],
         "online-scale": ["--members", "8", "--runners", "2", "--ranks", "1", "--cycles", "1", "--dir", str(d)],
         "output": ["--nx", "72", "--ny", "36", "--steps", "4", "--substeps", "1", "--repeat", "1",
-                   "--dir", str(d / "output")],
+                   "--dir", str(d)],
     }
     return {name: {"keys": key_paths(last_json(run(ctx, enkflow("bench", name, *args, "--json"),
                                                    ctx.work / "logs" / f"bench_{name}.log", cwd=d)))}
