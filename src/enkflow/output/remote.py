@@ -14,11 +14,12 @@ import zmq
 
 from enkflow.errors import InputError
 from enkflow.output import protocol as P
-from enkflow.output.client import OutputError, Region, check_piece, wire_copy
 from enkflow.output.config import OutputConfig
 from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
+from enkflow.output.piece import Region, check_piece, wire_copy
 from enkflow.output.service import ADD, HWM, TIMEOUT_KEY, hang_limit, hang_message, token_credential
+from enkflow.output.writer_process import OutputError
 
 POLL_MS = 100
 
@@ -166,12 +167,11 @@ class RemoteOutput:
         t0 = _now()
         if self._closed:
             raise OutputError("add after close")
-        name, t, member, a, reg, _, wire = check_piece(self.cfg, self._shapes, name, array, time, member, region)
-        keep = wire_copy(a, wire)
+        piece = check_piece(self.cfg, self._shapes, name, array, time, member, region)
+        keep = wire_copy(piece.array, piece.wire)
         self._seq += 1
-        meta = P.encode(ADD, seq=self._seq, field=name, time=t, member=member,
-                        region=[list(r) for r in reg] if reg is not None else None, dtype=keep.dtype.str,
-                        shape=list(keep.shape))
+        meta = P.encode(ADD, seq=self._seq, field=piece.name, time=piece.time, member=piece.member,
+                        region=piece.region_json(), dtype=keep.dtype.str, shape=list(keep.shape))
         self._send([meta, memoryview(keep.reshape(-1).view(np.uint8))])
         s = self._stats
         s["adds"] += 1
