@@ -18,7 +18,8 @@ from enkflow.output.config import OutputConfig
 from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
 from enkflow.output.piece import Region, check_piece, wire_copy
-from enkflow.output.service import ADD, HWM, TIMEOUT_KEY, hang_limit, hang_message, token_credential
+from enkflow.output.service import hang_limit, hang_message
+from enkflow.output.service_protocol import ADD, HWM, TIMEOUT_KEY, token_credential
 from enkflow.output.writer_process import OutputError
 
 POLL_MS = 100
