@@ -50,7 +50,7 @@ class RemoteOutput:
                  timeout: float = 30.0, heartbeat_timeout: float = 60.0) -> None:
         if token is None:
             if token_file is None:
-                raise InputError("RemoteOutput needs the service's token or token_file")
+                raise InputError("RemoteOutput needs the service's token or token_file", item="token")
             token = Path(token_file).read_text().strip()
         self.address = address
         self._ctx = zmq.Context()
