@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enkflow.io.bench import _refs
+from enkflow.bench.io_refs import references as _refs
 from enkflow.io.ensemble import EnsembleFiles
 from enkflow.io.generate import make_ensemble
 from enkflow.state import StateLayout
