@@ -1,8 +1,9 @@
 """The model's side of the output server: :class:`Output` (``add`` / ``sync`` / ``close``).
 
-The writers it sends to are :class:`~enkflow.output.writer_process.WriterProcess` es (started,
-watched, killed and reported there), each through a
-:class:`~enkflow.output.writer_channel.WriterChannel` (socket, ring, pieces in flight).
+Each writer it sends to is a :class:`~enkflow.output.writer_process.WriterProcess` (started,
+watched, killed and reported there), reached through a
+:class:`~enkflow.output.writer_channel.WriterChannel` (socket, ring, pieces in flight); the checks of
+a piece are :mod:`enkflow.output.piece`'s.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from enkflow.config import validate
 from enkflow.errors import ConfigError, EnkflowError, InputError, StorageError
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
-from enkflow.output.piece import Region, check_piece, wire_copy
+from enkflow.output.piece import Region, check_piece
 from enkflow.output.ring import Ring, queue_supported
 from enkflow.output.writer_channel import WriterChannel, check_notices
 from enkflow.output.writer_process import START_TIMEOUT_S, OutputError, WriterAddress, WriterProcess
 
-__all__ = ["Output", "OutputError", "Region", "check_piece", "wire_copy"]
+__all__ = ["Output", "OutputError", "Region", "check_piece"]
 
 log = logging.getLogger("enkflow.output")
 
@@ -55,7 +56,6 @@ class Output:
     (:mod:`enkflow.output.heartbeat`): a writer without progress for ``writer_timeout`` seconds
     (stopped, stuck in the file system) is killed and counts as failed (``on_writer_failure``).
     """
-
 
     def __init__(self, config: OutputConfig | Mapping[str, Any], *, coords: Mapping[str, Any] | None = None,
                  comm: Any = None, base_dir: str | os.PathLike[str] | None = None) -> None:
