@@ -84,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--check", action="store_true", help="checksum every exchanged state")
     _online_run_options(s)
     s.set_defaults(func=_online_scale)
-    from enkflow.io.bench import add_parser as add_io
-    from enkflow.output.bench import add_parser as add_output
+    from enkflow.bench.io import add_parser as add_io
+    from enkflow.bench.output import add_parser as add_output
 
     add_io(bsub)
     add_output(bsub)
