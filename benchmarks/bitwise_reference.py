@@ -5,50 +5,40 @@ checkout's outputs, compare two recordings, or check a checkout against the comm
     python benchmarks/bitwise_reference.py compare A.json B.json
     python benchmarks/bitwise_reference.py check --src SRC [--only G,...] [--work DIR] [--reference FILE.json]
 
-``SRC`` is the ``src/`` of any checkout; every command runs as ``python -m enkflow ...`` with
-``PYTHONPATH=SRC`` (this script's python, e.g. ``.venv/bin/python``; ``mpiexec`` is looked up beside
-it first). A checkout of another commit: ``git worktree add W COMMIT``, then its compiled kernel
-``enkflow/analysis/_lanes*.so`` into ``W/src/enkflow/analysis/``: ``cd W && python setup.py build_ext
---inplace``, or copy it from a checkout whose C sources (``src/enkflow/analysis/_c``) are the same.
-The ``native`` group builds ``SRC/../native`` with CMake (cached in the work directory by a hash of
-that tree). ``check`` compares against ``tests/data/bitwise_reference.json`` (recorded from commit
-7d0a604). Each group runs alone with ``--only``; ``compare`` compares only the groups present in both
-files and names the others.
+``SRC``: any checkout's ``src/``; commands run as ``python -m enkflow ...`` (this python, ``mpiexec`` beside
+it) with ``PYTHONPATH=SRC`` and one BLAS/OpenMP thread. Another commit: ``git worktree add W COMMIT``, then
+``enkflow/analysis/_lanes*.so`` built (``cd W && python setup.py build_ext --inplace``) or copied into
+``W/src/enkflow/analysis/``. ``check`` compares with ``tests/data/bitwise_reference.json`` (from 7d0a604),
+keeping its work directory on a difference; ``compare`` compares the groups in both files, names the
+others, and notes a variable that only changed its name.
 
-Groups (every run in a fresh directory under ``--work``; the same arguments on every commit):
+Groups (each alone with ``--only``; every run in a fresh directory under ``--work``):
 
 * ``demo_offline``: ``enkflow demo``; ``demo_online``: ``enkflow demo --mode online`` (1 server rank);
-  ``demo_online2``: the online demo with ``[online] ranks = 2`` (the demo's own experiment.toml and
-  problem, made by ``enkflow demo --mode online --runners 0``, which writes them and then refuses
-  the configuration; then ``enkflow run``). Files: the final member restarts and every cycle's
-  ``*.nc`` (analysis mean/spread, ``obs_diag.nc``, the statistics files).
-* ``l96``: ``enkflow l96 --json`` scores of all six methods (16 members, 300 cycles after 50),
-  LETKF and LESTKF with ``--adaptive miyoshi2011``, and ETKF and LETKF with ``--online 2``.
-* ``land``: ``enkflow synth --size small --members 20``, then ``enkflow bench land --size small
-  --cutoff-km 1500 --ranks P --json`` at P = 1, 2, 3, each on a fresh copy: the analysed members and
-  the JSON's non-timing numbers.
-* ``native``: the four models of ``native/examples`` in the online demo study (as tests/native do):
-  ``enkflow_demo_c`` and ``enkflow_demo_f`` as runners (C and Fortran runner APIs),
-  ``c_netcdf_model`` and ``fortran_netcdf_model`` through ``python -m enkflow.online.intercept``
-  (the module is looked up by file name under SRC, so it may move).
-* ``bench_keys``: the SET of JSON keys (dotted paths, ``[]`` for list items) that each
-  ``enkflow bench analysis|io|land|online|online-scale|output`` prints at its smallest sizes.
+  ``demo_online2``: the online demo's own problem and experiment.toml (``enkflow demo --mode online
+  --runners 0`` writes them, then refuses the configuration; failing that, :func:`template_by_synth`)
+  with ``[online] ranks = 2``, run by ``enkflow run``. Files: the final member restarts and every
+  cycle's ``*.nc`` (analysis mean/spread, ``obs_diag.nc``, the statistics files).
+* ``l96``: ``enkflow l96 --json`` of the six methods (16 members, inflation 1.02, 300 cycles after 50),
+  LETKF and LESTKF with ``--adaptive miyoshi2011``, ETKF and LETKF with ``--online 2`` (40 cycles).
+* ``land``: ``enkflow synth --size small --members 20``, then on a fresh copy each ``enkflow bench land
+  --size small --cutoff-km 1500 --ranks P --json``, P = 1, 2, 3: the members and the JSON's numbers.
+* ``native``: ``SRC/../native`` built with CMake (cached in the work directory by a hash of the tree);
+  the online demo study run by ``enkflow_demo_c``/``enkflow_demo_f`` (C and Fortran runner APIs) and by
+  ``c_netcdf_model``/``fortran_netcdf_model`` through the interception wrapper (``intercept.py``, found
+  by name under SRC), as tests/native do.
+* ``bench_keys``: the set of JSON keys (dotted paths, ``[]`` for list items) that ``enkflow bench
+  analysis|io|land|online|online-scale|output`` print at tiny sizes.
 
-Fingerprints: file bytes are never hashed (NetCDF/HDF5 files carry time stamps). Per NetCDF file:
-every dimension (size, unlimited); every variable's dtype, dimensions, shape and the sha256 of its raw
-data in C order (masking and scaling off); every variable attribute and every global attribute
-except the exclusions below. Attribute values are kept as text (a sha256 when longer than 200
-characters), with the run's own directory replaced by ``<case>`` and the work directory by
-``<work>`` (the mean/spread files name their template restart by its absolute path).
+Fingerprints, never of file bytes (time stamps): per NetCDF file the dimensions, each variable's dtype,
+shape, dimensions and sha256 of its data in C order (no masking/scaling), every attribute as text (a
+sha256 beyond 200 characters; the run's directory as ``<case>``, the work directory ``<work>``: the
+mean/spread files name their template restart by its absolute path). Excluded, the only attribute that
+varied between recordings of the base: the global ``history`` (a UTC time stamp and the writer's pid).
+JSON numbers are kept exactly (floats by ``repr``) except timing keys, dropped: ``imbalance`` and a key
+with a ``_``-separated word among ``s ms seconds gbps rate rss cpu wall load memory time elapsed``.
 
-Exclusions (found by recording the base twice; everything else was identical run to run):
-global attribute ``history`` (a UTC time stamp, and the output writer's pid). JSON scores keep
-every number exactly (floats through ``repr``) except timing keys: a key whose last component has a
-word (split on ``_``) among ``s ms seconds gbps rate rss cpu wall load memory time elapsed``, or is
-one of ``imbalance`` (= ``imbalance_cpu``), ``balanced``; those are dropped.
-
-Prints what it does and the differences, and ends with one JSON line. ``compare``/``check`` exit 1
-when anything differs.
+Prints progress and every difference, then one JSON line; ``compare``/``check`` exit 1 on a difference.
 """
 
 from __future__ import annotations
@@ -74,10 +64,11 @@ REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "bitwise_re
 EXCLUDED_GLOBAL_ATTRS = frozenset({"history"})
 TIMING_WORDS = frozenset({"s", "ms", "seconds", "gbps", "rate", "rss", "cpu", "wall", "load", "memory", "time",
                           "elapsed"})
-TIMING_KEYS = frozenset({"imbalance", "balanced"})
+TIMING_KEYS = frozenset({"imbalance"})
 L96 = ["--members", "16", "--cycles", "300", "--burn-in", "50", "--radius", "5", "--inflation", "1.02", "--json"]
 LAND_RANKS = (1, 2, 3)
-DEMO_MEMBERS, DEMO_CYCLES = 8, 3
+FORMAT = 2  # of the recording; compare refuses two formats
+MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -121,8 +112,6 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-# --- fingerprints -------------------------------------------------------------------------------------
-
 def _attr_text(value: object, dirs: dict[str, str]) -> str:
     if isinstance(value, np.ndarray):
         text = f"{value.dtype}:{value.tolist()!r}"
@@ -141,12 +130,14 @@ def _attrs(obj: netCDF4.Dataset | netCDF4.Variable, dirs: dict[str, str], exclud
 
 def _group(g: netCDF4.Dataset, dirs: dict[str, str]) -> dict:
     out: dict = {"attrs": _attrs(g, dirs, EXCLUDED_GLOBAL_ATTRS),
-                 "dims": {k: [len(d), d.isunlimited()] for k, d in g.dimensions.items()}, "vars": {}}
+                 "dims": {k: f"{len(d)}{' unlimited' if d.isunlimited() else ''}" for k, d in g.dimensions.items()},
+                 "vars": {}}
     for name, v in g.variables.items():
         v.set_auto_maskandscale(False)
         data = np.ascontiguousarray(v[...])
-        out["vars"][name] = {"dtype": str(data.dtype), "dims": list(v.dimensions), "shape": list(data.shape),
-                             "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
+        # One line per variable: "dtype shape(dims) sha256-of-the-C-order-bytes".
+        out["vars"][name] = {"data": f"{data.dtype} {list(data.shape)}({','.join(v.dimensions)}) "
+                                     f"{hashlib.sha256(data.tobytes()).hexdigest()}",
                              "attrs": _attrs(v, dirs, frozenset())}
     for name, sub in g.groups.items():
         out.setdefault("groups", {})[name] = _group(sub, dirs)
@@ -195,38 +186,40 @@ def key_paths(obj: object, prefix: str = "") -> list[str]:
     return sorted(out)
 
 
-# --- groups -----------------------------------------------------------------------------------------------
-
 DEMO_FILES = ("members/member_*.nc", "run/cycles/*/*.nc")
 _TEMPLATES: dict[Path, Path] = {}
 
 
-def demo_offline(ctx: Ctx) -> dict:
-    d = ctx.case_dir("demo_offline/demo")
-    run(ctx, enkflow("demo", "--dir", str(d)), ctx.work / "logs" / "demo_offline.log")
-    return {"demo": fingerprints(d, ctx.work, DEMO_FILES)}
-
-
-def demo_online(ctx: Ctx) -> dict:
-    d = ctx.case_dir("demo_online/demo")
-    run(ctx, enkflow("demo", "--mode", "online", "--dir", str(d)), ctx.work / "logs" / "demo_online.log")
+def demo(ctx: Ctx, group: str, *args: str) -> dict:
+    d = ctx.case_dir(f"{group}/demo")
+    run(ctx, enkflow("demo", *args, "--dir", str(d)), ctx.work / "logs" / f"{group}.log")
     return {"demo": fingerprints(d, ctx.work, DEMO_FILES)}
 
 
 def online_template(ctx: Ctx) -> Path:
     """The online demo's problem and experiment.toml, not yet run (made once per recording): ``enkflow demo
-    --mode online --runners 0`` writes them, then refuses ``runners = 0``."""
+    --mode online --runners 0`` writes them, then refuses ``runners = 0``. Where it refuses before writing,
+    :func:`template_by_synth` makes them instead."""
     if ctx.work in _TEMPLATES:
         return _TEMPLATES[ctx.work]
     d = ctx.case_dir("template/online")
     run(ctx, enkflow("demo", "--mode", "online", "--runners", "0", "--dir", str(d)),
         ctx.work / "logs" / "template.log", check=False)
-    text = (d / "experiment.toml").read_text() if (d / "experiment.toml").exists() else ""
-    if "\nrunners = 0\n" not in text or not (d / "members" / "member_0001.nc").exists():
-        raise SystemExit(f"`enkflow demo --mode online --runners 0 --dir {d}` did not leave its experiment.toml "
-                         f"(with 'runners = 0') and members: see {ctx.work / 'logs' / 'template.log'}")
+    if not (d / "experiment.toml").exists() or not (d / "members" / "member_0001.nc").exists():
+        print(f"  `enkflow demo --mode online --runners 0` left no experiment.toml: {d} made by a demo run and synth")
+        template_by_synth(ctx, d)
     _TEMPLATES[ctx.work] = d
     return d
+
+
+def template_by_synth(ctx: Ctx, d: Path) -> None:
+    """The online demo run in ``d``, its run directory removed and its members written again by ``enkflow
+    synth`` with the demo's settings (on 7d0a604 the same bytes as the demo's own initial members)."""
+    run(ctx, enkflow("demo", "--mode", "online", "--dir", str(d)), ctx.work / "logs" / "template_demo.log")
+    shutil.rmtree(d / "run")
+    run(ctx, enkflow("synth", "--size", "tiny", "--members", "8", "--seed", "0", "--obs-fraction", "0.3",
+                     "--obs-std", "0.05", "--overwrite", "--out", str(d / "members")),
+        ctx.work / "logs" / "template_synth.log")
 
 
 def study(ctx: Ctx, name: str, edit: Callable[[str, Path], str]) -> Path:
@@ -247,9 +240,15 @@ def demo_online2(ctx: Ctx) -> dict:
     mpiexec = shutil.which("mpiexec", path=ctx.env["PATH"])
     if mpiexec is None:
         raise SystemExit("demo_online2 needs mpiexec (pip install mpich)")
-    d = study(ctx, "demo_online2/demo", lambda text, _d: text.replace(
-        "\nrunners = 0\n", f"\nrunners = 2\nranks = 2\nmpiexec = {json.dumps(mpiexec)}\n"))
-    return {"demo": run_study(ctx, d)}
+
+    def two_ranks(text: str, d: Path) -> str:
+        new, n = re.subn(r"^runners = \d+$", f"runners = 2\nranks = 2\nmpiexec = {json.dumps(mpiexec)}", text,
+                         count=1, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"{d}/experiment.toml has no 'runners = N' line in [online] to add 'ranks = 2' to")
+        return new
+
+    return {"demo": run_study(ctx, study(ctx, "demo_online2/demo", two_ranks))}
 
 
 def l96(ctx: Ctx) -> dict:
@@ -257,11 +256,10 @@ def l96(ctx: Ctx) -> dict:
     cases += [(f"{m}_miyoshi2011", ["--method", m, "--adaptive", "miyoshi2011"]) for m in ("letkf", "lestkf")]
     cases += [(f"{m}_online2", ["--method", m, "--online", "2", "--cycles", "40", "--burn-in", "10"])
               for m in ("etkf", "letkf")]
-    out = {}
-    for name, args in cases:
-        argv = enkflow("l96", *L96, *args)  # argparse: the later --cycles/--burn-in win
-        out[name] = {"stdout.json": scores(last_json(run(ctx, argv, ctx.work / "logs" / f"l96_{name}.log")))}
-    return out
+    # argparse: the later --cycles/--burn-in win
+    return {name: {"stdout.json": scores(last_json(run(ctx, enkflow("l96", *L96, *args),
+                                                       ctx.work / "logs" / f"l96_{name}.log")))}
+            for name, args in cases}
 
 
 def land(ctx: Ctx) -> dict:
@@ -272,8 +270,9 @@ def land(ctx: Ctx) -> dict:
     for p in LAND_RANKS:
         d = ctx.case_dir(f"land/ranks{p}")
         shutil.copytree(problem, d)
-        res = last_json(run(ctx, enkflow("bench", "land", "--size", "small", "--members", "20", "--cutoff-km", "1500",
-                                         "--dir", str(d), "--ranks", str(p), "--json"), ctx.work / "logs" / f"land_{p}.log"))
+        argv = enkflow("bench", "land", "--size", "small", "--members", "20", "--cutoff-km", "1500", "--dir", str(d),
+                       "--ranks", str(p), "--json")
+        res = last_json(run(ctx, argv, ctx.work / "logs" / f"land_{p}.log"))
         out[f"ranks{p}"] = {**fingerprints(d, ctx.work, ("member_*.nc",)), "stdout.json": scores(res)}
     return out
 
@@ -311,11 +310,12 @@ def module_of(ctx: Ctx, filename: str) -> str:
     return ".".join(found[0].relative_to(ctx.src).with_suffix("").parts)
 
 
-def _online_section(runner: str, extra: str = "") -> Callable[[str, Path], str]:
+def _online_section(runner: str) -> Callable[[str, Path], str]:
+    """An edit of the template's experiment.toml: its ``[online]`` section with ``runner`` (``@DIR@`` the study)."""
     def edit(text: str, d: Path) -> str:
-        head = text[:text.index("\n[online]")]
         cmd = runner.replace("@DIR@", str(d))
-        return head + f"\n[online]\nrunner = {json.dumps(cmd)}\nrunners = 2\n{extra}"
+        return text[:text.index("\n[online]")] + (f"\n[online]\nrunner = {json.dumps(cmd)}\nrunners = 2\n"
+                                                  "heartbeat = 0.5\nheartbeat_timeout = 10.0\n")
     return edit
 
 
@@ -324,21 +324,17 @@ def native(ctx: Ctx) -> dict:
     env = dict(ctx.env, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(prefix / "lib"),
                                                                        os.environ.get("LD_LIBRARY_PATH")])))
     forcing_script = ctx.src.resolve().parent / "native" / "examples" / "demo_forcing.py"
-    intercept = module_of(ctx, "intercept.py")
-    shim = prefix / "lib" / "libenkflow_intercept.so"
-    runners = {
-        "c_api": f"{prefix}/bin/enkflow_demo_c --address {{address}} --token-file {{token_file}} --grid {{restart}} "
-                 "--forcing @DIR@/forcing.nc --length {length} --curve-key={curve_key}",
-        "fortran_api": f"{prefix}/bin/enkflow_demo_f --address {{address}} --token-file {{token_file}} --grid {{restart}} "
-                       "--forcing @DIR@/forcing.nc --length {length} --curve-key={curve_key}",
-    }
-    for name, exe in (("c_netcdf", "c_netcdf_model"), ("fortran_netcdf", "fortran_netcdf_model")):
-        runners[name] = (f"{sys.executable} -m {intercept} --address {{address}} --token-file {{token_file}} "
-                         f"--expdir {{expdir}} --shim {shim} --steps 6 -- {prefix}/bin/{exe} {{{{restart}}}} "
-                         "--forcing @DIR@/forcing.nc --length {length} --cycle {{cycle}}")
+    intercept = f"{sys.executable} -m {module_of(ctx, 'intercept.py')} --address {{address}} --token-file " \
+                f"{{token_file}} --expdir {{expdir}} --shim {prefix}/lib/libenkflow_intercept.so --steps 6 --"
+    runners = {name: f"{prefix}/bin/{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
+                     "--forcing @DIR@/forcing.nc --length {length} --curve-key={curve_key}"
+               for name, exe in (("c_api", "enkflow_demo_c"), ("fortran_api", "enkflow_demo_f"))}
+    runners |= {name: f"{intercept} {prefix}/bin/{exe} {{{{restart}}}} --forcing @DIR@/forcing.nc --length {{length}} "
+                      "--cycle {{cycle}}"
+                for name, exe in (("c_netcdf", "c_netcdf_model"), ("fortran_netcdf", "fortran_netcdf_model"))}
     out = {}
     for name, runner in runners.items():
-        d = study(ctx, f"native/{name}", _online_section(runner, "heartbeat = 0.5\nheartbeat_timeout = 10.0\n"))
+        d = study(ctx, f"native/{name}", _online_section(runner))
         run(ctx, [sys.executable, str(forcing_script), str(d / "members" / "member_0001.nc"), str(d / "forcing.nc")],
             ctx.work / "logs" / f"native_{name}_forcing.log")
         out[name] = run_study(ctx, d, env)
@@ -355,8 +351,7 @@ def bench_keys(ctx: Ctx) -> dict:
         "online": ["--state-mb", "1", "--members", "2", "--runners", "1", "--ranks", "2", "--cycles", "1",
                    "--dir", str(d)],
         "online-scale": ["--members", "8", "--runners", "2", "--ranks", "1", "--cycles", "1", "--dir", str(d)],
-        "output": ["--nx", "72", "--ny", "36", "--steps", "4", "--substeps", "1", "--repeat", "1",
-                   "--dir", str(d)],
+        "output": ["--nx", "72", "--ny", "36", "--steps", "4", "--substeps", "1", "--repeat", "1", "--dir", str(d)],
     }
     return {name: {"keys": key_paths(last_json(run(ctx, enkflow("bench", name, *args, "--json"),
                                                    ctx.work / "logs" / f"bench_{name}.log", cwd=d)))}
@@ -364,20 +359,18 @@ def bench_keys(ctx: Ctx) -> dict:
 
 
 GROUPS: dict[str, Callable[[Ctx], dict]] = {
-    "demo_offline": demo_offline, "demo_online": demo_online, "demo_online2": demo_online2, "l96": l96,
+    "demo_offline": lambda ctx: demo(ctx, "demo_offline"),
+    "demo_online": lambda ctx: demo(ctx, "demo_online", "--mode", "online"), "demo_online2": demo_online2, "l96": l96,
     "land": land, "native": native, "bench_keys": bench_keys,
 }
 
 
-# --- record, compare, check -------------------------------------------------------------------------------
-
 def _commit(src: Path) -> str:
+    """The checkout's commit, with '+changes' where ``src`` has uncommitted changes."""
     git = ["git", "-C", str(src)]
-    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0:
-        return "unknown"
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
     dirty = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True).stdout.strip()
-    return head.stdout.strip() + ("+changes" if dirty else "")
+    return head + ("+changes" if dirty else "")
 
 
 def record(src: Path, groups: list[str], work: Path) -> dict:
@@ -387,7 +380,7 @@ def record(src: Path, groups: list[str], work: Path) -> dict:
         raise SystemExit(f"--src {src}: no enkflow package there (give a checkout's src/ directory)")
     work.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(src, work)
-    out: dict = {"format": 1, "src": str(src), "commit": _commit(src), "seconds": {}, "groups": {}}
+    out: dict = {"format": FORMAT, "src": str(src), "commit": _commit(src), "seconds": {}, "groups": {}}
     for g in groups:
         t0 = time.perf_counter()
         print(f"record {g} ...", flush=True)
@@ -412,25 +405,45 @@ def _short(v: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def _difference(va: object, vb: object, names: tuple[str, str]) -> str:
+    if va is MISSING or vb is MISSING:
+        return f"only in {names[va is MISSING]} ({_short(vb if va is MISSING else va)})"
+    if isinstance(va, list) and isinstance(vb, list):  # a key set: name what is missing on each side
+        return f"only in {names[0]} {sorted(set(map(str, va)) - set(map(str, vb)))}, " \
+               f"only in {names[1]} {sorted(set(map(str, vb)) - set(map(str, va)))}"
+    return f"{names[0]} {_short(va)} != {names[1]} {_short(vb)}"
+
+
+def _renamed(fa: dict[str, object], fb: dict[str, object], names: tuple[str, str]) -> list[str]:
+    """Variables found only on one side whose data is that of a variable only on the other, in the same file."""
+    only_b = {(k.rsplit("/vars/", 1)[0], v): k for k, v in fb.items() if k.endswith("/data") and k not in fa}
+    out = []
+    for k, v in fa.items():
+        other = only_b.get((k.rsplit("/vars/", 1)[0], v)) if k.endswith("/data") and k not in fb else None
+        if other:
+            out.append(f"{k[:-5]} in {names[0]} has the data of {other[:-5]} in {names[1]} (renamed?)")
+    return out
+
+
 def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> dict:
     """Print every leaf that differs between the groups present in both recordings; returns the summary."""
+    if a.get("format") != b.get("format"):
+        raise SystemExit(f"{names[0]} is format {a.get('format')}, {names[1]} format {b.get('format')}: record both "
+                         "with the same version of this script")
     ga, gb = a["groups"], b["groups"]
     common = [g for g in ga if g in gb]
-    skipped = {g: f"only in {names[0]}" for g in ga if g not in gb} | {g: f"only in {names[1]}" for g in gb if g not in ga}
-    diffs: list[str] = []
+    skipped = {g: f"only in {names[g in gb]}" for g in sorted(ga.keys() ^ gb.keys())}
+    diffs, notes = [], []
     for g in common:
         fa, fb = flatten(ga[g], g), flatten(gb[g], g)
-        for key in sorted(fa.keys() | fb.keys()):
-            if key not in fb:
-                diffs.append(f"{key}: only in {names[0]} ({_short(fa[key])})")
-            elif key not in fa:
-                diffs.append(f"{key}: only in {names[1]} ({_short(fb[key])})")
-            elif fa[key] != fb[key]:
-                diffs.append(f"{key}: {names[0]} {_short(fa[key])} != {names[1]} {_short(fb[key])}")
+        diffs += [f"{key}: {_difference(fa.get(key, MISSING), fb.get(key, MISSING), names)}"
+                  for key in sorted(fa.keys() | fb.keys()) if fa.get(key, MISSING) != fb.get(key, MISSING)]
+        notes += _renamed(fa, fb, names)
     for line in diffs:
         print("DIFFERS " + line)
-    for g, why in skipped.items():
-        print(f"skipped group {g} ({why})")
+    for line in notes:
+        print("NOTE " + line)
+    print("".join(f"skipped group {g} ({why})\n" for g, why in skipped.items()), end="")
     print(f"{'IDENTICAL' if not diffs else 'DIFFERENT'}: {len(common)} group(s) compared ({', '.join(common)}), "
           f"{len(diffs)} difference(s); {names[0]} = {a.get('commit')}, {names[1]} = {b.get('commit')}")
     return {"identical": not diffs and bool(common), "groups_compared": common, "groups_skipped": skipped,
