@@ -29,23 +29,28 @@ from typing import Any, Callable
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
-from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.config import ExperimentConfig, Initial, Mode
 from enkflow.experiment.cycling import run_cycles
+from enkflow.experiment.directory import CycleDir
+from enkflow.experiment.from_archive import restore_offline
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
 from enkflow.fsutil import write_bytes_atomic
+from enkflow.jobs import launchers
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, log_tail, newest, read_json, write_json_atomic
 from enkflow.jobs.protect import place
 from enkflow.jobs.launcher import JobState, Launcher
-from enkflow.jobs.local import LocalLauncher
-from enkflow.jobs.slurm import SlurmLauncher
-from enkflow.jobs.strategies import PlannedJob, Resources, plan
-from enkflow.jobs.tasks import Step, Task, TaskTable
+from enkflow.jobs.strategies import JobRole, PlannedJob, Resources, plan
+from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, logs_dir
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
+from enkflow.output.analysis_output import output_config
 from enkflow.output.archive_background import BackgroundArchiver
+from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
 from enkflow.output.remote import ServiceLost
+from enkflow.output.service import OutputService
+from enkflow.state import StateLayout
 
 
 def archived_restarts(cfg: ExperimentConfig) -> list[tuple[Path, str, str]]:
@@ -57,12 +62,10 @@ def archived_restarts(cfg: ExperimentConfig) -> list[tuple[Path, str, str]]:
     return out
 
 
-def make_launcher(cfg: ExperimentConfig) -> Launcher:
-    """The launcher ``[launcher]`` asks for."""
-    if cfg.launcher.kind == "slurm":
-        return SlurmLauncher(cfg.expdir / "slurm", partition=cfg.launcher.partition, account=cfg.launcher.account,
-                             extra=cfg.launcher.extra, signal_margin_s=cfg.launcher.signal_margin)
-    return LocalLauncher(cpus=cfg.launcher.cpus)
+def make_launcher(cfg: ExperimentConfig, *, colocated: int | None = None) -> Launcher:
+    """The launcher ``[launcher]`` asks for, its files in the experiment directory
+    (``colocated``: see :meth:`enkflow.jobs.launchers.LauncherType.from_config`)."""
+    return launchers.make_launcher(cfg.launcher, cfg.dir.launcher(cfg.launcher.kind), colocated=colocated)
 
 
 def _argv(template: str, values: dict[str, object]) -> list[str]:
@@ -77,18 +80,18 @@ def _fmt_length(x: float) -> str:
 def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
     """The task table of ``cycle``: one forecast (+ operator) per member, then the analysis."""
     n = cfg.experiment.members
-    cdir = cfg.cycle_dir(cycle)
+    cdir = cfg.dir.cycle(cycle)
     obs = cfg.obs_path(cycle)
     tasks: dict[int, Task] = {}
     for m in range(1, n + 1):
         restart = cfg.restart_path(m)
-        workdir = cdir / "work" / f"member_{m:03d}"
+        workdir = cdir.work(m)
         workdir.mkdir(parents=True, exist_ok=True)
         tmp = restart.with_name(f".{restart.name}.enkflow-{cycle}.tmp")
         values = {"member": m, "cycle": cycle, "restart": restart, "length": _fmt_length(cfg.experiment.forecast_length),
                   "output": tmp, "expdir": cfg.expdir, "workdir": workdir}
         uses_output = "{output}" in cfg.model.command
-        steps = [Step("model", _argv(cfg.model.command, values),
+        steps = [Step(StepKind.MODEL, _argv(cfg.model.command, values),
                       commit={"from": str(tmp), "to": str(restart)} if uses_output else None)]
         if cfg.observations.operator:
             final = cfg.operator_output(m, cycle)
@@ -96,19 +99,20 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
             if final is not None:
                 final.parent.mkdir(parents=True, exist_ok=True)
             ov = {"member": m, "cycle": cycle, "restart": restart, "obs": obs, "output": op_tmp or "", "expdir": cfg.expdir}
-            steps.append(Step("operator", _argv(cfg.observations.operator, ov),
+            steps.append(Step(StepKind.OPERATOR, _argv(cfg.observations.operator, ov),
                               commit={"from": str(op_tmp), "to": str(final)} if final is not None and "{output}" in cfg.observations.operator else None))
-        tasks[m] = Task(m, m, steps, restart=str(restart), restart_write="rename" if uses_output else cfg.model.restart_write,
+        tasks[m] = Task(m, m, steps, restart=str(restart),
+                        restart_write=RestartWrite.RENAME if uses_output else cfg.model.restart_write,
                         unchanged=cfg.model.unchanged)
     at = cfg.analysis_task
     prefix = shlex.split(at.launcher) if at.launcher.strip() else []
     if at.command is not None:
-        av = {"cycle": cycle, "expdir": cfg.expdir, "members": n, "obs": obs, "config": cfg.expdir / "config.json"}
+        av = {"cycle": cycle, "expdir": cfg.expdir, "members": n, "obs": obs, "config": cfg.dir.config}
         argv = prefix + _argv(at.command, av)
     else:
         argv = prefix + [cfg.launcher.python or sys.executable, "-m", "enkflow.experiment.analysis_task", str(cfg.expdir), str(cycle)]
     fatal = None if at.command is not None else DETERMINISTIC_ERROR_RC
-    tasks[n + 1] = Task(n + 1, None, [Step("analysis", argv, fatal_rc=fatal)], max_attempts=at.max_attempts)
+    tasks[n + 1] = Task(n + 1, None, [Step(StepKind.ANALYSIS, argv, fatal_rc=fatal)], max_attempts=at.max_attempts)
     return TaskTable(cycle=cycle, n_members=n, tasks=tasks, events=str(events),
                      max_attempts=cfg.model.max_attempts, heartbeat_s=cfg.jobs.heartbeat, lease_s=cfg.jobs.lease,
                      poll_s=cfg.jobs.poll, env=dict(cfg.model.env))
@@ -117,7 +121,7 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
 @dataclass
 class _Job:
     id: str
-    role: str
+    role: JobRole
     covers: frozenset[int] | None
     t_submit: float
     state: JobState = JobState.PENDING
@@ -154,9 +158,10 @@ class Experiment:
     _service: Any = field(default=None, init=False, repr=False)  # the study's output service, while it runs
 
     def __post_init__(self) -> None:
-        self.expdir = self.cfg.expdir
+        self.dir = self.cfg.dir
+        self.expdir = self.dir.root
         self.expdir.mkdir(parents=True, exist_ok=True)
-        self.events = EventLog(self.expdir / "events.jsonl")
+        self.events = EventLog(self.dir.events)
         if self.launcher is None:
             self.launcher = make_launcher(self.cfg)
 
@@ -181,10 +186,8 @@ class Experiment:
         cycle (:mod:`enkflow.experiment.from_archive`).
         Holds the experiment directory's lock throughout (:class:`DriverLock`).
         """
-        with DriverLock(self.expdir):
+        with DriverLock(self.dir.lock):
             if from_archive is not None:
-                from enkflow.experiment.from_archive import restore_offline
-
                 restore_offline(self.cfg, from_archive, self.events, progress=self.progress)
             return self._run(retry_failed=retry_failed, accept_restarts=accept_restarts)
 
@@ -192,7 +195,7 @@ class Experiment:
         cfg = self.cfg
         digests = cfg.digests()
         members = range(1, cfg.experiment.members + 1)
-        state = ExperimentState.load(self.expdir)
+        state = ExperimentState.load(self.dir.state)
         resumed = state is not None
         todo_cycles = [k for k in cfg.cycle_numbers if state is None or k not in state.cycles_done]
         if state is None:
@@ -201,19 +204,19 @@ class Experiment:
             sources = [cfg.source_restart_path(m) for m in members]
             if not accept_restarts:
                 provenance.check_new(sources, self.expdir)
-            if cfg.experiment.initial == "copy":
+            if cfg.experiment.initial is Initial.COPY:
                 self._copy_initial()
-            state = ExperimentState.create(self.expdir, digests, {str(p): fingerprint(p) for p in sources})
+            state = ExperimentState.create(self.dir.state, digests, {str(p): fingerprint(p) for p in sources})
         else:
             state.check_finished(digests)
             self.check(todo_cycles)
             if not accept_restarts:
                 provenance.check_resume([cfg.restart_path(m) for m in members], self.expdir)
-        write_json_atomic(self.expdir / "config.json", cfg.to_json())
+        write_json_atomic(self.dir.config, cfg.to_json())
         # For external analysis programs: the restarts the cycles advance, one path per line, member 1 first.
-        write_bytes_atomic(self.expdir / "restarts.txt", "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
+        write_bytes_atomic(self.dir.restarts_list, "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
-                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind, accept_restarts=accept_restarts)
+                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind.value, accept_restarts=accept_restarts)
 
         archiver = BackgroundArchiver.for_experiment(cfg, self.events, self.progress)
         if archiver is not None:
@@ -275,18 +278,14 @@ class Experiment:
         analysis is an external program, or the service cannot start (the tasks then start their own)."""
         cfg = self.cfg
         ao = cfg.analysis_output
-        if cfg.state is None or cfg.analysis_task.command is not None or not ao.statistics_for("offline"):
+        if cfg.state is None or cfg.analysis_task.command is not None or not ao.statistics_for(Mode.OFFLINE):
             return None
-        from enkflow.output.analysis_output import output_config, service_dir
-        from enkflow.output.service import OutputService
-        from enkflow.state import StateLayout
-
         try:
             layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
-            ocfg = output_config(layout, cfg.cycle_dir(1).parent, **ao.writer_settings())
-            # Analysis tasks on other nodes (SLURM) reach it over TCP; on this machine ipc is enough.
-            tcp = cfg.launcher.kind == "slurm"
-            svc = OutputService.start(ocfg, service_dir(cfg.expdir), transport="tcp" if tcp else "ipc",
+            ocfg = output_config(layout, self.dir.cycles, **ao.writer_settings())
+            # Analysis tasks on other hosts reach it over TCP; on this machine ipc is enough.
+            tcp = launchers.LAUNCHERS[cfg.launcher.kind].spans_hosts
+            svc = OutputService.start(ocfg, self.dir.output_service, transport="tcp" if tcp else "ipc",
                                       bind="0.0.0.0" if tcp else "127.0.0.1",
                                       timeout_key="[analysis_output] writer_timeout")
         except (EnkflowError, OSError) as exc:
@@ -305,8 +304,6 @@ class Experiment:
         cfg = self.cfg
         if not cfg.analysis_output.mean_spread_files or cfg.state is None or cfg.analysis_task.command is not None:
             return None
-        from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
-
         missing = [k for k in sorted(done) if files_missing(cfg, k)]
         if service is None and not missing:
             return None
@@ -371,29 +368,29 @@ class Experiment:
             dst = self.cfg.restart_path(m)
             dst.parent.mkdir(parents=True, exist_ok=True)
             place(self.cfg.source_restart_path(m), dst)
-        self._say(f"copied the initial ensemble to {self.expdir / 'restarts'}")
+        self._say(f"copied the initial ensemble to {self.dir.restarts}")
 
     # -- one cycle -----------------------------------------------------------------
 
-    def _resume_table(self, cycle: int, cdir: Path) -> TaskTable:
+    def _resume_table(self, cycle: int, cdir: CycleDir) -> TaskTable:
         """The task table of a started cycle, rebuilt from the current configuration when the
         steps that already ran did not depend on what changed."""
         cfg = self.cfg
         now = cfg.digests()
-        was = read_json(cdir / "digests.json", now)
+        was = read_json(cdir.digests, now)
         n = cfg.experiment.members
-        done = [m for m in range(1, n + 1) if (cdir / "done" / f"task_{m:03d}.json").exists()]
+        done = [m for m in range(1, n + 1) if cdir.done(m).exists()]
         if was["model"] != now["model"] and done:
             raise ConfigError(f"the [model] settings changed, but members {', '.join(map(str, done))} of cycle {cycle} "
                               "already ran with the recorded ones; restore them to resume", key="model")
-        if was["analysis"] != now["analysis"] and cfg.applied_record(cycle).exists():
+        if was["analysis"] != now["analysis"] and cdir.applied.exists():
             raise ConfigError(f"the analysis settings changed, but the analysis of cycle {cycle} was already applied "
                               "with the recorded ones; restore them to resume", key="analysis")
         if was != now:
             self.events.emit("config_change", cycle=cycle, parts=[k for k in now if was.get(k) != now[k]])
         table = build_tasks(cfg, cycle, self.events.path)
-        table.write(cdir)
-        write_json_atomic(cdir / "digests.json", now)
+        table.write(cdir.path)
+        write_json_atomic(cdir.digests, now)
         return table
 
     def forecast(self, cycle: int) -> None:
@@ -402,17 +399,18 @@ class Experiment:
         cfg = self.cfg
         n = cfg.experiment.members
         checks.check_restarts(cfg)
-        cdir = cfg.cycle_dir(cycle)
+        cd = self.dir.cycle(cycle)
+        cdir = cd.path
         cdir.mkdir(parents=True, exist_ok=True)
-        (cdir / "logs").mkdir(exist_ok=True)
-        if (cdir / "tasks.json").exists():
-            table = self._resume_table(cycle, cdir)
+        cd.logs.mkdir(exist_ok=True)
+        if cd.tasks.exists():
+            table = self._resume_table(cycle, cd)
             self.events.emit("cycle_resume", cycle=cycle)
         else:
             self.events.emit("cycle_start", cycle=cycle)
             provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, "advancing")
             table = build_tasks(cfg, cycle, self.events.path)
-            write_json_atomic(cdir / "digests.json", cfg.digests())
+            write_json_atomic(cd.digests, cfg.digests())
             table.write(cdir)
         todo = TodoList.create(cdir, n)
         if self._retry_failed:
@@ -496,14 +494,14 @@ class Experiment:
         member_ids: list[str] = []
         for pj in planned:
             spec = pj.spec
-            if pj.role == "analysis":
+            if pj.role is JobRole.ANALYSIS:
                 spec = dataclasses.replace(spec, after=tuple(member_ids))
             t = time.time()
             jid = self.launcher.submit(spec)
-            if pj.role == "member":
+            if pj.role is JobRole.MEMBER:
                 member_ids.append(jid)
             self.jobs.append(_Job(jid, pj.role, pj.covers, t))
-            self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role, strategy=self.cfg.jobs.strategy.value,
+            self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role.value, strategy=self.cfg.jobs.strategy.value,
                              cpus=spec.cpus, t_submit=t)
 
     def _cancel_active(self, cycle: int) -> None:
@@ -512,7 +510,7 @@ class Experiment:
         if active:
             self.launcher.cancel([j.id for j in active])
             for j in active:
-                self.events.emit("job_cancel", cycle=cycle, job=j.id, role=j.role, state=j.state.value)
+                self.events.emit("job_cancel", cycle=cycle, job=j.id, role=j.role.value, state=j.state.value)
 
     def _fail(self, cycle: int, snap: dict) -> None:
         n = self.cfg.experiment.members
@@ -532,7 +530,7 @@ class Experiment:
 
 def _last_job_log(cdir: Path, lines: int = 10) -> str:
     """The tail of the newest job log of a cycle, for an error message."""
-    log = newest(cdir / "logs", "job-*.log")
+    log = newest(logs_dir(cdir), "job-*.log")
     if log is None:
-        return f"; see {cdir / 'logs'}"
+        return f"; see {logs_dir(cdir)}"
     return f"; the last job log {log} ends with:\n" + log_tail(log, lines)

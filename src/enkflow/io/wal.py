@@ -308,6 +308,15 @@ def clear(marker: Path, durable: bool) -> None:
         fsync_dir(marker.parent)
 
 
+def discard(marker: Path) -> None:
+    """Drop a committed update without finishing it (the member files are being restored from
+    elsewhere): delete its logs, then its marker."""
+    body = json.loads(marker.read_text())
+    for log in body.get("logs", []):
+        Path(log).unlink(missing_ok=True)
+    marker.unlink()
+
+
 def pending_markers(files: list[str]) -> list[Path]:
     """Commit markers, in the directories of ``files``, of updates that touch any of ``files``."""
     mine = {os.path.abspath(f) for f in files}
