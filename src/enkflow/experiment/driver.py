@@ -22,19 +22,19 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
-from typing import Any, Callable
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
-from enkflow.experiment.config import ExperimentConfig, Initial, Mode
+from enkflow.experiment.config import ExperimentConfig, Initial
 from enkflow.experiment.cycling import run_cycles
 from enkflow.experiment.directory import CycleDir
 from enkflow.experiment.from_archive import restore_offline
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
+from enkflow.experiment.study_output import StudyOutput
 from enkflow.fsutil import write_bytes_atomic
 from enkflow.jobs import launchers
 from enkflow.jobs.events import EventLog
@@ -45,12 +45,8 @@ from enkflow.jobs.strategies import JobRole, PlannedJob, Resources, plan
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, logs_dir
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
-from enkflow.output.analysis_output import output_config
 from enkflow.output.archive_background import BackgroundArchiver
-from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
 from enkflow.output.remote import ServiceLost
-from enkflow.output.service import OutputService
-from enkflow.state import StateLayout
 
 
 def archived_restarts(cfg: ExperimentConfig) -> list[tuple[Path, str, str]]:
@@ -155,7 +151,7 @@ class Experiment:
     jobs: list[_Job] = field(default_factory=list, init=False)
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _retry_failed: bool = field(default=False, init=False, repr=False)
-    _service: Any = field(default=None, init=False, repr=False)  # the study's output service, while it runs
+    _output: StudyOutput | None = field(default=None, init=False, repr=False)  # while the cycles run
 
     def __post_init__(self) -> None:
         self.dir = self.cfg.dir
@@ -223,8 +219,7 @@ class Experiment:
             archiver.poll()  # cycles an earlier run staged but did not archive
 
         def cycle_end(k: int, diag: dict[str, float]) -> None:
-            if files is not None:
-                files.analysed(k)
+            out.analysed(k)
             if archiver is not None:
                 # Before the cycle counts as done: a crash in between stages it again on the rerun.
                 archiver.stage(k, archived_restarts(cfg), {"mode": "offline", "members": cfg.experiment.members})
@@ -234,133 +229,25 @@ class Experiment:
                 self.on_cycle_end(k)
 
         self._retry_failed = retry_failed
-        self._service = self._start_output_service() if todo_cycles else None
-        files = None
+        out = self._output = StudyOutput(cfg, self.events, self._say)
+        if todo_cycles:
+            out.start_service()
         try:
-            files = self._mean_spread_files(self._service, state.cycles_done)
+            out.start_files(state.cycles_done)
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
             if archiver is not None:
                 archiver.finish()
-            if files is not None:
-                files, f = None, files
-                try:
-                    f.wait()
-                finally:
-                    f.close()
-            if self._service is not None:
-                svc, self._service = self._service, None  # stopped once, whatever the stop raises
-                self._stop_output_service(svc)
+            out.finish()
         except ServiceLost as exc:
-            self._lose_service(str(exc))
+            out.lose(str(exc))
             raise
         finally:
-            if files is not None:  # a failure: finish what was asked
-                try:
-                    files.wait()
-                except EnkflowError as exc:
-                    self._say(f"analysis mean and spread files: {exc}")
-                files.close()
-            if self._service is not None:  # a failure: what the service received complete is written, the rest dropped
-                svc, self._service = self._service, None
-                try:
-                    self._stop_output_service(svc)
-                except EnkflowError as exc:
-                    self._say(f"output service: {exc}")
+            out.close()  # after a failure: what can still be written is
             self.launcher.close()
             if archiver is not None:
                 archiver.close()
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
         return todo_cycles
-
-    def _start_output_service(self):
-        """The study's output service for the analysis statistics (docs/output.md), which the analysis
-        tasks add to instead of starting writers of their own; None when the statistics are off, the
-        analysis is an external program, or the service cannot start (the tasks then start their own)."""
-        cfg = self.cfg
-        ao = cfg.analysis_output
-        if cfg.state is None or cfg.analysis_task.command is not None or not ao.statistics_for(Mode.OFFLINE):
-            return None
-        try:
-            layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
-            ocfg = output_config(layout, self.dir.cycles, **ao.writer_settings())
-            # Analysis tasks on other hosts reach it over TCP; on this machine ipc is enough.
-            tcp = launchers.LAUNCHERS[cfg.launcher.kind].spans_hosts
-            svc = OutputService.start(ocfg, self.dir.output_service, transport="tcp" if tcp else "ipc",
-                                      bind="0.0.0.0" if tcp else "127.0.0.1",
-                                      timeout_key="[analysis_output] writer_timeout")
-        except (EnkflowError, OSError) as exc:
-            self._say(f"output service not started ({exc}); each analysis task starts its own writer")
-            self.events.emit("output_service_failed", error=str(exc))
-            return None
-        self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
-        return svc
-
-    def _mean_spread_files(self, service, done: Iterable[int]):
-        """With ``[analysis_output] mean_spread_files`` and the built-in analysis: the writer of each
-        cycle's analysis_mean.nc and analysis_spread.nc from the statistics the study's output service
-        writes (the analysis tasks then leave them out; docs/output.md). First the missing files of
-        finished cycles (an earlier run ended before writing them) are written from their statistics,
-        even when nothing is left to run. None when there is nothing to write."""
-        cfg = self.cfg
-        if not cfg.analysis_output.mean_spread_files or cfg.state is None or cfg.analysis_task.command is not None:
-            return None
-        missing = [k for k in sorted(done) if files_missing(cfg, k)]
-        if service is None and not missing:
-            return None
-        files = MeanSpreadFromStatistics(cfg, service.directory if service is not None else None)
-        try:
-            lost = [k for k in missing if not files.has_statistics(k)]
-            for k in missing:
-                if k not in lost:
-                    files.write_now(k)
-                    self._say(f"cycle {k}: {MEAN} and {SPREAD} written from its statistics (an earlier run ended first)")
-            if lost:
-                # Not made here (restored from an archive, or the files turned on later): said once.
-                self.events.emit("mean_spread_missing", cycles=lost)
-                self._say(f"{MEAN} and {SPREAD} missing, and their statistics too, for {len(lost)} finished "
-                          f"cycle(s) ({', '.join(map(str, lost[:10]))}{' ...' if len(lost) > 10 else ''}); not written")
-        except BaseException:
-            files.close()
-            raise
-        if service is None:
-            files.close()
-            return None
-        return files
-
-    def _check_output_service(self) -> None:
-        """At every poll: a study service that died or hangs (no progress for its hang limit) is killed
-        and the run stops now, naming it, rather than each later analysis task waiting for it and the
-        run failing at its end. What it held (the statistics of the cycle in flight) may be lost; the
-        next ``enkflow run`` resumes with a new service."""
-        svc = self._service
-        if svc is None:
-            return
-        why = svc.hung() if svc.alive() else f"ended (exit {svc.proc.returncode})"
-        if why is None:
-            return
-        tail = log_tail(svc.log, 5) if svc.log.exists() else ""
-        msg = (f"the study's output service (pid {svc.proc.pid}) {why}; killed: the analysis statistics it held "
-               f"may be lost; `enkflow run` again resumes with a new service" + (f":\n{tail}" if tail.strip() else ""))
-        self._lose_service(msg)
-        raise EnkflowError(msg)
-
-    def _lose_service(self, why: str) -> None:
-        """A service gone or hung: nothing to stop in order; a hung one is killed."""
-        if self._service is not None:
-            svc, self._service = self._service, None
-            svc.kill()
-            self.events.emit("output_service_end", error=why)
-
-    def _stop_output_service(self, svc) -> None:
-        """Stop the service: everything the analysis tasks added is written; raises its errors."""
-        t0 = time.perf_counter()
-        try:
-            res = svc.stop()
-        except EnkflowError as exc:
-            self.events.emit("output_service_end", error=str(exc))
-            raise
-        self.events.emit("output_service_end", stop_s=time.perf_counter() - t0, stats=res.get("stats", {}),
-                         notes=res.get("notes", []))
 
     def _copy_initial(self) -> None:
         """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble."""
@@ -448,7 +335,8 @@ class Experiment:
                 if until(snap):
                     c.snap = snap
                     return
-                self._check_output_service()
+                if self._output is not None:
+                    self._output.check()
                 self._refresh()
                 uncovered = self._uncovered(snap)
                 if uncovered:
