@@ -28,6 +28,7 @@ from pathlib import Path
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
+from enkflow.experiment.provenance import RestartState
 from enkflow.experiment.config import ExperimentConfig, Initial
 from enkflow.experiment.cycling import run_cycles
 from enkflow.experiment.directory import CycleDir
@@ -223,7 +224,7 @@ class Experiment:
             if archiver is not None:
                 # Before the cycle counts as done: a crash in between stages it again on the rerun.
                 archiver.stage(k, archived_restarts(cfg), {"mode": "offline", "members": cfg.experiment.members})
-            provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, "analysed")
+            provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, RestartState.ANALYSED)
             state.mark_done(k, digests)
             if self.on_cycle_end is not None:
                 self.on_cycle_end(k)
@@ -295,7 +296,7 @@ class Experiment:
             self.events.emit("cycle_resume", cycle=cycle)
         else:
             self.events.emit("cycle_start", cycle=cycle)
-            provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, "advancing")
+            provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, RestartState.ADVANCING)
             table = build_tasks(cfg, cycle, self.events.path)
             write_json_atomic(cd.digests, cfg.digests())
             table.write(cdir)

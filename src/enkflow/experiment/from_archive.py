@@ -36,6 +36,7 @@ from pathlib import Path
 
 from enkflow.errors import ConfigError
 from enkflow.experiment import provenance
+from enkflow.experiment.provenance import RestartState
 from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.state import ExperimentState
 from enkflow.io import wal
@@ -120,6 +121,6 @@ def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
     state.cycles_done = sorted({k for k in state.cycles_done if k <= cycle} | {k for k in cfg.cycle_numbers if k <= cycle})
     state.digests = dict(digests)
     state.save()
-    provenance.mark(restarts, xdir.root, cycle, "analysed")
+    provenance.mark(restarts, xdir.root, cycle, RestartState.ANALYSED)
     report_restored(events, root, cycle, manifest, t0, progress, "the restarts")
     return manifest

@@ -101,7 +101,7 @@ class OnlineExperiment:
         checks.check_program(self.o.runner, "online.runner")
         checks.check_observations(self.cfg, self.cfg.cycle_numbers)
         # Before the copy of an initial = "copy" experiment exists, the restarts checked are the initial ones.
-        source = self.cfg.experiment.initial == "copy" and not self.cfg.restart_path(1).exists()
+        source = self.cfg.experiment.initial is Initial.COPY and not self.cfg.restart_path(1).exists()
         checks.check_restarts(self.cfg, source=source)
         template = self.cfg.source_restart_path(1) if source else self.cfg.restart_path(1)
         experiment_fields(self.cfg, StateLayout.from_config(template, self.cfg.state), template)
