@@ -54,7 +54,8 @@ class BusMessage:
     reason: str = ""
 
     def frames(self, sender: int) -> list[bytes]:
-        return [_BUS.pack(self.op, self.task, self.member, self.cycle, sender)] + ([self.reason.encode()] if self.reason else [])
+        record = _BUS.pack(self.op, self.task, self.member, self.cycle, sender)
+        return [record, self.reason.encode()] if self.reason else [record]
 
 
 def _parsed(record: bytes, reason: str) -> BusMessage | None:

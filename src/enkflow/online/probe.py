@@ -72,7 +72,8 @@ class StatelessProbe:
             raise MemberError(f"the model is not stateless: run twice from the same state, member {msg.member} gave "
                               f"different forecasts ({msg.reason}). Runners get any member in turn, so the model must "
                               "keep no state of its own between exposes (set [online] stateless_check = false only if "
-                              "the difference is expected, e.g. a stochastic model)", member=msg.member, cycle=sched.cycle)
+                              "the difference is expected, e.g. a stochastic model)",
+                              member=msg.member, cycle=sched.cycle)
         self._same.add(msg.rank)
         if len(self._same) == n_active:
             sched.probe_resolved()

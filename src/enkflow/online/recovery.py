@@ -35,7 +35,8 @@ def recover(cycles: list[int], store: MemoryStore, checkpoint_dir: Path | None, 
     last, forecasts = found
     shapes: list[tuple[int, ...]] = [p.shape for p in store.parts]
     if last is not None and last >= cycles[0] and checkpoint_dir is not None:
-        for dst, src in zip(store.parts, ckpt.read_h5(ckpt.analysis_path(checkpoint_dir, last, comm.rank), fields, shapes)):
+        path = ckpt.analysis_path(checkpoint_dir, last, comm.rank)
+        for dst, src in zip(store.parts, ckpt.read_h5(path, fields, shapes)):
             dst[...] = src
         todo = [k for k in cycles if k > last]
         say(f"resumed from the checkpoint of cycle {last}'s analysis")

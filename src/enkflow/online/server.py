@@ -143,7 +143,8 @@ class Server:
         # Every rank logs what its data socket refuses.
         self.data = DataPlane(data, self.store, self.me, log=events, ckpt=self.ckpt, report=self._report,
                               state_for=self.probe.state_for)
-        self.data_addresses = [str(a) for a in self.comm.allgather_obj(advertised(data.getsockopt_string(zmq.LAST_ENDPOINT)))]
+        mine = advertised(data.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.data_addresses = [str(a) for a in self.comm.allgather_obj(mine)]
         self.control: Control | None = None
         self.coordinator: Coordinator | None = None
         address = None
@@ -298,9 +299,10 @@ class Server:
         """Rank 0's statistics of the cycle's tasks (``done``: the forecasts recovered; ``probe``: the
         member run twice)."""
         sched = control.sched
+        needed = self.p.n_members - len(done) + (1 if probe is not None else 0)  # the tasks without reruns
         self.stats.update(runner_idle_s=control.idle_s, tasks=float(sched.assigned),
-                          recomputed=float(sched.assigned - (self.p.n_members - len(done)) - (1 if probe is not None else 0)),
-                          recovered=float(len(done)), runners=float(len(self.runners)))
+                          recomputed=float(sched.assigned - needed), recovered=float(len(done)),
+                          runners=float(len(self.runners)))
         for cause, n in sched.redone.items():
             self.stats[f"redone_{cause}"] = float(n)
 
