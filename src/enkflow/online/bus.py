@@ -46,11 +46,14 @@ class BusOp(IntEnum):
 
 @dataclass(frozen=True)
 class BusMessage:
+    """One bus message: ``op`` about ``task`` (the scheduler's id) of ``member`` in ``cycle``, from
+    rank ``rank``, with ``reason`` (words, for PART_REJECT, DIFFER and STOP)."""
+
     op: BusOp
     task: int = 0
     member: int = 0
     cycle: int = 0
-    rank: int = 0  # the sender: Bus.send writes its own
+    rank: int = 0  # the sender: on receipt; frames() writes the sender it is given
     reason: str = ""
 
     def frames(self, sender: int) -> list[bytes]:
