@@ -13,7 +13,7 @@ each figure is one member's cost without contention:
   mode's restarts must survive a crash). The files are written just before, so reads come from a warm
   page cache: the most favourable case for files.
 * **intercept**: the same unmodified ``io_model`` binary run by ``python -m enkflow.online.intercept``
-  under the shim, against a server (``python -m enkflow.online.bench server``, the exchange problem:
+  under the shim, against a server (``python -m enkflow.bench.online_server``, the exchange problem:
   one field, ETKF with 64 observations after the forecasts). ``read``/``write`` are the model's own
   timings as above (the shim serves x from memory; the real file is opened only for its metadata);
   ``exchange`` is the runner's expose (PUT of the forecast, READY/TASK, GET of the next member's state
@@ -94,7 +94,7 @@ def files_way(exe: Path, restarts: list[Path], d: Path) -> dict[str, float]:
 
 
 class BenchServer:
-    """``python -m enkflow.online.bench server``: one float64 field of ``n`` elements, ``members`` members, one cycle."""
+    """``python -m enkflow.bench.online_server``: one float64 field of ``n`` elements, ``members`` members, one cycle."""
 
     def __init__(self, d: Path, n: int, members: int):
         d.mkdir(parents=True, exist_ok=True)
@@ -102,7 +102,7 @@ class BenchServer:
         self.token = d / "token"
         self.token.write_text(secrets.token_hex(16) + "\n")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        argv = [sys.executable, "-m", "enkflow.online.bench", "server", "--dir", str(d), "--problem", "exchange",
+        argv = [sys.executable, "-m", "enkflow.bench.online_server", "--dir", str(d), "--problem", "exchange",
                 "--n", str(n), "--members", str(members), "--cycles", "1", "--nsteps", "1", "--seed", "0", "--runners", "1"]
         self.log = open(d / "server.log", "wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)

@@ -67,6 +67,13 @@ class Metric(str, Enum):
     PERIODIC = "periodic"  # 1-D index distance on a ring of `period` points
 
 
+class Kernel(str, Enum):
+    """``[analysis] kernel``: how a local filter computes its analyses (both exact)."""
+
+    COMPILED = "compiled"  # exact; C, eight domains per SIMD batch (docs/analysis.md)
+    REFERENCE = "reference"  # exact, per-domain LAPACK eigendecomposition
+
+
 class LocalizationConfig(Strict):
     taper: Taper = Taper.GASPARI_COHN
     radius: float = Field(gt=0, description="see `convention`; km on the sphere, grid units otherwise")
@@ -127,7 +134,7 @@ class AnalysisConfig(Strict):
     inflation: InflationConfig = InflationConfig()
     localization: LocalizationConfig | None = None
     seed: int = 0
-    kernel: str = Field(default="compiled", pattern="^(compiled|reference)$")
+    kernel: Kernel = Kernel.COMPILED
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
     balance: bool = True
 

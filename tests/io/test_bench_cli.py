@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enkflow.io.bench import _refs
+from enkflow.bench.io_refs import references
 from enkflow.io.ensemble import EnsembleFiles
 from enkflow.io.generate import make_ensemble
 from enkflow.state import StateLayout
@@ -57,7 +57,7 @@ def test_write_references_leave_the_files_byte_identical(tmp_path, fmt):
         structures = ef.structures
     before = _file_hashes(paths)
     # A small request size so that the NetCDF-3 conversion runs in several pieces.
-    refs = _refs(paths, layout, structures, threads=2, chunk_bytes=4096)
+    refs = references(paths, layout, structures, threads=2, chunk_bytes=4096)
     for name in ("pwrite", "pwrite_threads"):
         refs[name](X)
         assert _file_hashes(paths) == before, name
@@ -67,7 +67,7 @@ def test_threaded_pread_reads_what_pread_reads(tmp_path):
     paths, scfg = make_ensemble(tmp_path, 3, 0.2, fmt="cdf5")
     layout = StateLayout.from_config(paths[0], scfg)
     with EnsembleFiles(paths, layout, mode="r") as ef:
-        refs = _refs(paths, layout, ef.structures, threads=2)
+        refs = references(paths, layout, ef.structures, threads=2)
         A = np.zeros((layout.n_rows, 3), order="F")
         B = np.ones((layout.n_rows, 3), order="F")
     refs["pread"](A)

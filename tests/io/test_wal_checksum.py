@@ -59,7 +59,7 @@ def test_records_carry_the_crc_of_their_bytes_in_the_log(tmp_path):
     sink.put_slab(0, "v", 0, 1000, staged)
     view = sink.view
     for rec, want in zip(sink.records, (big.tobytes(), small.tobytes(), np.arange(1000, dtype="<f4").tobytes())):
-        lo, n, cs = rec[4], rec[5], rec[6]
+        lo, n, cs = rec.log_offset, rec.nbytes, rec.crc
         assert view[lo : lo + n].tobytes() == want
         assert cs == zlib.crc32(want)
     log.close()
@@ -96,7 +96,7 @@ def _flip(path: Path, offset: int) -> None:
 def test_recovery_refuses_a_log_with_one_byte_changed_mid_page(tmp_path):
     member, marker, log_path, records, old, expected = _committed_update(tmp_path)
     (rec,) = records
-    lo, n = rec[4], rec[5]
+    lo, n = rec.log_offset, rec.nbytes
     # a byte in the middle of a page of the log, inside the record: neither the record's first
     # word nor a page start
     at = (lo // PAGE + 2) * PAGE + PAGE // 2 + 3
@@ -118,7 +118,7 @@ def test_recovery_refuses_a_stale_page(tmp_path):
     """A page of the log left from an earlier content (here: zeroed, as a page never written back)."""
     member, marker, log_path, records, old, _ = _committed_update(tmp_path)
     (rec,) = records
-    page = (rec[4] // PAGE + 3) * PAGE
+    page = (rec.log_offset // PAGE + 3) * PAGE
     fd = os.open(log_path, os.O_RDWR)
     try:
         os.pwrite(fd, bytes(PAGE), page)

@@ -19,7 +19,7 @@ def main(tmp: Path) -> int:
     comm = get_comm()
     server = Server(problem(), server_config(address_file=tmp / "address"), comm=comm, events=EventLog(tmp / "events.jsonl"))
     if comm.rank == 0 and server.bus is not None:  # the ranks' internal bus, for the test to send junk to
-        (tmp / "bus").write_text(server.bus.LAST_ENDPOINT.decode())
+        (tmp / "bus").write_text(server.bus.address)
     server.run(CYCLES)
     X = comm.allgather_rows(np.ascontiguousarray(server.store.parts[0]))
     if comm.rank == 0:

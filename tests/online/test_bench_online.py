@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from enkflow.online.bench import checksum, verify
+from enkflow.bench.online_checks import checksum, verify
 
 
 def _bench(args: list[str], env: dict, cwd) -> dict:
@@ -49,6 +49,9 @@ def test_bench_online_scale_tiny(mpiexec, subprocess_env, tmp_path):
     _positive(res, "server_ms_per_member", "members_per_s", "runner_cpu_ms_per_member")
     assert len(res["server_cpu_ms_per_member"]) == 2
     assert res["timed_tasks"] == 24 and sum(res["tasks_per_runner"]) == 48
+    # the server's forecast phases and the runners' exchanges are timed through their public hooks
+    assert all(c > 0 for c in res["server_cpu_ms_per_member"])
+    _positive(res, "runner_put_ms_per_member", "runner_get_ms_per_member")
     assert res["data_ok"] is True
 
 

@@ -320,7 +320,7 @@ def test_add_needs_no_writer_until_the_buffer_is_full_then_waits(tmp_path: Path)
 
     nbytes = NY * NX * 8
     out = Output(config(tmp_path, members=1, buffer_mb=3 * nbytes / 2**20))
-    pid = out._channels[0].pid
+    pid = out._channels[0].writer.pid
     X = ensemble(8, 4)[:, 0]
     done = threading.Event()
     os.kill(pid, signal.SIGSTOP)
@@ -351,11 +351,11 @@ def test_writers_run_at_lower_priority_and_where_pinned(tmp_path: Path) -> None:
     base = os.getpriority(os.PRIO_PROCESS, 0)
     cpu = sorted(os.sched_getaffinity(0))[-1]
     with Output(config(tmp_path, writer_nice=7, writer_cpus=[cpu])) as out:
-        pid = out._channels[0].pid
+        pid = out._channels[0].writer.pid
         assert os.getpriority(os.PRIO_PROCESS, pid) == min(base + 7, 19)
         assert os.sched_getaffinity(pid) == {cpu}
     with Output(config(tmp_path, writer_nice=0)) as out:
-        assert os.getpriority(os.PRIO_PROCESS, out._channels[0].pid) == base
+        assert os.getpriority(os.PRIO_PROCESS, out._channels[0].writer.pid) == base
     with pytest.raises(OutputError, match="writer_cpus"):
         Output(config(tmp_path, writer_cpus=[4096]))
     with pytest.raises(ConfigError, match="writer_nice"):

@@ -5,6 +5,7 @@ every one opens and holds exactly the data added."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from enkflow.errors import EnkflowError, StorageError
 from enkflow.output import Output, OutputError
+from enkflow.output.writer_process import WriterAddress
 
 NY, NX, N = 64, 64, 4
 
@@ -49,7 +51,7 @@ def check_whole(d: Path) -> int:
 
 
 def writer_pid(out: Output) -> int:
-    return out._channels[0].pid
+    return out._channels[0].writer.pid
 
 
 @pytest.mark.parametrize("policy, transport", [("stop", "shm"), ("continue", "shm"), ("continue", "ipc")])
@@ -176,7 +178,7 @@ def test_a_slow_writer_that_keeps_progressing_is_not_a_hang(tmp_path: Path, monk
     out = Output(config(d, writer_timeout=timeout, writer_nice=0, compression="none",
                         reductions={"total": "slow_reduction:total"}))
     time.sleep(timeout + 0.5)  # the model computes for a while: an idle writer is not a hung one, it goes on beating
-    assert out._channels[0].silence.seconds() < timeout
+    assert out._channels[0].writer.silence.seconds() < timeout
     t0 = time.monotonic()
     for k in range(times):
         for m in range(1, N + 1):
@@ -229,7 +231,7 @@ def test_writer_exits_and_cleans_up_when_the_model_is_killed(tmp_path: Path) -> 
         f"out = Output({config(d)!r})\n"
         "out.add('u', np.zeros((%d, %d)), time=0.0, member=1)\n"
         "out.sync()\n"
-        "print(out._channels[0].pid, flush=True)\n"
+        "print(out._channels[0].writer.pid, flush=True)\n"
         "time.sleep(60)\n" % (NY, NX))
     model = subprocess.Popen(["python", "-c", script], stdout=subprocess.PIPE, text=True)
     assert model.stdout is not None
@@ -312,15 +314,15 @@ def test_over_tcp_a_writer_on_another_node_that_stops_is_lost_by_zeromq_pings(
     error instead of waiting for ever, and on_writer_failure = 'stop' holds for every later call."""
     start = Output._start_writers
 
-    def on_another_node(self: Output, n: int) -> list[tuple[str, int, str, str]]:
-        return [(endpoint, pid, "writer-node", beat) for endpoint, pid, _, beat in start(self, n)]
+    def on_another_node(self: Output, n: int) -> list[WriterAddress]:
+        return [dataclasses.replace(address, host="writer-node") for address in start(self, n)]
 
     monkeypatch.setattr(Output, "_start_writers", on_another_node)
     d = tmp_path / "out"
     out = Output(config(d, transport="tcp", writer_timeout=1.5, writer_nice=0, compression="none"))
-    ch = out._channels[0]
-    assert ch.watch is not None and ch.hb is None and ch.proc is None  # nothing but the connection to go by
-    (pid,) = out._procs
+    w = out._channels[0].writer
+    assert w.watch is not None and w.hb is None and w.proc is None  # nothing but the connection to go by
+    (pid,) = [started.pid for started in out._launched]
     try:
         for m in range(1, N + 1):
             out.add("u", field(0, m), time=0.0, member=m)

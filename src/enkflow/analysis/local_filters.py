@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
@@ -29,12 +28,8 @@ from enkflow.analysis.kernels import local_analysis
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.transforms import estkf_weights, letkf_weights
+from enkflow.config import Kernel
 from enkflow.errors import InputError
-
-
-class Kernel(str, Enum):
-    COMPILED = "compiled"  # exact; C, eight domains per SIMD batch (docs/analysis.md)
-    REFERENCE = "reference"  # exact, per-domain LAPACK eigendecomposition
 
 
 @dataclass

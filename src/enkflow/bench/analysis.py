@@ -47,7 +47,7 @@ from enkflow.bench.fields import gaussian_random_field
 from enkflow.config import Metric, RadiusConvention
 from enkflow.errors import InputError
 from enkflow.obs import LinearObsOperator
-from enkflow.parallel import RowBlocks, get_comm
+from enkflow.parallel import Comm, RowBlocks, get_comm
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,12 +105,30 @@ def _grid_coords(s: AnalysisBenchSetup, start: int, stop: int) -> np.ndarray:
     return np.column_stack((r // s.ny, r % s.ny)).astype(float)
 
 
-def run_rank(s: AnalysisBenchSetup) -> dict | None:
-    """Run the benchmark on this rank; rank 0 returns the figures."""
-    comm = get_comm()
+@dataclass
+class _RankAnalysis:
+    """One rank's analysis of its rows [start, stop): the problem, the filter, and its figures."""
+
+    start: int
+    stop: int
+    Xa: np.ndarray  # (stop - start, members): the analysis, in place of the prior
+    Xf: np.ndarray | None  # the prior, kept on rank 0 for the baseline and the stage split
+    HX: np.ndarray  # (n_obs, members)
+    obs: ObsSet
+    loc: Localization
+    coords: np.ndarray  # (stop - start, 2): the rows' grid coordinates
+    domains: LocalDomains
+    geo: Geometry
+    flt: LETKF
+    rmse_prior: float
+    rmse_analysis: float
+    seconds: float  # the local analysis, wall
+
+
+def _analyse(s: AnalysisBenchSetup, comm: Comm) -> _RankAnalysis:
+    """This rank's rows analysed by LETKF, timed between barriers."""
     n = s.nx * s.ny
-    blocks = RowBlocks(n, comm.size)
-    start, stop = blocks.bounds(comm.rank)
+    start, stop = RowBlocks(n, comm.size).bounds(comm.rank)
     X, obs, H, truth = _problem(s, start, stop)
     HX = H.apply(X, start, comm)
     loc = Localization.from_radius(s.cutoff, RadiusConvention.CUTOFF, metric=Metric.CARTESIAN)
@@ -126,31 +144,30 @@ def run_rank(s: AnalysisBenchSetup) -> dict | None:
     Xa = f.analyze(X, HX, obs, domains=domains, out=X, geometry=geo)
     t_local = time.perf_counter() - t0
     comm.barrier()
-    t_wall = comm.allgather_obj(t_local)
     post_rmse = float(np.sqrt(np.mean((Xa.mean(axis=1) - truth) ** 2)))
-    sq = comm.allgather_obj((prior_rmse**2 * (stop - start), post_rmse**2 * (stop - start)))
-    rss = comm.allgather_obj(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
-    stats = comm.allgather_obj((f.stats.search_s, f.stats.kernel_s, f.stats.n_local_obs, f.stats.fallbacks))
-    if comm.rank != 0:
-        return None
+    return _RankAnalysis(start, stop, Xa, Xf, HX, obs, loc, coords, domains, geo, f, prior_rmse, post_rmse, t_local)
 
-    # Baseline and exactness on a random sample of rank 0's points.
+
+def _baseline(s: AnalysisBenchSetup, a: _RankAnalysis, Xf: np.ndarray) -> tuple[dict[str, float], int, float]:
+    """The baseline on a random sample of rank 0's points: its ms per point by stage, the sample's
+    size, and the relative max difference from enkflow's analysis there."""
     rng = np.random.default_rng(s.seed + 1)
-    sample = np.sort(rng.choice(stop - start, min(s.baseline_points, stop - start), replace=False))
-    rho = f.inflation.forgetting_factor
-    ref, tb = baseline_letkf(Xf, HX, obs, loc, coords, sample, rho)
-    rel = float(np.abs(ref - Xa[sample]).max() / np.abs(ref).max())
-    base_split = {k: v / sample.size * 1e3 for k, v in tb.items()}  # ms per point
-    base_ms = sum(base_split.values())
-    base_kernel_ms = base_ms - base_split["search"]
+    rows = a.stop - a.start
+    sample = np.sort(rng.choice(rows, min(s.baseline_points, rows), replace=False))
+    ref, tb = baseline_letkf(Xf, a.HX, a.obs, a.loc, a.coords, sample, a.flt.inflation.forgetting_factor)
+    rel = float(np.abs(ref - a.Xa[sample]).max() / np.abs(ref).max())
+    return {k: v / sample.size * 1e3 for k, v in tb.items()}, int(sample.size), rel
 
-    # Split of the compiled kernel's time: stop after each stage on a sample.
-    prof = domains.subset(0, min(s.profile_points, domains.n_domains))
-    off, idx, wt = loc.local_obs(geo, prof.coords)
-    Yp = np.ascontiguousarray(HX - HX.mean(axis=1, keepdims=True))
-    dy = obs.values - HX.mean(axis=1)
-    sw = np.sqrt(wt / obs.error_var[idx])
-    gamma = rho * (s.members - 1)
+
+def _stage_fractions(s: AnalysisBenchSetup, a: _RankAnalysis, Xf: np.ndarray) -> np.ndarray:
+    """The compiled kernel's time split into (build, eigen, transform), fractions summing to 1: the
+    kernel stopped after each stage on a sample of points."""
+    prof = a.domains.subset(0, min(s.profile_points, a.domains.n_domains))
+    off, idx, wt = a.loc.local_obs(a.geo, prof.coords)
+    Yp = np.ascontiguousarray(a.HX - a.HX.mean(axis=1, keepdims=True))
+    dy = a.obs.values - a.HX.mean(axis=1)
+    sw = np.sqrt(wt / a.obs.error_var[idx])
+    gamma = a.flt.inflation.forgetting_factor * (s.members - 1)
     # Best of three rounds per stage: the split is a difference of times, and one
     # slow run (a shared machine) would otherwise show as a negative stage.
     stage_t = [np.inf] * 3
@@ -160,30 +177,48 @@ def run_rank(s: AnalysisBenchSetup) -> dict | None:
             t1 = time.perf_counter()
             local_analysis(work, prof.offsets, prof.rows, off, idx, sw, Yp, dy, gamma, stage=stage)
             stage_t[k] = min(stage_t[k], time.perf_counter() - t1)
-    search_s = sum(st[0] for st in stats)
-    kernel_s = sum(st[1] for st in stats)
     frac = np.diff([0.0, *stage_t]) / max(stage_t[-1], 1e-12)
     frac = np.clip(frac, 0.0, None)
-    frac /= frac.sum()
+    return frac / frac.sum()
+
+
+def run_rank(s: AnalysisBenchSetup) -> dict | None:
+    """Run the benchmark on this rank; rank 0 returns the figures."""
+    comm = get_comm()
+    a = _analyse(s, comm)
+    rows = a.stop - a.start
+    t_wall = comm.allgather_obj(a.seconds)
+    sq = comm.allgather_obj((a.rmse_prior**2 * rows, a.rmse_analysis**2 * rows))
+    rss = comm.allgather_obj(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+    stats = comm.allgather_obj((a.flt.stats.search_s, a.flt.stats.kernel_s, a.flt.stats.n_local_obs,
+                                a.flt.stats.fallbacks))
+    if comm.rank != 0:
+        return None
+    assert a.Xf is not None  # rank 0 keeps the prior
+    base_split, n_sample, rel = _baseline(s, a, a.Xf)
+    frac = _stage_fractions(s, a, a.Xf)
+    n = s.nx * s.ny
     per_pt_ms = max(t_wall) / n * 1e3
     # The baseline runs on one core: compare per core, so that the ratios do
     # not count the MPI speed-up (that is speedup_by_ranks).
     core_ms = per_pt_ms * comm.size
-    kernel_ms = kernel_s / n * 1e3  # summed over ranks: per core
+    kernel_ms = sum(st[1] for st in stats) / n * 1e3  # summed over ranks: per core
+    base_ms = sum(base_split.values())
+    base_kernel_ms = base_ms - base_split["search"]
     sum_sq = np.sum(sq, axis=0)
     return {
         "nx": s.nx,
         "ny": s.ny,
         "members": s.members,
         "ranks": comm.size,
-        "n_obs": obs.n_obs,
+        "n_obs": a.obs.n_obs,
         "mean_local_obs": sum(st[2] for st in stats) / n,
         "ms_per_point": per_pt_ms,
         "core_ms_per_point": core_ms,
         "kernel_ms_per_point": kernel_ms,
         "wall_s": max(t_wall),
         "split_ms_per_point": {
-            "search": search_s / n * 1e3,
+            "search": sum(st[0] for st in stats) / n * 1e3,
             "build": kernel_ms * frac[0],
             "eigen": kernel_ms * frac[1],
             "transform": kernel_ms * frac[2],
@@ -192,7 +227,7 @@ def run_rank(s: AnalysisBenchSetup) -> dict | None:
         "baseline_ms_per_point": base_ms,
         "baseline_kernel_ms_per_point": base_kernel_ms,
         "baseline_split_ms_per_point": base_split,
-        "baseline_points": int(sample.size),
+        "baseline_points": n_sample,
         "speedup_vs_baseline": base_ms / core_ms,
         "kernel_speedup_vs_baseline": base_kernel_ms / max(kernel_ms, 1e-12),
         "max_rel_diff_vs_baseline": rel,

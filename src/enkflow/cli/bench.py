@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="On loopback: the rate at which the online server and its runners exchange member states "
         "(a model that does nothing; the forecast phases timed) against a raw pyzmq transfer of the same bytes with "
         "the same streams, both in this run; then the demo problem offline and online (seconds per cycle). "
-        "See enkflow.online.bench for exactly what is timed.",
+        "See enkflow.bench.online for exactly what is timed.",
     )
     o.add_argument("--state-mb", type=float, default=100.0, help="MB (1e6 bytes) of float64 state per member (default 100)")
     o.add_argument("--ranks", type=int, default=2, help="server MPI ranks (mpiexec when > 1; default 2)")
@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "online-scale",
         help="online mode at scale: 1000 Lorenz-96 members on 16 runners, the server's cost per member exchange",
         description="Lorenz-96 members through the online server (ETKF, every variable observed); the forecast "
-        "phases' wall time per member exchange and what the runners spent. See enkflow.online.bench.",
+        "phases' wall time per member exchange and what the runners spent. See enkflow.bench.online_scale.",
     )
     s.add_argument("--members", type=int, default=1000, help="ensemble members (default 1000)")
     s.add_argument("--runners", type=int, default=16, help="runner processes (default 16)")
@@ -84,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--check", action="store_true", help="checksum every exchanged state")
     _online_run_options(s)
     s.set_defaults(func=_online_scale)
-    from enkflow.io.bench import add_parser as add_io
-    from enkflow.output.bench import add_parser as add_output
+    from enkflow.bench.io import add_parser as add_io
+    from enkflow.bench.output import add_parser as add_output
 
     add_io(bsub)
     add_output(bsub)
@@ -161,12 +161,12 @@ def _land(args: argparse.Namespace) -> int:
 
 
 def _online(args: argparse.Namespace) -> int:
-    from enkflow.online.bench import run_online
+    from enkflow.bench.online import run_online
 
     return run_online(args)
 
 
 def _online_scale(args: argparse.Namespace) -> int:
-    from enkflow.online.bench import run_scale
+    from enkflow.bench.online_scale import run_scale
 
     return run_scale(args)

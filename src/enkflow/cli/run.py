@@ -37,7 +37,7 @@ def _main(args: argparse.Namespace) -> int:
         from enkflow.online.launch import OnlineExperiment
 
         if args.from_archive is not None:
-            from enkflow.experiment.from_archive import restore_online
+            from enkflow.online.launch import restore_online
 
             restore_online(cfg, args.from_archive, progress=progress)
         OnlineExperiment(cfg, progress=progress).run()

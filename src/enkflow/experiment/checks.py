@@ -8,7 +8,10 @@ import shutil
 from pathlib import Path
 
 from enkflow.errors import ConfigError, FileFormatError, StructureMismatchError
-from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.config import ExperimentConfig, Initial
+from enkflow.io.validate import validate_files
+from enkflow.obs.obsfile import ObsSettings, load_for_state
+from enkflow.state import StateLayout
 
 
 def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
@@ -30,9 +33,6 @@ def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
     template = next((p for p in (cfg.restart_path(1), cfg.source_restart_path(1)) if p.is_file()), None)
     if not builtin or not cycles or template is None:
         return
-    from enkflow.obs.obsfile import ObsSettings, load_for_state
-    from enkflow.state import StateLayout
-
     layout = StateLayout.from_config(template, cfg.state)
     metric = cfg.analysis.localization.metric if cfg.analysis.localization else None
     settings = ObsSettings.from_experiment(cfg)
@@ -41,7 +41,7 @@ def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
         load_for_state(cfg.obs_path(k), layout, metric, cycle=k, settings=settings)
 
 
-def _check_program(template: str, key: str, env_path: str | None = None) -> None:
+def check_program(template: str, key: str, env_path: str | None = None) -> None:
     argv = shlex.split(template)
     if not argv:
         raise ConfigError("empty command", key=key)
@@ -59,18 +59,18 @@ def _check_program(template: str, key: str, env_path: str | None = None) -> None
 def check_commands(cfg: ExperimentConfig) -> None:
     """The model, operator and analysis programs can be found."""
     path = cfg.model.env.get("PATH", os.environ.get("PATH", ""))
-    _check_program(cfg.model.command, "model.command", path)
+    check_program(cfg.model.command, "model.command", path)
     if cfg.observations.operator:
-        _check_program(cfg.observations.operator, "observations.operator", path)
+        check_program(cfg.observations.operator, "observations.operator", path)
     task = cfg.analysis_task
     if task.launcher.strip():
-        _check_program(task.launcher, "analysis_task.launcher")
+        check_program(task.launcher, "analysis_task.launcher")
     if task.command is not None:
-        _check_program(task.command, "analysis_task.command")
+        check_program(task.command, "analysis_task.command")
 
 
 def _structure(path: Path) -> tuple[dict[str, int], dict[str, tuple[tuple[str, ...], str]]]:
-    import netCDF4
+    import netCDF4  # heavy: only when restarts are checked
 
     try:
         with netCDF4.Dataset(path, "r") as ds:
@@ -96,10 +96,7 @@ def check_restarts(cfg: ExperimentConfig, *, source: bool = False) -> None:
         if not p.is_file():
             raise FileFormatError(f"restart file of member {m} not found (experiment.restart)", path=str(p))
     if cfg.state is not None:
-        from enkflow.io.validate import validate_files
-        from enkflow.state import StateLayout
-
-        writable = not (source and cfg.experiment.initial == "copy")
+        writable = not (source and cfg.experiment.initial is Initial.COPY)
         validate_files([str(p) for p in paths], StateLayout.from_config(ref_path, cfg.state), writable=writable)
     ref_dims, ref_vars = _structure(ref_path)
     for p in paths[1:]:

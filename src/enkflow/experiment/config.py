@@ -12,6 +12,7 @@ import hashlib
 import json
 import shlex
 import string
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,8 +20,11 @@ from pydantic import Field, field_validator, model_validator
 
 from enkflow.config import AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
+from enkflow.experiment.directory import ExperimentDir
 from enkflow.io.config import IOConfig
+from enkflow.jobs.config import LauncherSection
 from enkflow.jobs.strategies import Resources, Strategy
+from enkflow.jobs.tasks import RestartWrite, Unchanged
 from enkflow.obs.config import ObsSettingsConfig
 from enkflow.output.config import OutputConfig
 from enkflow.state.config import StateConfig
@@ -56,6 +60,20 @@ OPERATOR_FIELDS = {"member", "cycle", "restart", "obs", "output", "expdir"}
 ANALYSIS_FIELDS = {"cycle", "expdir", "members", "obs", "config"}
 
 
+class Mode(StrEnum):
+    """``experiment.mode``: how the members advance."""
+
+    OFFLINE = "offline"  # members advance their restart files through the job scheme
+    ONLINE = "online"  # an assimilation server keeps the ensemble in memory ([online])
+
+
+class Initial(StrEnum):
+    """``experiment.initial``: which restarts the cycles advance."""
+
+    IN_PLACE = "in-place"  # the configured ones, where they are
+    COPY = "copy"  # copies under EXPDIR/restarts, so the initial ensemble stays untouched
+
+
 class ExperimentSection(Strict):
     """``[experiment]``: the cycling itself."""
 
@@ -65,12 +83,12 @@ class ExperimentSection(Strict):
     members: int = Field(ge=2, description="ensemble size N_e")
     restart: str = Field(description="restart file of a member, template with {member}")
     forecast_length: float = Field(gt=0, description="forecast length per cycle, in the model's time unit, passed as {length}")
-    mode: Literal["offline", "online"] = Field(
-        default="offline",
+    mode: Mode = Field(
+        default=Mode.OFFLINE,
         description="'offline': members advance their restart files through the job scheme; 'online': an "
                     "assimilation server keeps the ensemble in memory and runners exchange states with it ([online])")
-    initial: Literal["in-place", "copy"] = Field(
-        default="in-place",
+    initial: Initial = Field(
+        default=Initial.IN_PLACE,
         description="'in-place': cycle the restarts where they are; 'copy': copy them into EXPDIR/restarts first and "
                     "cycle the copies, so the initial ensemble stays untouched and a rerun from scratch is always possible")
 
@@ -89,13 +107,13 @@ class ModelSection(Strict):
     command: str = Field(description="template; placeholders {member} {cycle} {restart} {length} {output} {expdir} {workdir}")
     max_attempts: int = Field(default=3, ge=1, description="non-zero exits of one member before the experiment stops")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of model runs")
-    restart_write: Literal["in-place", "rename"] = Field(
-        default="in-place",
+    restart_write: RestartWrite = Field(
+        default=RestartWrite.IN_PLACE,
         description="how the model writes its restart: 'in-place' (it may rewrite the file; the worker keeps a "
                     "copy aside before the first run) or 'rename' (it renames a finished file over it; a free hard "
                     "link is kept). A model writing {output} is 'rename' whatever this says")
-    unchanged: Literal["warn", "error"] = Field(
-        default="warn", description="a model that exits 0 but leaves its restart unchanged: a warning, or an error")
+    unchanged: Unchanged = Field(
+        default=Unchanged.WARN, description="a model that exits 0 but leaves its restart unchanged: a warning, or an error")
 
     @field_validator("command")
     @classmethod
@@ -232,19 +250,6 @@ class JobsSection(Strict):
         return self
 
 
-class LauncherSection(Strict):
-    """``[launcher]``: where jobs run."""
-
-    kind: str = Field(default="local", pattern="^(local|slurm)$", description="'local' or 'slurm'")
-    cpus: int = Field(default=0, ge=0, description="local: CPUs to share among jobs (0: this machine's count)")
-    partition: str | None = None
-    account: str | None = None
-    nodes: int = Field(default=1, ge=1, description="slurm: nodes per job")
-    extra: list[str] = Field(default_factory=list, description="slurm: more sbatch options")
-    signal_margin: int = Field(default=30, ge=1, description="slurm: SIGTERM this many seconds before the time limit")
-    python: str | None = Field(default=None, description="python running workers (default: this one)")
-
-
 class AnalysisOutputSection(Strict):
     """``[analysis_output]``: what the built-in analysis writes each cycle (docs/output.md, "The analysis's output")."""
 
@@ -264,8 +269,8 @@ class AnalysisOutputSection(Strict):
                                         "in the file system) before it is killed and the run stops naming it; "
                                         "0: wait forever")
 
-    def statistics_for(self, mode: str) -> bool:
-        return self.statistics if self.statistics is not None else mode in ("online", "offline")
+    def statistics_for(self, mode: Mode) -> bool:
+        return self.statistics if self.statistics is not None else mode in (Mode.ONLINE, Mode.OFFLINE)
 
     def writer_settings(self) -> dict[str, Any]:
         """The keyword arguments of :func:`enkflow.output.analysis_output.output_config`."""
@@ -311,9 +316,9 @@ class ExperimentConfig(Strict):
     def _consistent(self) -> "ExperimentConfig":
         if self.analysis_task.command is None and self.analysis is None:
             raise ValueError("an [analysis] table is needed for the built-in analysis (or set analysis_task.command)")
-        if self.experiment.mode == "offline" and self.model is None:
+        if self.experiment.mode is Mode.OFFLINE and self.model is None:
             raise ValueError("a [model] table is needed (the forecast command of a member)")
-        if self.experiment.mode == "online":
+        if self.experiment.mode is Mode.ONLINE:
             if self.online is None:
                 raise ValueError("experiment.mode = 'online' needs an [online] table (at least 'runner', the runner command)")
             if self.analysis is None or self.state is None:
@@ -345,6 +350,11 @@ class ExperimentConfig(Strict):
         return self.path(self.experiment.directory)
 
     @property
+    def dir(self) -> ExperimentDir:
+        """The experiment directory's layout."""
+        return ExperimentDir(self.expdir)
+
+    @property
     def cycle_numbers(self) -> list[int]:
         first = self.experiment.first_cycle
         return list(range(first, first + self.experiment.cycles))
@@ -357,8 +367,8 @@ class ExperimentConfig(Strict):
         """The restart file that the cycles advance for ``member`` (IDs 1..N_e): the configured
         one, or with ``experiment.initial = "copy"`` its copy under ``EXPDIR/restarts``."""
         src = self.source_restart_path(member)
-        if self.experiment.initial == "copy":
-            return self.expdir / "restarts" / f"{member:04d}" / src.name
+        if self.experiment.initial is Initial.COPY:
+            return self.dir.restart_copy(member, src.name)
         return src
 
     def obs_path(self, cycle: int) -> Path:
@@ -370,12 +380,13 @@ class ExperimentConfig(Strict):
         return None if t is None else self.path(t.format(member=member, cycle=cycle))
 
     def cycle_dir(self, cycle: int) -> Path:
-        return self.expdir / "cycles" / f"{cycle:04d}"
+        """``self.dir.cycle(cycle).path``."""
+        return self.dir.cycle(cycle).path
 
     def applied_record(self, cycle: int) -> Path:
-        """The record, committed with the analysis' in-place update, that cycle ``cycle``'s
-        analysis was applied to the restarts (see :func:`~enkflow.experiment.analysis_step.analyse_files`)."""
-        return self.cycle_dir(cycle) / "analysis_applied.json"
+        """``self.dir.cycle(cycle).applied``: the record, committed with the analysis' in-place update, that
+        cycle ``cycle``'s analysis was applied to the restarts (see :func:`~enkflow.experiment.analysis_step.analyse_files`)."""
+        return self.dir.cycle(cycle).applied
 
     def resources(self, cpu_count: int) -> Resources:
         workers = self.jobs.workers or max(1, min(self.experiment.members, cpu_count))

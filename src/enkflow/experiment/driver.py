@@ -22,26 +22,28 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterable
-from typing import Any, Callable
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
-from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.provenance import RestartState
+from enkflow.experiment.config import ExperimentConfig, Initial
 from enkflow.experiment.cycling import run_cycles
+from enkflow.experiment.directory import CycleDir
+from enkflow.experiment.from_archive import restore_offline
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.state import ExperimentState
+from enkflow.experiment.study_output import StudyOutput
 from enkflow.fsutil import write_bytes_atomic
+from enkflow.jobs import launchers
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, log_tail, newest, read_json, write_json_atomic
 from enkflow.jobs.protect import place
 from enkflow.jobs.launcher import JobState, Launcher
-from enkflow.jobs.local import LocalLauncher
-from enkflow.jobs.slurm import SlurmLauncher
-from enkflow.jobs.strategies import PlannedJob, Resources, plan
-from enkflow.jobs.tasks import Step, Task, TaskTable
+from enkflow.jobs.strategies import JobRole, PlannedJob, Resources, plan
+from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, logs_dir
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
 from enkflow.output.archive_background import BackgroundArchiver
@@ -57,12 +59,10 @@ def archived_restarts(cfg: ExperimentConfig) -> list[tuple[Path, str, str]]:
     return out
 
 
-def make_launcher(cfg: ExperimentConfig) -> Launcher:
-    """The launcher ``[launcher]`` asks for."""
-    if cfg.launcher.kind == "slurm":
-        return SlurmLauncher(cfg.expdir / "slurm", partition=cfg.launcher.partition, account=cfg.launcher.account,
-                             extra=cfg.launcher.extra, signal_margin_s=cfg.launcher.signal_margin)
-    return LocalLauncher(cpus=cfg.launcher.cpus)
+def make_launcher(cfg: ExperimentConfig, *, colocated: int | None = None) -> Launcher:
+    """The launcher ``[launcher]`` asks for, its files in the experiment directory
+    (``colocated``: see :meth:`enkflow.jobs.launchers.LauncherType.from_config`)."""
+    return launchers.make_launcher(cfg.launcher, cfg.dir.launcher(cfg.launcher.kind), colocated=colocated)
 
 
 def _argv(template: str, values: dict[str, object]) -> list[str]:
@@ -77,18 +77,18 @@ def _fmt_length(x: float) -> str:
 def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
     """The task table of ``cycle``: one forecast (+ operator) per member, then the analysis."""
     n = cfg.experiment.members
-    cdir = cfg.cycle_dir(cycle)
+    cdir = cfg.dir.cycle(cycle)
     obs = cfg.obs_path(cycle)
     tasks: dict[int, Task] = {}
     for m in range(1, n + 1):
         restart = cfg.restart_path(m)
-        workdir = cdir / "work" / f"member_{m:03d}"
+        workdir = cdir.work(m)
         workdir.mkdir(parents=True, exist_ok=True)
         tmp = restart.with_name(f".{restart.name}.enkflow-{cycle}.tmp")
         values = {"member": m, "cycle": cycle, "restart": restart, "length": _fmt_length(cfg.experiment.forecast_length),
                   "output": tmp, "expdir": cfg.expdir, "workdir": workdir}
         uses_output = "{output}" in cfg.model.command
-        steps = [Step("model", _argv(cfg.model.command, values),
+        steps = [Step(StepKind.MODEL, _argv(cfg.model.command, values),
                       commit={"from": str(tmp), "to": str(restart)} if uses_output else None)]
         if cfg.observations.operator:
             final = cfg.operator_output(m, cycle)
@@ -96,19 +96,20 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
             if final is not None:
                 final.parent.mkdir(parents=True, exist_ok=True)
             ov = {"member": m, "cycle": cycle, "restart": restart, "obs": obs, "output": op_tmp or "", "expdir": cfg.expdir}
-            steps.append(Step("operator", _argv(cfg.observations.operator, ov),
+            steps.append(Step(StepKind.OPERATOR, _argv(cfg.observations.operator, ov),
                               commit={"from": str(op_tmp), "to": str(final)} if final is not None and "{output}" in cfg.observations.operator else None))
-        tasks[m] = Task(m, m, steps, restart=str(restart), restart_write="rename" if uses_output else cfg.model.restart_write,
+        tasks[m] = Task(m, m, steps, restart=str(restart),
+                        restart_write=RestartWrite.RENAME if uses_output else cfg.model.restart_write,
                         unchanged=cfg.model.unchanged)
     at = cfg.analysis_task
     prefix = shlex.split(at.launcher) if at.launcher.strip() else []
     if at.command is not None:
-        av = {"cycle": cycle, "expdir": cfg.expdir, "members": n, "obs": obs, "config": cfg.expdir / "config.json"}
+        av = {"cycle": cycle, "expdir": cfg.expdir, "members": n, "obs": obs, "config": cfg.dir.config}
         argv = prefix + _argv(at.command, av)
     else:
         argv = prefix + [cfg.launcher.python or sys.executable, "-m", "enkflow.experiment.analysis_task", str(cfg.expdir), str(cycle)]
     fatal = None if at.command is not None else DETERMINISTIC_ERROR_RC
-    tasks[n + 1] = Task(n + 1, None, [Step("analysis", argv, fatal_rc=fatal)], max_attempts=at.max_attempts)
+    tasks[n + 1] = Task(n + 1, None, [Step(StepKind.ANALYSIS, argv, fatal_rc=fatal)], max_attempts=at.max_attempts)
     return TaskTable(cycle=cycle, n_members=n, tasks=tasks, events=str(events),
                      max_attempts=cfg.model.max_attempts, heartbeat_s=cfg.jobs.heartbeat, lease_s=cfg.jobs.lease,
                      poll_s=cfg.jobs.poll, env=dict(cfg.model.env))
@@ -117,7 +118,7 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
 @dataclass
 class _Job:
     id: str
-    role: str
+    role: JobRole
     covers: frozenset[int] | None
     t_submit: float
     state: JobState = JobState.PENDING
@@ -151,12 +152,13 @@ class Experiment:
     jobs: list[_Job] = field(default_factory=list, init=False)
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _retry_failed: bool = field(default=False, init=False, repr=False)
-    _service: Any = field(default=None, init=False, repr=False)  # the study's output service, while it runs
+    _output: StudyOutput | None = field(default=None, init=False, repr=False)  # while the cycles run
 
     def __post_init__(self) -> None:
-        self.expdir = self.cfg.expdir
+        self.dir = self.cfg.dir
+        self.expdir = self.dir.root
         self.expdir.mkdir(parents=True, exist_ok=True)
-        self.events = EventLog(self.expdir / "events.jsonl")
+        self.events = EventLog(self.dir.events)
         if self.launcher is None:
             self.launcher = make_launcher(self.cfg)
 
@@ -181,10 +183,8 @@ class Experiment:
         cycle (:mod:`enkflow.experiment.from_archive`).
         Holds the experiment directory's lock throughout (:class:`DriverLock`).
         """
-        with DriverLock(self.expdir):
+        with DriverLock(self.dir.lock):
             if from_archive is not None:
-                from enkflow.experiment.from_archive import restore_offline
-
                 restore_offline(self.cfg, from_archive, self.events, progress=self.progress)
             return self._run(retry_failed=retry_failed, accept_restarts=accept_restarts)
 
@@ -192,7 +192,7 @@ class Experiment:
         cfg = self.cfg
         digests = cfg.digests()
         members = range(1, cfg.experiment.members + 1)
-        state = ExperimentState.load(self.expdir)
+        state = ExperimentState.load(self.dir.state)
         resumed = state is not None
         todo_cycles = [k for k in cfg.cycle_numbers if state is None or k not in state.cycles_done]
         if state is None:
@@ -201,169 +201,54 @@ class Experiment:
             sources = [cfg.source_restart_path(m) for m in members]
             if not accept_restarts:
                 provenance.check_new(sources, self.expdir)
-            if cfg.experiment.initial == "copy":
+            if cfg.experiment.initial is Initial.COPY:
                 self._copy_initial()
-            state = ExperimentState.create(self.expdir, digests, {str(p): fingerprint(p) for p in sources})
+            state = ExperimentState.create(self.dir.state, digests, {str(p): fingerprint(p) for p in sources})
         else:
             state.check_finished(digests)
             self.check(todo_cycles)
             if not accept_restarts:
                 provenance.check_resume([cfg.restart_path(m) for m in members], self.expdir)
-        write_json_atomic(self.expdir / "config.json", cfg.to_json())
+        write_json_atomic(self.dir.config, cfg.to_json())
         # For external analysis programs: the restarts the cycles advance, one path per line, member 1 first.
-        write_bytes_atomic(self.expdir / "restarts.txt", "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
+        write_bytes_atomic(self.dir.restarts_list, "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
-                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind, accept_restarts=accept_restarts)
+                         strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind.value, accept_restarts=accept_restarts)
 
         archiver = BackgroundArchiver.for_experiment(cfg, self.events, self.progress)
         if archiver is not None:
             archiver.poll()  # cycles an earlier run staged but did not archive
 
         def cycle_end(k: int, diag: dict[str, float]) -> None:
-            if files is not None:
-                files.analysed(k)
+            out.analysed(k)
             if archiver is not None:
                 # Before the cycle counts as done: a crash in between stages it again on the rerun.
                 archiver.stage(k, archived_restarts(cfg), {"mode": "offline", "members": cfg.experiment.members})
-            provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, "analysed")
+            provenance.mark([cfg.restart_path(m) for m in members], self.expdir, k, RestartState.ANALYSED)
             state.mark_done(k, digests)
             if self.on_cycle_end is not None:
                 self.on_cycle_end(k)
 
         self._retry_failed = retry_failed
-        self._service = self._start_output_service() if todo_cycles else None
-        files = None
+        out = self._output = StudyOutput(cfg, self.events, self._say)
+        if todo_cycles:
+            out.start_service()
         try:
-            files = self._mean_spread_files(self._service, state.cycles_done)
+            out.start_files(state.cycles_done)
             run_cycles(todo_cycles, self, self.analysis, on_cycle_end=cycle_end)
             if archiver is not None:
                 archiver.finish()
-            if files is not None:
-                files, f = None, files
-                try:
-                    f.wait()
-                finally:
-                    f.close()
-            if self._service is not None:
-                svc, self._service = self._service, None  # stopped once, whatever the stop raises
-                self._stop_output_service(svc)
+            out.finish()
         except ServiceLost as exc:
-            self._lose_service(str(exc))
+            out.lose(str(exc))
             raise
         finally:
-            if files is not None:  # a failure: finish what was asked
-                try:
-                    files.wait()
-                except EnkflowError as exc:
-                    self._say(f"analysis mean and spread files: {exc}")
-                files.close()
-            if self._service is not None:  # a failure: what the service received complete is written, the rest dropped
-                svc, self._service = self._service, None
-                try:
-                    self._stop_output_service(svc)
-                except EnkflowError as exc:
-                    self._say(f"output service: {exc}")
+            out.close()  # after a failure: what can still be written is
             self.launcher.close()
             if archiver is not None:
                 archiver.close()
         self.events.emit("experiment_end", cycles=cfg.cycle_numbers)
         return todo_cycles
-
-    def _start_output_service(self):
-        """The study's output service for the analysis statistics (docs/output.md), which the analysis
-        tasks add to instead of starting writers of their own; None when the statistics are off, the
-        analysis is an external program, or the service cannot start (the tasks then start their own)."""
-        cfg = self.cfg
-        ao = cfg.analysis_output
-        if cfg.state is None or cfg.analysis_task.command is not None or not ao.statistics_for("offline"):
-            return None
-        from enkflow.output.analysis_output import output_config, service_dir
-        from enkflow.output.service import OutputService
-        from enkflow.state import StateLayout
-
-        try:
-            layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
-            ocfg = output_config(layout, cfg.cycle_dir(1).parent, **ao.writer_settings())
-            # Analysis tasks on other nodes (SLURM) reach it over TCP; on this machine ipc is enough.
-            tcp = cfg.launcher.kind == "slurm"
-            svc = OutputService.start(ocfg, service_dir(cfg.expdir), transport="tcp" if tcp else "ipc",
-                                      bind="0.0.0.0" if tcp else "127.0.0.1",
-                                      timeout_key="[analysis_output] writer_timeout")
-        except (EnkflowError, OSError) as exc:
-            self._say(f"output service not started ({exc}); each analysis task starts its own writer")
-            self.events.emit("output_service_failed", error=str(exc))
-            return None
-        self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
-        return svc
-
-    def _mean_spread_files(self, service, done: Iterable[int]):
-        """With ``[analysis_output] mean_spread_files`` and the built-in analysis: the writer of each
-        cycle's analysis_mean.nc and analysis_spread.nc from the statistics the study's output service
-        writes (the analysis tasks then leave them out; docs/output.md). First the missing files of
-        finished cycles (an earlier run ended before writing them) are written from their statistics,
-        even when nothing is left to run. None when there is nothing to write."""
-        cfg = self.cfg
-        if not cfg.analysis_output.mean_spread_files or cfg.state is None or cfg.analysis_task.command is not None:
-            return None
-        from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
-
-        missing = [k for k in sorted(done) if files_missing(cfg, k)]
-        if service is None and not missing:
-            return None
-        files = MeanSpreadFromStatistics(cfg, service.directory if service is not None else None)
-        try:
-            lost = [k for k in missing if not files.has_statistics(k)]
-            for k in missing:
-                if k not in lost:
-                    files.write_now(k)
-                    self._say(f"cycle {k}: {MEAN} and {SPREAD} written from its statistics (an earlier run ended first)")
-            if lost:
-                # Not made here (restored from an archive, or the files turned on later): said once.
-                self.events.emit("mean_spread_missing", cycles=lost)
-                self._say(f"{MEAN} and {SPREAD} missing, and their statistics too, for {len(lost)} finished "
-                          f"cycle(s) ({', '.join(map(str, lost[:10]))}{' ...' if len(lost) > 10 else ''}); not written")
-        except BaseException:
-            files.close()
-            raise
-        if service is None:
-            files.close()
-            return None
-        return files
-
-    def _check_output_service(self) -> None:
-        """At every poll: a study service that died or hangs (no progress for its hang limit) is killed
-        and the run stops now, naming it, rather than each later analysis task waiting for it and the
-        run failing at its end. What it held (the statistics of the cycle in flight) may be lost; the
-        next ``enkflow run`` resumes with a new service."""
-        svc = self._service
-        if svc is None:
-            return
-        why = svc.hung() if svc.alive() else f"ended (exit {svc.proc.returncode})"
-        if why is None:
-            return
-        tail = log_tail(svc.log, 5) if svc.log.exists() else ""
-        msg = (f"the study's output service (pid {svc.proc.pid}) {why}; killed: the analysis statistics it held "
-               f"may be lost; `enkflow run` again resumes with a new service" + (f":\n{tail}" if tail.strip() else ""))
-        self._lose_service(msg)
-        raise EnkflowError(msg)
-
-    def _lose_service(self, why: str) -> None:
-        """A service gone or hung: nothing to stop in order; a hung one is killed."""
-        if self._service is not None:
-            svc, self._service = self._service, None
-            svc.kill()
-            self.events.emit("output_service_end", error=why)
-
-    def _stop_output_service(self, svc) -> None:
-        """Stop the service: everything the analysis tasks added is written; raises its errors."""
-        t0 = time.perf_counter()
-        try:
-            res = svc.stop()
-        except EnkflowError as exc:
-            self.events.emit("output_service_end", error=str(exc))
-            raise
-        self.events.emit("output_service_end", stop_s=time.perf_counter() - t0, stats=res.get("stats", {}),
-                         notes=res.get("notes", []))
 
     def _copy_initial(self) -> None:
         """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble."""
@@ -371,29 +256,29 @@ class Experiment:
             dst = self.cfg.restart_path(m)
             dst.parent.mkdir(parents=True, exist_ok=True)
             place(self.cfg.source_restart_path(m), dst)
-        self._say(f"copied the initial ensemble to {self.expdir / 'restarts'}")
+        self._say(f"copied the initial ensemble to {self.dir.restarts}")
 
     # -- one cycle -----------------------------------------------------------------
 
-    def _resume_table(self, cycle: int, cdir: Path) -> TaskTable:
+    def _resume_table(self, cycle: int, cdir: CycleDir) -> TaskTable:
         """The task table of a started cycle, rebuilt from the current configuration when the
         steps that already ran did not depend on what changed."""
         cfg = self.cfg
         now = cfg.digests()
-        was = read_json(cdir / "digests.json", now)
+        was = read_json(cdir.digests, now)
         n = cfg.experiment.members
-        done = [m for m in range(1, n + 1) if (cdir / "done" / f"task_{m:03d}.json").exists()]
+        done = [m for m in range(1, n + 1) if cdir.done(m).exists()]
         if was["model"] != now["model"] and done:
             raise ConfigError(f"the [model] settings changed, but members {', '.join(map(str, done))} of cycle {cycle} "
                               "already ran with the recorded ones; restore them to resume", key="model")
-        if was["analysis"] != now["analysis"] and cfg.applied_record(cycle).exists():
+        if was["analysis"] != now["analysis"] and cdir.applied.exists():
             raise ConfigError(f"the analysis settings changed, but the analysis of cycle {cycle} was already applied "
                               "with the recorded ones; restore them to resume", key="analysis")
         if was != now:
             self.events.emit("config_change", cycle=cycle, parts=[k for k in now if was.get(k) != now[k]])
         table = build_tasks(cfg, cycle, self.events.path)
-        table.write(cdir)
-        write_json_atomic(cdir / "digests.json", now)
+        table.write(cdir.path)
+        write_json_atomic(cdir.digests, now)
         return table
 
     def forecast(self, cycle: int) -> None:
@@ -402,17 +287,18 @@ class Experiment:
         cfg = self.cfg
         n = cfg.experiment.members
         checks.check_restarts(cfg)
-        cdir = cfg.cycle_dir(cycle)
+        cd = self.dir.cycle(cycle)
+        cdir = cd.path
         cdir.mkdir(parents=True, exist_ok=True)
-        (cdir / "logs").mkdir(exist_ok=True)
-        if (cdir / "tasks.json").exists():
-            table = self._resume_table(cycle, cdir)
+        cd.logs.mkdir(exist_ok=True)
+        if cd.tasks.exists():
+            table = self._resume_table(cycle, cd)
             self.events.emit("cycle_resume", cycle=cycle)
         else:
             self.events.emit("cycle_start", cycle=cycle)
-            provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, "advancing")
+            provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, RestartState.ADVANCING)
             table = build_tasks(cfg, cycle, self.events.path)
-            write_json_atomic(cdir / "digests.json", cfg.digests())
+            write_json_atomic(cd.digests, cfg.digests())
             table.write(cdir)
         todo = TodoList.create(cdir, n)
         if self._retry_failed:
@@ -450,7 +336,8 @@ class Experiment:
                 if until(snap):
                     c.snap = snap
                     return
-                self._check_output_service()
+                if self._output is not None:
+                    self._output.check()
                 self._refresh()
                 uncovered = self._uncovered(snap)
                 if uncovered:
@@ -496,14 +383,14 @@ class Experiment:
         member_ids: list[str] = []
         for pj in planned:
             spec = pj.spec
-            if pj.role == "analysis":
+            if pj.role is JobRole.ANALYSIS:
                 spec = dataclasses.replace(spec, after=tuple(member_ids))
             t = time.time()
             jid = self.launcher.submit(spec)
-            if pj.role == "member":
+            if pj.role is JobRole.MEMBER:
                 member_ids.append(jid)
             self.jobs.append(_Job(jid, pj.role, pj.covers, t))
-            self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role, strategy=self.cfg.jobs.strategy.value,
+            self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role.value, strategy=self.cfg.jobs.strategy.value,
                              cpus=spec.cpus, t_submit=t)
 
     def _cancel_active(self, cycle: int) -> None:
@@ -512,7 +399,7 @@ class Experiment:
         if active:
             self.launcher.cancel([j.id for j in active])
             for j in active:
-                self.events.emit("job_cancel", cycle=cycle, job=j.id, role=j.role, state=j.state.value)
+                self.events.emit("job_cancel", cycle=cycle, job=j.id, role=j.role.value, state=j.state.value)
 
     def _fail(self, cycle: int, snap: dict) -> None:
         n = self.cfg.experiment.members
@@ -532,7 +419,7 @@ class Experiment:
 
 def _last_job_log(cdir: Path, lines: int = 10) -> str:
     """The tail of the newest job log of a cycle, for an error message."""
-    log = newest(cdir / "logs", "job-*.log")
+    log = newest(logs_dir(cdir), "job-*.log")
     if log is None:
-        return f"; see {cdir / 'logs'}"
+        return f"; see {logs_dir(cdir)}"
     return f"; the last job log {log} ends with:\n" + log_tail(log, lines)

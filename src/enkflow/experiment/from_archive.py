@@ -18,15 +18,15 @@ then the driver continues from cycle C + 1 as after any resume.
 
 Online, it holds the server's analysis checkpoints of cycle C (one per server
 rank: the whole in-memory ensemble, carried variables included).
-:func:`restore_online` verifies them the same way, replaces every checkpoint
-with them, drops the later cycles' directories and the study's final status,
-and the server then resumes from cycle C's analysis.
+:func:`enkflow.online.launch.restore_online` verifies them the same way with the
+helpers below, replaces every checkpoint with them, drops the later cycles'
+directories and the study's final status, and the server then resumes from
+cycle C's analysis.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import shutil
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from enkflow.errors import ConfigError
 from enkflow.experiment import provenance
+from enkflow.experiment.provenance import RestartState
 from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.state import ExperimentState
 from enkflow.io import wal
@@ -45,7 +46,7 @@ from enkflow.output import archive as _archive
 _PROTECTED = re.compile(r"\.enkflow-c(\d+)\.orig")
 
 
-def _archive_root(cfg: ExperimentConfig, cycle: int) -> Path:
+def archive_root(cfg: ExperimentConfig, cycle: int) -> Path:
     if cfg.archive.dir is None:
         raise ConfigError("--from-archive needs the archive directory: set [archive] dir", key="archive.dir")
     if cycle not in cfg.cycle_numbers:
@@ -54,7 +55,7 @@ def _archive_root(cfg: ExperimentConfig, cycle: int) -> Path:
     return cfg.path(cfg.archive.dir)
 
 
-def _checker(root: Path, cycle: int, want: dict) -> Callable[[dict], None]:
+def archive_checker(root: Path, cycle: int, want: dict) -> Callable[[dict], None]:
     """Refuse an archive whose ``meta`` differs from ``want`` (another mode, ensemble size, rank count)."""
     def check(manifest: dict) -> None:
         meta = manifest.get("meta", {})
@@ -66,18 +67,18 @@ def _checker(root: Path, cycle: int, want: dict) -> Callable[[dict], None]:
     return check
 
 
-def _drop_later(cfg: ExperimentConfig, cycle: int) -> None:
+def drop_later(cfg: ExperimentConfig, cycle: int) -> None:
     """The directories and staged archives of the cycles after ``cycle``."""
     for k in cfg.cycle_numbers:
         if k > cycle:
-            shutil.rmtree(cfg.cycle_dir(k), ignore_errors=True)
-    staging = cfg.expdir / "archive" / "staging"
+            shutil.rmtree(cfg.dir.cycle(k).path, ignore_errors=True)
+    staging = cfg.dir.archive_staging
     for k in _archive.staged_cycles(staging):
         if k > cycle:
             shutil.rmtree(_archive.cycle_dir(staging, k), ignore_errors=True)
 
 
-def _done(events: EventLog, root: Path, cycle: int, manifest: dict, t0: float,
+def report_restored(events: EventLog, root: Path, cycle: int, manifest: dict, t0: float,
           progress: Callable[[str], None] | None, what: str) -> None:
     dt = time.perf_counter() - t0
     events.emit("archive_restore", cycle=cycle, dir=str(_archive.cycle_dir(root, cycle)), files=len(manifest["files"]),
@@ -91,72 +92,35 @@ def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
                     progress: Callable[[str], None] | None = None) -> dict:
     """Restore the restarts archived after ``cycle`` and make the experiment resume at the next cycle
     (the caller holds the driver lock). Returns the archive's manifest."""
-    root = _archive_root(cfg, cycle)
+    root = archive_root(cfg, cycle)
     t0 = time.perf_counter()
-    expdir = cfg.expdir
+    xdir = cfg.dir
     digests = cfg.digests()
-    state = ExperimentState.load(expdir)
+    state = ExperimentState.load(xdir.state)
     if state is not None:
         state.check_finished(digests)
     n = cfg.experiment.members
     restarts = [cfg.restart_path(m) for m in range(1, n + 1)]
     targets = {f"member:{m}": p for m, p in enumerate(restarts, start=1)}
-    check = _checker(root, cycle, {"mode": "offline", "members": n})
+    check = archive_checker(root, cycle, {"mode": "offline", "members": n})
 
     def clear_later() -> None:
         for marker in wal.pending_markers([str(p) for p in restarts]):
-            body = json.loads(marker.read_text())
-            for log in body.get("logs", []):
-                Path(log).unlink(missing_ok=True)
-            marker.unlink()
+            wal.discard(marker)
         for p in restarts:
             for prot in glob.glob(os.path.join(glob.escape(str(p.parent)), f".{glob.escape(p.name)}.enkflow-c*.orig*")):
                 m = _PROTECTED.search(prot)
                 if m and int(m.group(1)) > cycle:
                     Path(prot).unlink(missing_ok=True)
-        _drop_later(cfg, cycle)
+        drop_later(cfg, cycle)
 
-    expdir.mkdir(parents=True, exist_ok=True)
+    xdir.root.mkdir(parents=True, exist_ok=True)
     manifest = _archive.restore(root, cycle, targets, check=check, before_write=clear_later)
     if state is None:
-        state = ExperimentState.create(expdir, digests, {})
+        state = ExperimentState.create(xdir.state, digests, {})
     state.cycles_done = sorted({k for k in state.cycles_done if k <= cycle} | {k for k in cfg.cycle_numbers if k <= cycle})
     state.digests = dict(digests)
     state.save()
-    provenance.mark(restarts, expdir, cycle, "analysed")
-    _done(events, root, cycle, manifest, t0, progress, "the restarts")
-    return manifest
-
-
-def restore_online(cfg: ExperimentConfig, cycle: int, progress: Callable[[str], None] | None = None) -> dict:
-    """Restore the server's analysis checkpoints archived after ``cycle``, so that the online study
-    resumes from them at the next cycle. Takes the driver lock. Returns the archive's manifest."""
-    from enkflow.experiment.lock import DriverLock
-    from enkflow.online.checkpoint import analysis_path
-    from enkflow.online.experiment import online_dir
-
-    root = _archive_root(cfg, cycle)
-    t0 = time.perf_counter()
-    odir = online_dir(cfg)
-    ckdir = odir / "checkpoints"
-    ranks = cfg.online.ranks
-    targets = {f"rank:{r}": analysis_path(ckdir, cycle, r) for r in range(ranks)}
-    check = _checker(root, cycle, {"mode": "online", "members": cfg.experiment.members, "ranks": ranks})
-
-    def clear() -> None:
-        # Every other checkpoint: the server resumes from the newest analysis, with the forecasts of the next cycle.
-        for p in list(ckdir.glob("analysis_*.h5")) + list(ckdir.glob("forecast_*")):
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
-        for name in ("status.json", "stopping.json"):
-            (odir / name).unlink(missing_ok=True)
-        _drop_later(cfg, cycle)
-
-    cfg.expdir.mkdir(parents=True, exist_ok=True)
-    with DriverLock(cfg.expdir):
-        manifest = _archive.restore(root, cycle, targets, check=check, before_write=clear)
-        _done(EventLog(cfg.expdir / "events.jsonl"), root, cycle, manifest, t0, progress,
-              "the server's analysis checkpoints")
+    provenance.mark(restarts, xdir.root, cycle, RestartState.ANALYSED)
+    report_restored(events, root, cycle, manifest, t0, progress, "the restarts")
     return manifest

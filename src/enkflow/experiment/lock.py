@@ -27,10 +27,11 @@ class ExperimentBusyError(EnkflowError):
 
 
 class DriverLock:
-    """The exclusive lock of ``expdir``; use as a context manager."""
+    """The exclusive lock on the lock file ``path`` of an experiment directory
+    (:attr:`ExperimentDir.lock <enkflow.experiment.directory.ExperimentDir.lock>`); use as a context manager."""
 
-    def __init__(self, expdir: str | os.PathLike[str]):
-        self.path = Path(expdir) / "driver.lock"
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
         self.fd: int | None = None
 
     def acquire(self) -> "DriverLock":

@@ -18,6 +18,7 @@ import fcntl
 import os
 from collections.abc import Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,6 +27,13 @@ from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.files import fingerprint
 
 REGISTRY = ".enkflow-restarts.json"
+
+
+class RestartState(StrEnum):
+    """What the registry says an experiment did to a restart (its ``state``)."""
+
+    ADVANCING = "advancing"  # a cycle's forecasts may be rewriting it
+    ANALYSED = "analysed"  # the cycle's analysis is done: its fingerprint is recorded
 
 
 class RestartProvenanceError(EnkflowError):
@@ -59,7 +67,7 @@ def entries(paths: Sequence[Path]) -> dict[Path, dict[str, Any] | None]:
     return out
 
 
-def mark(paths: Sequence[Path], expdir: Path, cycle: int, state: str) -> None:
+def mark(paths: Sequence[Path], expdir: Path, cycle: int, state: RestartState) -> None:
     """Record that ``expdir`` is advancing (or has analysed) ``paths`` in ``cycle``."""
     by_dir: dict[Path, list[Path]] = {}
     for p in paths:
@@ -67,8 +75,8 @@ def mark(paths: Sequence[Path], expdir: Path, cycle: int, state: str) -> None:
     for d, ps in by_dir.items():
         with _registry(d) as reg:
             for p in ps:
-                reg[p.name] = {"experiment": str(expdir), "cycle": cycle, "state": state,
-                               "fingerprint": fingerprint(p) if state == "analysed" else None}
+                reg[p.name] = {"experiment": str(expdir), "cycle": cycle, "state": state.value,
+                               "fingerprint": fingerprint(p) if state is RestartState.ANALYSED else None}
 
 
 def check_new(paths: Sequence[Path], expdir: Path) -> None:
@@ -88,7 +96,7 @@ def check_new(paths: Sequence[Path], expdir: Path) -> None:
 def check_resume(paths: Sequence[Path], expdir: Path) -> None:
     """A resumed experiment's restarts must be what it last wrote (checked between cycles)."""
     for p, e in entries(paths).items():
-        if e is None or e.get("state") != "analysed":
+        if e is None or e.get("state") != RestartState.ANALYSED.value:
             continue
         if Path(e["experiment"]) != expdir:
             raise RestartProvenanceError(

@@ -40,9 +40,9 @@ class ExperimentState:
     initial: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, expdir: Path) -> "ExperimentState | None":
-        """The recorded state of ``expdir``, or None for a new experiment."""
-        path = expdir / "state.json"
+    def load(cls, path: Path) -> "ExperimentState | None":
+        """The state recorded in ``path`` (:attr:`ExperimentDir.state
+        <enkflow.experiment.directory.ExperimentDir.state>`), or None for a new experiment."""
         data = read_json(path)
         if data is None:
             return None
@@ -54,8 +54,8 @@ class ExperimentState:
                    dict(data.get("initial", {})))
 
     @classmethod
-    def create(cls, expdir: Path, digests: dict[str, str], initial: dict[str, Any]) -> "ExperimentState":
-        st = cls(expdir / "state.json", dict(digests), initial=initial)
+    def create(cls, path: Path, digests: dict[str, str], initial: dict[str, Any]) -> "ExperimentState":
+        st = cls(path, dict(digests), initial=initial)
         st.save()
         return st
 

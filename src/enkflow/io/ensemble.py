@@ -25,12 +25,13 @@ from typing import Literal
 import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, InputError, RecoveryError
-from enkflow.io import wal
+from enkflow.io import library, wal
 from enkflow.io.config import IOConfig
+from enkflow.io.logrecord import LogRecord, Slab
 from enkflow.io.rowio import FileSink, RowIO, Scratch, Sink, _spans, pread_full, pwrite_full
 from enkflow.io.storage import FileStructure
 from enkflow.io.validate import state_nbytes, validate_files
-from enkflow.parallel import Comm, RowBlocks, SerialComm
+from enkflow.parallel import Comm, Request, RowBlocks, SerialComm
 from enkflow.state import StateLayout
 
 
@@ -109,20 +110,9 @@ class EnsembleFiles:
         self.blocks = RowBlocks(layout.n_rows, size)
         self.row_start, self.row_stop = self.blocks.bounds(rank)
 
-        result: tuple[str, object]
-        if rank == 0:
-            try:
-                recovered = self._recover_pending(recover)
-                result = ("ok", (validate_files(self.paths, layout, writable=mode == "r+"), recovered))
-            except EnkflowError as exc:
-                result = ("err", exc)
-        else:
-            result = ("ok", None)
-        result = self.comm.bcast(result, root=0)
-        if result[0] == "err":
-            raise result[1]  # type: ignore[misc]
         self.structures: list[FileStructure]
-        self.structures, self.recovered_bytes = result[1]  # type: ignore[misc]
+        self.recovered_bytes: int
+        self.structures, self.recovered_bytes = self._open_checked(recover)
 
         # I/O groups: consecutive ranks, group g served by its first rank.
         n_io = min(self.config.io_tasks or min(size, self.n_members), size)
@@ -152,6 +142,22 @@ class EnsembleFiles:
         self._wal: wal.WriteAheadLog | None = None
 
     # -- housekeeping -----------------------------------------------------------------
+    def _open_checked(self, recover: bool) -> tuple[list[FileStructure], int]:
+        """Rank 0 finishes interrupted updates, then validates the files; every rank gets
+        ``(structures, bytes recovered)`` or raises rank 0's error. Collective."""
+        outcome: tuple[list[FileStructure], int] | EnkflowError | None = None
+        if self.comm.rank == 0:
+            try:
+                recovered = self._recover_pending(recover)
+                outcome = (validate_files(self.paths, self.layout, writable=self.mode == "r+"), recovered)
+            except EnkflowError as exc:
+                outcome = exc
+        outcome = self.comm.bcast(outcome, root=0)
+        if isinstance(outcome, EnkflowError):
+            raise outcome
+        assert outcome is not None  # rank 0 sent one of the two
+        return outcome
+
     def _recover_pending(self, allowed: bool) -> int:
         done = 0
         for mk in wal.pending_markers(self.paths):
@@ -271,14 +277,14 @@ class EnsembleFiles:
             g0, g1 = self.group_rows
             bufs = [np.empty(g1 - g0, dtype=np.float64) for _ in range(2)]
 
-            def post(s: int) -> object:
+            def post(s: int) -> Request:
                 return self.gcomm.igatherv(X[:, self.order[s]], bufs[s % 2], self.group_counts, root=0)
 
             sc = self.rowio.scratch()
             sink = sinks(0)
             reqs = [post(s) for s in range(min(2, self.n_members))]
             for s, m in enumerate(self.order):
-                reqs[s].wait()  # type: ignore[attr-defined]
+                reqs[s].wait()
                 self.rowio.emit(m, self._fds[m], g0, g1, bufs[s % 2], sc, sink)
                 if s + 2 < self.n_members:
                     reqs.append(post(s + 2))
@@ -313,6 +319,10 @@ class EnsembleFiles:
         rank. Collective only in that every rank may call it; it does no communication."""
         if self.mode != "r+" or not self.config.safe_update.enabled or not self.is_io_task:
             return 0.0
+        return self._prepare_log()[1]
+
+    def _prepare_log(self) -> tuple[wal.WriteAheadLog, float]:
+        """This I/O task's log, made on first use, with room for an update; and the seconds its allocation took."""
         sizes = self._log_sizes()
         if self._wal is None:
             cfg = self.config.safe_update
@@ -325,7 +335,7 @@ class EnsembleFiles:
             # The log holds a copy of the state on a memory tier: free it even if close() is
             # never called (at garbage collection or interpreter exit).
             weakref.finalize(self, self._wal.close)
-        return self._wal.prepare(sizes)
+        return self._wal, self._wal.prepare(sizes)
 
     def update(self, X: np.ndarray, *, safe: bool | None = None, completion: dict[str, object] | None = None) -> TransferStats:
         """Write ``X`` (n_local_rows, n_members) float64, Fortran order, back into the member
@@ -345,28 +355,54 @@ class EnsembleFiles:
             raise FileFormatError("opened read-only (mode 'r'); open with mode='r+' to update", path=self.paths[0], variable=self.layout.variables[0].name)
         self._check_x(X)
         safe = self.config.safe_update.enabled if safe is None else safe
-        nbytes = self.state_bytes * self.n_members
-        if not safe:
-            self.comm.barrier()
-            t0 = time.perf_counter()
-            fsink = FileSink(self._fds, self.paths)
-            self._emit_all(X, lambda k: fsink)
-            self.comm.barrier()
-            if self.comm.rank == 0:
-                wal.write_completion(completion)
-            self.comm.barrier()
-            return TransferStats(nbytes, time.perf_counter() - t0)
+        return self._update_safe(X, completion) if safe else self._update_direct(X, completion)
 
+    def _update_direct(self, X: np.ndarray, completion: dict[str, object] | None) -> TransferStats:
+        """:meth:`update` without the log: a kill may leave the files half written."""
         self.comm.barrier()
         t0 = time.perf_counter()
-        prep = self.prepare_update()
+        fsink = FileSink(self._fds, self.paths)
+        self._emit_all(X, lambda k: fsink)
+        self.comm.barrier()
+        if self.comm.rank == 0:
+            wal.write_completion(completion)
+        self.comm.barrier()
+        return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0)
+
+    def _update_safe(self, X: np.ndarray, completion: dict[str, object] | None) -> TransferStats:
+        """:meth:`update` through the write-ahead log: log, commit, write, clear (:mod:`enkflow.io.wal`)."""
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        log, prep = self._prepare_log() if self.is_io_task else (None, 0.0)
         durable = self.config.safe_update.durable
         uid = self.comm.bcast(str(uuid.uuid4()) if self.comm.rank == 0 else None, root=0)
-        log_sinks: list[wal.LogSink] = []
+        records = self._log(X, log, uid)
+        marker = self._commit(log, records, uid, completion)
+        self.comm.barrier()
+        t_log = time.perf_counter() - t0
+        # From here the update is committed: the files are written, and a kill is finished by recovery.
+        if len(self.group_ranks) == 1:
+            fsink = FileSink(self._fds, self.paths)
+            self._emit_all(X, lambda k: fsink)
+        elif log is not None:
+            self._redo(log, records)
+        if durable and log is not None:
+            for fd in self._fds:
+                os.fsync(fd)
+        self.comm.barrier()
+        if marker is not None:
+            wal.write_completion(completion)
+            wal.clear(marker, durable)
+        self.comm.barrier()
+        if log is not None:
+            log.committed = False
+        return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0, True, t_log, prep)
+
+    def _log(self, X: np.ndarray, log: wal.WriteAheadLog | None, uid: str) -> list[LogRecord]:
+        """Write the final bytes of ``X`` into this task's log (``log``: None on a rank that is no
+        I/O task); returns the records. Collective (the gathers of a group)."""
+        log_sinks = log.sinks(uid) if log is not None else []
         lock = threading.Lock()
-        if self.is_io_task:
-            assert self._wal is not None
-            log_sinks = self._wal.sinks(uid)
 
         def sink_for(k: int) -> Sink:
             with lock:
@@ -377,62 +413,44 @@ class EnsembleFiles:
         finally:
             for ls in log_sinks:
                 ls.close()
-        if self.is_io_task and durable:
-            self._wal.sync()  # type: ignore[union-attr]
-        mine = (list(self._wal.paths) if self.is_io_task else [], [r for s in log_sinks for r in s.records])  # type: ignore[union-attr]
-        everything = self.comm.allgather_obj(mine)
+        if log is not None and self.config.safe_update.durable:
+            log.sync()
+        return [r for ls in log_sinks for r in ls.records]
+
+    def _commit(self, log: wal.WriteAheadLog | None, records: list[LogRecord], uid: str,
+                completion: dict[str, object] | None) -> Path | None:
+        """Rank 0 writes the commit marker of every task's records (their logs renumbered into
+        one list); returns it on rank 0, None elsewhere. Collective."""
+        everything = self.comm.allgather_obj((list(log.paths) if log is not None else [], records))
         marker = None
         if self.comm.rank == 0:
             logs: list[str] = []
-            records: list[list[object]] = []
+            joined: list[LogRecord] = []
             for lpaths, recs in everything:
-                base = len(logs)
+                joined.extend(r.in_log(len(logs) + r.log) for r in recs)
                 logs.extend(lpaths)
-                for r in recs:
-                    records.append([r[0], r[1], r[2], base + int(r[3]), r[4], r[5], r[6]])
-            marker = wal.commit(self.paths, logs, records, uid, durable, completion)
-        if self.is_io_task:
-            self._wal.committed = True  # type: ignore[union-attr]
-        self.comm.barrier()
-        t_log = time.perf_counter() - t0
-        # From here the update is committed: the files are written, and a kill is finished by recovery.
-        if len(self.group_ranks) == 1:
-            fsink = FileSink(self._fds, self.paths)
-            self._emit_all(X, lambda k: fsink)
-        elif self.is_io_task:
-            self._redo([r for s in log_sinks for r in s.records])
-        if durable and self.is_io_task:
-            for fd in self._fds:
-                os.fsync(fd)
-        self.comm.barrier()
-        if marker is not None:
-            wal.write_completion(completion)
-            wal.clear(marker, durable)
-        self.comm.barrier()
-        if self.is_io_task:
-            self._wal.committed = False  # type: ignore[union-attr]
-        return TransferStats(nbytes, time.perf_counter() - t0, True, t_log, prep)
+            marker = wal.commit(self.paths, logs, joined, uid, self.config.safe_update.durable, completion)
+        if log is not None:
+            log.committed = True
+        return marker
 
-    def _redo(self, records: list[list[object]]) -> None:
+    def _redo(self, log: wal.WriteAheadLog, records: list[LogRecord]) -> None:
         """Write this task's committed log records into the files (group mode)."""
-        assert self._wal is not None
         buf = np.empty(self.rowio.chunk_elems * 8, dtype=np.uint8)
-        from enkflow.io import library
-
         for r in records:
-            m, kind, lfd, lo, n = int(r[0]), r[1], self._wal.fds[int(r[3])], int(r[4]), int(r[5])  # type: ignore[call-overload]
-            if kind == "b":
-                done = 0
-                while done < n:
-                    k = min(buf.size, n - done)
-                    pread_full(lfd, buf[:k], lo + done, self._wal.paths[int(r[3])], None)  # type: ignore[call-overload]
-                    pwrite_full(self._fds[m], buf[:k], int(r[2]) + done)  # type: ignore[call-overload]
-                    done += k
-            else:
-                var, i0, i1, dt = r[2]  # type: ignore[misc]
-                vals = np.empty(n, dtype=np.uint8)
-                pread_full(lfd, vals, lo, self._wal.paths[int(r[3])], var)  # type: ignore[call-overload]
-                library.write_slab(self.paths[m], var, i0, i1, vals.view(np.dtype(dt)))
+            lfd, lpath = log.fds[r.log], log.paths[r.log]
+            if isinstance(r.dest, Slab):
+                sl = r.dest
+                vals = np.empty(r.nbytes, dtype=np.uint8)
+                pread_full(lfd, vals, r.log_offset, lpath, sl.var)
+                library.write_slab(self.paths[r.member], sl.var, sl.i0, sl.i1, vals.view(np.dtype(sl.dtype)))
+                continue
+            done = 0
+            while done < r.nbytes:
+                k = min(buf.size, r.nbytes - done)
+                pread_full(lfd, buf[:k], r.log_offset + done, lpath, None)
+                pwrite_full(self._fds[r.member], buf[:k], r.dest + done)
+                done += k
 
 
 __all__ = ["EnsembleFiles", "Scratch", "TransferStats"]

@@ -23,7 +23,7 @@ def is_hdf5(head: bytes) -> bool:
 
 def read_structure(path: str) -> FileStructure:
     """Every root-group dataset of a NetCDF-4 file with its storage; raises FileFormatError."""
-    import h5py
+    import h5py  # heavy: only NetCDF-4 files need it
 
     try:
         size = os.stat(path).st_size

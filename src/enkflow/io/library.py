@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from enkflow.errors import FileFormatError
 from enkflow.io.storage import VarStorage
 from enkflow.state import Piece
+
+if TYPE_CHECKING:
+    import netCDF4
 
 LOCK = threading.Lock()
 _NOTICED: set[tuple[str, str]] = set()
@@ -46,8 +50,8 @@ def slab_bounds(vs: VarStorage, piece: Piece) -> tuple[int, int, int]:
     return i0, i1, inner
 
 
-def _open(path: str, mode: str):  # type: ignore[no-untyped-def]
-    import netCDF4
+def _open(path: str, mode: str) -> netCDF4.Dataset:
+    import netCDF4  # the slow path only: opening the fast path needs no NetCDF library
 
     try:
         ds = netCDF4.Dataset(path, mode)

@@ -40,7 +40,7 @@ class Scratch:
         return self.raw[: count * dtype.itemsize].view(dtype)
 
 
-def pread_full(fd: int, buf: np.ndarray, offset: int, path: str, var: str) -> None:
+def pread_full(fd: int, buf: np.ndarray, offset: int, path: str, var: str | None) -> None:
     """Fill the contiguous array ``buf`` with bytes from ``offset``; a short file is an error."""
     mv = memoryview(buf).cast("B")
     n = len(mv)
@@ -133,7 +133,7 @@ class RowIO:
                 continue
             isz = vs.dtype.itemsize
             if p.select is None:
-                off = vs.offset + p.elem_start * isz  # type: ignore[operator]
+                off = vs.byte_offset(p.elem_start)
                 if vs.dtype.kind == "f" and isz == 8:
                     pread_full(fd, d, off, path, vs.name)
                     if vs.dtype != NATIVE_F8:
@@ -147,7 +147,7 @@ class RowIO:
                     e0 = p.elem_start + int(p.select[k0])
                     span = int(p.select[k1 - 1] - p.select[k0]) + 1
                     buf = scratch.view(vs.dtype, span)
-                    pread_full(fd, buf, vs.offset + e0 * isz, path, vs.name)  # type: ignore[operator]
+                    pread_full(fd, buf, vs.byte_offset(e0), path, vs.name)
                     d[k0:k1] = buf[p.select[k0:k1] - p.select[k0]]
 
     # -- write (to any sink) ------------------------------------------------------------
@@ -166,7 +166,7 @@ class RowIO:
                 continue
             isz = vs.dtype.itemsize
             if p.select is None:
-                off = vs.offset + p.elem_start * isz  # type: ignore[operator]
+                off = vs.byte_offset(p.elem_start)
                 if vs.dtype == NATIVE_F8:
                     sink.put_bytes(member, off, s)
                 elif vs.dtype.kind == "f" and isz == 8:
@@ -182,7 +182,7 @@ class RowIO:
                     e0 = p.elem_start + int(p.select[k0])
                     span = int(p.select[k1 - 1] - p.select[k0]) + 1
                     buf = sink.staging(vs.dtype, span, scratch)
-                    off = vs.offset + e0 * isz  # type: ignore[operator]
+                    off = vs.byte_offset(e0)
                     pread_full(fd, buf, off, path, vs.name)
                     buf[p.select[k0:k1] - p.select[k0]] = s[k0:k1]
                     sink.put_bytes(member, off, buf)

@@ -25,6 +25,12 @@ class VarStorage:
     contiguous: bool
     reason: str = ""
 
+    def byte_offset(self, element: int) -> int:
+        """Where element ``element`` (flat index) of a contiguous variable starts in the file, bytes."""
+        if self.offset is None:
+            raise ValueError(f"variable '{self.name}' has no byte offset ({self.reason}); it goes through the NetCDF library")
+        return self.offset + element * self.dtype.itemsize
+
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize

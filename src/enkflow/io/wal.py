@@ -37,6 +37,7 @@ import numpy as np
 from enkflow.errors import RecoveryError
 from enkflow.fsutil import fsync_dir, pid_alive, write_bytes_atomic, write_json_atomic
 from enkflow.io import library
+from enkflow.io.logrecord import LogRecord, Slab
 from enkflow.io.rowio import pread_full, pwrite_full
 
 MAGIC = b"ENKWAL02"  # 02: full CRC-32 per record (01: one sampled word per page; not read)
@@ -97,7 +98,7 @@ class LogSink:
         self.view = view  # the whole log file, uint8
         self.log_index = log_index
         self.pos = HEADER
-        self.records: list[list[object]] = []
+        self.records: list[LogRecord] = []
         self._staged: np.ndarray | None = None
 
     def close(self) -> None:
@@ -137,12 +138,12 @@ class LogSink:
 
     def put_bytes(self, member: int, offset: int, data: np.ndarray) -> None:
         lo, n, cs = self._append(data)
-        self.records.append([member, "b", offset, self.log_index, lo, n, cs])
+        self.records.append(LogRecord(member, offset, self.log_index, lo, n, cs))
 
     def put_slab(self, member: int, var: str, i0: int, i1: int, values: np.ndarray) -> None:
         values = np.ascontiguousarray(values)
         lo, n, cs = self._append(values)
-        self.records.append([member, "s", [var, i0, i1, values.dtype.str], self.log_index, lo, n, cs])
+        self.records.append(LogRecord(member, Slab(var, i0, i1, values.dtype.str), self.log_index, lo, n, cs))
 
 
 @dataclass
@@ -191,9 +192,10 @@ class WriteAheadLog:
 
     def _unmap(self, k: int) -> None:
         self.views[k] = None
-        if self.maps[k] is not None:
+        mm = self.maps[k]
+        if mm is not None:
             try:
-                self.maps[k].close()  # type: ignore[union-attr]
+                mm.close()
             except BufferError:
                 pass  # a view is still referenced (by an exception's traceback): unmapped when it goes
             self.maps[k] = None
@@ -202,9 +204,11 @@ class WriteAheadLog:
         """Fresh sinks, one per log file, after stamping each log with ``update_id``."""
         head = (MAGIC + update_id.encode()).ljust(HEADER, b"\0")
         out = []
-        for k, fd in enumerate(self.fds):
+        for k, (fd, view) in enumerate(zip(self.fds, self.views)):
+            if view is None:
+                raise RecoveryError(f"log {k} was not prepared (internal error)", path=self.paths[k])
             os.pwrite(fd, head, 0)
-            out.append(LogSink(self.views[k], k))  # type: ignore[arg-type]
+            out.append(LogSink(view, k))
         return out
 
     def sync(self) -> None:
@@ -268,18 +272,19 @@ def _remove_stale_tmp(directory: str) -> None:
                 pass
 
 
-def commit(files: list[str], logs: list[str], records: list[list[object]], update_id: str, durable: bool,
+def commit(files: list[str], logs: list[str], records: list[LogRecord], update_id: str, durable: bool,
            completion: dict[str, object] | None = None) -> Path:
     """Write the commit marker atomically; from now on the update will be finished whatever happens.
 
-    ``records`` refer to ``logs`` by index (``record[3]``). ``completion`` (``{"path": ..., "body":
+    ``records`` refer to ``logs`` by index (:attr:`LogRecord.log`). ``completion`` (``{"path": ..., "body":
     {...}}``) is a JSON record that is written atomically once every file is written, by the
     update or by :func:`recover`, before the marker goes: it commits together with the update, so
     its existence proves the update was applied (the analysis uses it to never apply a cycle twice)."""
     path = marker_path(files)
     body = {
         "version": 1, "id": update_id, "host": socket.gethostname(), "time": time.time(),
-        "files": [os.path.abspath(f) for f in files], "logs": logs, "durable": durable, "records": records,
+        "files": [os.path.abspath(f) for f in files], "logs": logs, "durable": durable,
+        "records": [r.encode() for r in records],
         "completion": completion,
     }
     write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode(), durable=durable)
@@ -303,6 +308,15 @@ def clear(marker: Path, durable: bool) -> None:
         fsync_dir(marker.parent)
 
 
+def discard(marker: Path) -> None:
+    """Drop a committed update without finishing it (the member files are being restored from
+    elsewhere): delete its logs, then its marker."""
+    body = json.loads(marker.read_text())
+    for log in body.get("logs", []):
+        Path(log).unlink(missing_ok=True)
+    marker.unlink()
+
+
 def pending_markers(files: list[str]) -> list[Path]:
     """Commit markers, in the directories of ``files``, of updates that touch any of ``files``."""
     mine = {os.path.abspath(f) for f in files}
@@ -320,74 +334,107 @@ def pending_markers(files: list[str]) -> list[Path]:
     return found
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """A committed update read back from its marker (:func:`commit`)."""
+
+    marker: Path
+    files: list[str]
+    logs: list[str]
+    records: list[LogRecord]
+    update_id: str
+    host: str | None
+    durable: bool
+    completion: dict[str, object] | None
+
+    @classmethod
+    def read(cls, marker: Path) -> _Pending:
+        with open(marker) as fh:
+            body = json.load(fh)
+        records = [LogRecord.decode(r, str(marker)) for r in body["records"]]
+        return cls(marker, list(body["files"]), list(body["logs"]), records, str(body["id"]), body.get("host"),
+                   bool(body.get("durable")), body.get("completion"))
+
+    def open_logs(self) -> list[int]:
+        """Descriptors of the logs, each checked to belong to this update; :class:`RecoveryError` otherwise."""
+        fds: list[int] = []
+        try:
+            for lp in self.logs:
+                try:
+                    fd = os.open(lp, os.O_RDONLY)
+                except OSError as exc:
+                    raise RecoveryError(
+                        f"the log of an interrupted update (committed on host {self.host}) is unreachable: {exc.strerror}; "
+                        f"run again on that host, or restore the member files from another copy and delete the marker {self.marker}",
+                        path=lp,
+                    ) from None
+                fds.append(fd)
+                if not os.pread(fd, HEADER, 0).startswith(MAGIC + self.update_id.encode()):
+                    raise RecoveryError(f"log does not belong to update {self.update_id} of marker {self.marker}", path=lp)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+
+def _read_record(lfds: list[int], logs: list[str], rec: LogRecord) -> np.ndarray:
+    """The record's bytes as they are in its log."""
+    out = np.empty(rec.nbytes, dtype=np.uint8)
+    pread_full(lfds[rec.log], out, rec.log_offset, logs[rec.log], None)
+    return out
+
+
+def _redo(update: _Pending, lfds: list[int]) -> int:
+    """Write every record of ``update`` into its member file; returns the bytes written."""
+    ffds: dict[int, int] = {}
+    written = 0
+    try:
+        for rec in update.records:
+            m = rec.member
+            data = _read_record(lfds, update.logs, rec)
+            if isinstance(rec.dest, Slab):
+                sl = rec.dest
+                library.write_slab(update.files[m], sl.var, sl.i0, sl.i1, data.view(np.dtype(sl.dtype)))
+            else:
+                if m not in ffds:
+                    try:
+                        ffds[m] = os.open(update.files[m], os.O_WRONLY)
+                    except OSError as exc:
+                        raise RecoveryError(f"cannot reopen the member file to finish the update: {exc.strerror}", path=update.files[m]) from None
+                pwrite_full(ffds[m], data, rec.dest)
+            written += rec.nbytes
+        if update.durable:
+            for fd in ffds.values():
+                os.fsync(fd)
+    finally:
+        for fd in ffds.values():
+            os.close(fd)
+    return written
+
+
 def recover(marker: Path) -> int:
     """Finish the interrupted update described by ``marker``: verify every log record, then write
     them all and remove the marker. Returns the number of bytes written.
 
     Raises :class:`RecoveryError` naming the log or file when a log is unreachable (for example
     on another node's ``/dev/shm``) or damaged; nothing is written then."""
-    with open(marker) as fh:
-        body = json.load(fh)
-    files: list[str] = body["files"]
-    logs: list[str] = body["logs"]
-    recs: list[list[object]] = body["records"]
-    uid: str = body["id"]
-    lfds = []
+    update = _Pending.read(marker)
+    lfds = update.open_logs()
     try:
-        for lp in logs:
-            try:
-                fd = os.open(lp, os.O_RDONLY)
-            except OSError as exc:
+        for rec in update.records:  # verify everything before writing anything
+            if checksum(_read_record(lfds, update.logs, rec)) != rec.crc:
                 raise RecoveryError(
-                    f"the log of an interrupted update (committed on host {body.get('host')}) is unreachable: {exc.strerror}; "
-                    f"run again on that host, or restore the member files from another copy and delete the marker {marker}",
-                    path=lp,
-                ) from None
-            lfds.append(fd)
-            head = os.pread(fd, HEADER, 0)
-            if not head.startswith(MAGIC + uid.encode()):
-                raise RecoveryError(f"log does not belong to update {uid} of marker {marker}", path=lp)
-        def record(rec: list[object]) -> np.ndarray:
-            lo, n = int(rec[4]), int(rec[5])  # type: ignore[call-overload]
-            out = np.empty(n, dtype=np.uint8)
-            pread_full(lfds[rec[3]], out, lo, logs[rec[3]], None)  # type: ignore[index,call-overload]
-            return out
-
-        for rec in recs:  # verify everything before writing anything
-            if checksum(record(rec)) != rec[6]:
-                raise RecoveryError(
-                    f"log record for {files[rec[0]]} (log offset {rec[4]}, {rec[5]} bytes) fails its checksum",  # type: ignore[index,call-overload]
-                    path=logs[rec[3]],  # type: ignore[index,call-overload]
+                    f"log record for {update.files[rec.member]} (log offset {rec.log_offset}, {rec.nbytes} bytes) fails its checksum",
+                    path=update.logs[rec.log],
                 )
-        ffds: dict[int, int] = {}
-        written = 0
-        try:
-            for rec in recs:
-                m = int(rec[0])  # type: ignore[call-overload]
-                data = record(rec)
-                if rec[1] == "b":
-                    if m not in ffds:
-                        try:
-                            ffds[m] = os.open(files[m], os.O_WRONLY)
-                        except OSError as exc:
-                            raise RecoveryError(f"cannot reopen the member file to finish the update: {exc.strerror}", path=files[m]) from None
-                    pwrite_full(ffds[m], data, int(rec[2]))  # type: ignore[call-overload]
-                else:
-                    var, i0, i1, dt = rec[2]  # type: ignore[misc]
-                    library.write_slab(files[m], var, i0, i1, data.view(np.dtype(dt)))
-                written += int(rec[5])  # type: ignore[call-overload]
-            if body.get("durable"):
-                for fd in ffds.values():
-                    os.fsync(fd)
-        finally:
-            for fd in ffds.values():
-                os.close(fd)
+        written = _redo(update, lfds)
     finally:
         for fd in lfds:
             os.close(fd)
-    write_completion(body.get("completion"))
-    clear(marker, bool(body.get("durable")))
-    for lp in logs:
+    write_completion(update.completion)
+    clear(marker, update.durable)
+    for lp in update.logs:
         try:
             os.unlink(lp)
         except OSError:

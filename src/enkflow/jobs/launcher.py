@@ -1,7 +1,8 @@
 """What every launcher offers: submit a job, ask its state, cancel it.
 
 One launcher per module: :mod:`enkflow.jobs.local` (processes on this
-machine) and :mod:`enkflow.jobs.slurm` (``sbatch``/``squeue``/``scancel``).
+machine) and :mod:`enkflow.jobs.slurm` (``sbatch``/``squeue``/``scancel``),
+registered by kind in :mod:`enkflow.jobs.launchers`.
 """
 
 from __future__ import annotations

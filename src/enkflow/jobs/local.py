@@ -14,11 +14,15 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from enkflow.errors import ConfigError
 from enkflow.jobs.launcher import JobSpec, JobState
-from enkflow.jobs.worker import process_alive
+from enkflow.jobs.process import process_alive
+
+if TYPE_CHECKING:
+    from enkflow.jobs.config import LauncherSection
 
 KILL_GRACE_S = 10.0
 
@@ -41,6 +45,8 @@ class LocalLauncher:
     """
 
     name = "local"
+    spans_hosts = False
+    job_id_variable = "ENKFLOW_JOB_ID"  # set by _start
 
     def __init__(self, cpus: int = 0):
         self.auto = cpus == 0
@@ -48,6 +54,12 @@ class LocalLauncher:
         self._jobs: dict[str, _Job] = {}
         self._order: list[str] = []
         self._seq = 0
+
+    @classmethod
+    def from_config(cls, section: LauncherSection, directory: Path, *, colocated: int | None = None) -> LocalLauncher:
+        """``[launcher] cpus`` slots, or ``colocated`` ones for jobs that must all run at once
+        (they wait on each other, so oversubscribing the machine is fine). ``directory`` is unused."""
+        return cls(cpus=colocated if colocated is not None else section.cpus)
 
     def submit(self, spec: JobSpec) -> str:
         if spec.cpus > self.cpus and not self.auto:
@@ -90,7 +102,7 @@ class LocalLauncher:
     def _start(self, jid: str, job: _Job) -> None:
         env = dict(os.environ)
         env.update(job.spec.env)
-        env["ENKFLOW_JOB_ID"] = jid
+        env[self.job_id_variable] = jid
         log = open(job.spec.log, "ab") if job.spec.log else subprocess.DEVNULL
         try:
             job.proc = subprocess.Popen(job.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

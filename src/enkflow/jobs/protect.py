@@ -32,8 +32,10 @@ import os
 import shutil
 from pathlib import Path
 
-from enkflow.fsutil import fsync_dir
 from enkflow.errors import StorageError
+from enkflow.fsutil import fsync_dir
+from enkflow.jobs.files import fingerprint
+from enkflow.jobs.tasks import RestartWrite
 
 _FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
 
@@ -101,23 +103,21 @@ def place(src: Path, dst: Path, *, link: bool = False) -> str:
     return how
 
 
-def protect(restart: Path, prot: Path, mode: str) -> str:
-    """Keep ``restart`` aside as ``prot`` (atomically: ``prot`` exists only when complete).
-    ``mode`` is ``in-place`` (copy) or ``rename`` (hard link). Returns how it was made."""
-    return place(restart, prot, link=mode == "rename")
+def protect(restart: Path, prot: Path, mode: RestartWrite) -> str:
+    """Keep ``restart`` aside as ``prot`` (atomically: ``prot`` exists only when complete):
+    a copy for ``in-place`` models, a hard link for ``rename`` ones. Returns how it was made."""
+    return place(restart, prot, link=mode is RestartWrite.RENAME)
 
 
-def restore(prot: Path, restart: Path, mode: str) -> None:
+def restore(prot: Path, restart: Path, mode: RestartWrite) -> None:
     """Put the protected content back as ``restart`` (atomically, by rename) and keep ``prot``.
     For ``in-place`` models the restart gets its own copy, so the next run cannot touch ``prot``."""
-    place(prot, restart, link=mode == "rename")
+    place(prot, restart, link=mode is RestartWrite.RENAME)
 
 
 def link_intact(prot: Path, before: dict[str, int] | None) -> bool:
     """Whether a hard-linked protected copy still has the content it had (``before``: its
     fingerprint when made); False means the model wrote into the restart in place."""
-    from enkflow.jobs.files import fingerprint
-
     return before is None or fingerprint(prot) == before
 
 

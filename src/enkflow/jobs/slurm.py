@@ -15,10 +15,13 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from enkflow.errors import EnkflowError
 from enkflow.jobs.launcher import JobSpec, JobState
+
+if TYPE_CHECKING:
+    from enkflow.jobs.config import LauncherSection
 
 _PENDING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 _RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED", "RESIZING"}
@@ -41,6 +44,8 @@ class SlurmLauncher:
     """
 
     name = "slurm"
+    spans_hosts = True  # jobs run on the cluster's nodes
+    job_id_variable = "SLURM_JOB_ID"
 
     def __init__(self, script_dir: str | os.PathLike[str], *, partition: str | None = None, account: str | None = None,
                  extra: Sequence[str] = (), signal_margin_s: int = 30, bin_dir: str | None = None):
@@ -52,6 +57,12 @@ class SlurmLauncher:
         self.signal_margin_s = signal_margin_s
         self.bin_dir = bin_dir
         self._seq = 0
+
+    @classmethod
+    def from_config(cls, section: LauncherSection, directory: Path, *, colocated: int | None = None) -> SlurmLauncher:
+        """Batch scripts in ``directory``; ``colocated`` jobs need nothing special (each is a job of its own)."""
+        return cls(directory, partition=section.partition, account=section.account, extra=section.extra,
+                   signal_margin_s=section.signal_margin)
 
     def _cmd(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name

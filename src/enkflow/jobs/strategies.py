@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 
 from enkflow.jobs.launcher import JobSpec
+from enkflow.jobs.tasks import logs_dir
 
 
 class Strategy(str, Enum):
@@ -30,12 +31,21 @@ class Strategy(str, Enum):
     SINGLE = "single"
 
 
+class JobRole(StrEnum):
+    """What a planned job is for (the ``role`` of its ``job_submit`` event)."""
+
+    PILOT = "pilot"  # dynamic: pulls any task
+    MEMBER = "member"  # per-member: one member's forecast
+    ANALYSIS = "analysis"  # per-member: the analysis, after the member jobs
+    ALL = "all"  # single: every task in one job
+
+
 @dataclass(frozen=True)
 class PlannedJob:
     """A job to submit; ``covers`` is the set of task IDs it may run (None: any)."""
 
     spec: JobSpec
-    role: str
+    role: JobRole
     covers: frozenset[int] | None
 
 
@@ -77,7 +87,7 @@ def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, tod
     """
     analysis = n_members + 1
     members = [t for t in todo if t != analysis]
-    logs = cycle_dir / "logs"
+    logs = logs_dir(cycle_dir)
     jobs: list[PlannedJob] = []
 
     def spec(name: str, argv: list[str], cpus: int) -> JobSpec:
@@ -91,17 +101,17 @@ def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, tod
         n = max(1, min(res.workers, len(members)))
         for j in range(n):
             argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, python=python)
-            jobs.append(PlannedJob(spec(f"pilot{serial}.{j}", argv, res.cpus_per_job), "pilot", None))
+            jobs.append(PlannedJob(spec(f"pilot{serial}.{j}", argv, res.cpus_per_job), JobRole.PILOT, None))
     elif strategy is Strategy.PER_MEMBER:
         for m in members:
             argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, only=m, python=python)
-            jobs.append(PlannedJob(spec(f"m{m}.{serial}", argv, res.cpus_per_job), "member", frozenset({m})))
+            jobs.append(PlannedJob(spec(f"m{m}.{serial}", argv, res.cpus_per_job), JobRole.MEMBER, frozenset({m})))
         if analysis in todo:
             argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, only=analysis, python=python)
-            jobs.append(PlannedJob(spec(f"analysis.{serial}", argv, res.analysis_cpus), "analysis", frozenset({analysis})))
+            jobs.append(PlannedJob(spec(f"analysis.{serial}", argv, res.analysis_cpus), JobRole.ANALYSIS, frozenset({analysis})))
     elif strategy is Strategy.SINGLE:
         threads = max(1, len(members))
         cpus = max(res.cpus_per_job * threads, res.analysis_cpus)
         argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, threads=threads, python=python)
-        jobs.append(PlannedJob(spec(f"all.{serial}", argv, cpus), "all", None))
+        jobs.append(PlannedJob(spec(f"all.{serial}", argv, cpus), JobRole.ALL, None))
     return jobs

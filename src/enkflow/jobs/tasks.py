@@ -25,28 +25,63 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from enkflow.errors import EnkflowError
 from enkflow.jobs.files import read_json, write_json_atomic
 
+TASKS_FILE = "tasks.json"
+
+
+def done_marker(cycle_dir: Path, task: int) -> Path:
+    """The marker a worker writes (atomically) once ``task`` of the cycle is confirmed done."""
+    return cycle_dir / "done" / f"task_{task:03d}.json"
+
+
+def logs_dir(cycle_dir: Path) -> Path:
+    """The cycle's logs: the jobs' and each task attempt's."""
+    return cycle_dir / "logs"
+
+
+class StepKind(StrEnum):
+    """What a step runs (its ``name`` in ``tasks.json``)."""
+
+    MODEL = "model"  # a member's forecast: advances its restart
+    OPERATOR = "operator"  # H(x) of a member's forecast
+    ANALYSIS = "analysis"
+
+
+class RestartWrite(StrEnum):
+    """``model.restart_write``: how the model writes its restart (:mod:`enkflow.jobs.protect`)."""
+
+    IN_PLACE = "in-place"  # it may rewrite the file: a copy is kept aside
+    RENAME = "rename"  # it renames a finished file over it: a hard link is kept
+
+
+class Unchanged(StrEnum):
+    """``model.unchanged``: what a model that exits 0 but leaves its restart untouched gets."""
+
+    WARN = "warn"
+    ERROR = "error"
+
 
 @dataclass(frozen=True)
 class Step:
     """One command of a task. ``argv`` is run without a shell."""
 
-    name: str
+    name: StepKind
     argv: list[str]
     commit: dict[str, str] | None = None
     fatal_rc: int | None = None  # exit status meaning a deterministic error: never retried
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "argv": list(self.argv), "commit": self.commit, "fatal_rc": self.fatal_rc}
+        return {"name": self.name.value, "argv": list(self.argv), "commit": self.commit, "fatal_rc": self.fatal_rc}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Step":
-        return cls(d["name"], list(d["argv"]), d.get("commit"), d.get("fatal_rc"))
+        return cls(StepKind(d["name"]), list(d["argv"]), d.get("commit"), d.get("fatal_rc"))
 
 
 @dataclass(frozen=True)
@@ -57,8 +92,8 @@ class Task:
     member: int | None
     steps: list[Step]
     restart: str | None = None  # the member restart the model advances (protected copy, unchanged check)
-    restart_write: str = "in-place"  # how the model writes it: "in-place" or "rename" (protect.py)
-    unchanged: str = "warn"  # a zero exit that left the restart untouched: "warn" or "error"
+    restart_write: RestartWrite = RestartWrite.IN_PLACE  # how the model writes it (protect.py)
+    unchanged: Unchanged = Unchanged.WARN  # what a zero exit that left the restart untouched gets
     max_attempts: int | None = None  # overrides the table's limit (the analysis has its own)
 
     @property
@@ -70,15 +105,16 @@ class Task:
             "member": self.member,
             "steps": [s.to_json() for s in self.steps],
             "restart": self.restart,
-            "restart_write": self.restart_write,
-            "unchanged": self.unchanged,
+            "restart_write": self.restart_write.value,
+            "unchanged": self.unchanged.value,
             "max_attempts": self.max_attempts,
         }
 
     @classmethod
     def from_json(cls, tid: int, d: dict[str, Any]) -> "Task":
         return cls(tid, d.get("member"), [Step.from_json(s) for s in d["steps"]], d.get("restart"),
-                   d.get("restart_write", "in-place"), d.get("unchanged", "warn"), d.get("max_attempts"))
+                   RestartWrite(d.get("restart_write", RestartWrite.IN_PLACE)), Unchanged(d.get("unchanged", Unchanged.WARN)),
+                   d.get("max_attempts"))
 
 
 @dataclass(frozen=True)
@@ -102,7 +138,7 @@ class TaskTable:
     def write(self, directory: str | os.PathLike[str]) -> None:
         """Write ``directory/tasks.json`` atomically."""
         write_json_atomic(
-            Path(directory) / "tasks.json",
+            Path(directory) / TASKS_FILE,
             {
                 "cycle": self.cycle,
                 "n_members": self.n_members,
@@ -119,7 +155,7 @@ class TaskTable:
     @classmethod
     def read(cls, directory: str | os.PathLike[str]) -> "TaskTable":
         """Read ``directory/tasks.json``."""
-        d = read_json(Path(directory) / "tasks.json")
+        d = read_json(Path(directory) / TASKS_FILE)
         if d is None:
             raise EnkflowError(f"{directory}: no tasks.json; is this a cycle directory of an enkflow experiment?")
         return cls(

@@ -38,8 +38,10 @@ import psutil
 from enkflow.errors import EnkflowError
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
+from enkflow.jobs.launchers import JOB_ID_VARIABLES
+from enkflow.jobs.process import process_alive
 from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
-from enkflow.jobs.tasks import Step, Task, TaskTable
+from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, Unchanged, done_marker, logs_dir
 from enkflow.jobs.todo import Claimant, Take, TodoList
 
 # Lines of a failing step's stderr kept for the error message.
@@ -61,17 +63,6 @@ def _child_setup(parent: int) -> None:
         # The parent may have died before prctl took effect.
         if os.getppid() != parent:
             os._exit(137)
-
-
-def process_alive(pid: int, ctime: float | None = None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, if given, was created at ``ctime`` (s)."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return ctime is None or abs(p.create_time() - ctime) < 0.05
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
 
 
 def is_stale(claim: dict[str, Any], heartbeat_dir: Path, lease_s: float) -> bool:
@@ -283,7 +274,7 @@ class Worker:
     # -- one task -----------------------------------------------------------------
 
     def _marker(self, task: Task) -> Path:
-        return self.cycle_dir / "done" / f"task_{task.id:03d}.json"
+        return done_marker(self.cycle_dir, task.id)
 
     def _run_task(self, task: Task, who: Claimant) -> None:
         cyc = self.table.cycle
@@ -298,7 +289,7 @@ class Worker:
         attempt = self.todo.snapshot()["claims"].get(str(task.id), {}).get("attempt", 1)
         t_start = time.time()
         self.events.emit("task_start", cycle=cyc, task=task.id, member=task.member, worker=who.worker, job=self.job_id, attempt=attempt)
-        prot_fp = self._protect(task, prot, who) if prot is not None else None
+        prot_fp = self._protect(task, Path(task.restart), prot, who) if task.restart and prot is not None else None
         before = fingerprint(task.restart) if task.restart else None
         run_s = 0.0
         timings: dict[str, float | list[float]] = {}
@@ -308,7 +299,7 @@ class Worker:
             rc, errlog = self._run_step(task, step, attempt, tfile)
             run_s += time.time() - t1
             # The stderr tail is read only for a failure's report, not after every successful step.
-            report = {"returncode": rc, "argv": step.argv, "log": str(errlog), "step": step.name}
+            report = {"returncode": rc, "argv": step.argv, "log": str(errlog), "step": step.name.value}
             if rc != 0:
                 deterministic = step.fatal_rc is not None and rc == step.fatal_rc
                 if deterministic:
@@ -322,7 +313,7 @@ class Worker:
                     self._fail(task, who, attempt, report, fatal=True)
                     return
                 os.replace(step.commit["from"], step.commit["to"])
-            if step.name == "model" and task.restart:
+            if step.name is StepKind.MODEL and task.restart:
                 if prot is not None and prot_fp is not None and not link_intact(prot, prot_fp):
                     report["reason"] = ("model.restart_write = 'rename' says the model replaces its restart by "
                                         "renaming a new file over it, but it wrote into the restart in place; "
@@ -331,8 +322,8 @@ class Worker:
                     return
                 if fingerprint(task.restart) == before:
                     self.events.emit("task_unchanged", cycle=cyc, task=task.id, member=task.member, worker=who.worker,
-                                     argv=step.argv, restart=task.restart, policy=task.unchanged)
-                    if task.unchanged == "error":
+                                     argv=step.argv, restart=task.restart, policy=task.unchanged.value)
+                    if task.unchanged is Unchanged.ERROR:
                         report["reason"] = f"the model exited 0 but left its restart {task.restart} unchanged (model.unchanged = 'error')"
                         self._fail(task, who, attempt, report, fatal=True)
                         return
@@ -350,10 +341,9 @@ class Worker:
             discard(prot)
         self.events.emit("task_end", **rec)
 
-    def _protect(self, task: Task, prot: Path, who: Claimant) -> dict[str, int] | None:
+    def _protect(self, task: Task, restart: Path, prot: Path, who: Claimant) -> dict[str, int] | None:
         """Restore the restart from its protected copy (a rerun) or make that copy (the first run).
         Returns the copy's fingerprint for a hard link (to check later that nothing wrote into it)."""
-        restart = Path(task.restart)  # type: ignore[arg-type]
         if prot.exists():
             restore(prot, restart, task.restart_write)
             self.events.emit("task_restore", cycle=self.table.cycle, task=task.id, member=task.member, worker=who.worker,
@@ -363,7 +353,7 @@ class Worker:
             how = protect(restart, prot, task.restart_write)
             self.events.emit("task_protect", cycle=self.table.cycle, task=task.id, member=task.member, worker=who.worker,
                              how=how, protect_s=time.time() - t0)
-        return fingerprint(prot) if task.restart_write == "rename" else None
+        return fingerprint(prot) if task.restart_write is RestartWrite.RENAME else None
 
     def _fail(self, task: Task, who: Claimant, attempt: int, report: dict[str, Any], *, fatal: bool) -> None:
         """Record a failed attempt: retried first in line, unless ``fatal`` (a deterministic error)
@@ -384,7 +374,7 @@ class Worker:
 
     def _run_step(self, task: Task, step: Step, attempt: int, tfile: Path) -> tuple[int, Path]:
         """Run one step; returns (exit status, stderr log). Raises _Stop when told to stop."""
-        logs = self.cycle_dir / "logs"
+        logs = logs_dir(self.cycle_dir)
         stem = f"task_{task.id:03d}.a{attempt}.{step.name}"
         env = dict(os.environ)
         env.update(self.table.env)
@@ -448,7 +438,7 @@ def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = Non
     SIGTERM (as SLURM sends at the time limit or on ``scancel``) stops the
     running task and puts it back at the front. Returns the exit code.
     """
-    job = job_id or os.environ.get("ENKFLOW_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+    job = job_id or next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), "")
     wid = worker_id or f"{hostname()}-{os.getpid()}"
     w = Worker(Path(cycle_dir), wid, job_id=job, threads=threads, only=only, time_limit_s=time_limit_s)
     signal.signal(signal.SIGTERM, lambda signum, frame: w.request_stop("sigterm"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -22,14 +23,22 @@ from pathlib import Path
 
 from enkflow.errors import ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks
-from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.config import ExperimentConfig, Initial, Mode
+from enkflow.experiment.directory import OnlineDir
+from enkflow.experiment.driver import make_launcher
+from enkflow.experiment.from_archive import archive_checker, archive_root, drop_later, report_restored
 from enkflow.experiment.lock import DriverLock
 from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
-from enkflow.jobs.local import LocalLauncher
-from enkflow.online.experiment import online_dir
+from enkflow.jobs.launchers import LAUNCHERS
+from enkflow.jobs.protect import place
+from enkflow.online.checkpoint import analysis_path
+from enkflow.online.experiment import experiment_fields
+from enkflow.output import archive as _archive
+from enkflow.output.service import OutputService
+from enkflow.state import StateLayout
 from enkflow.tokens import secret_file
 
 
@@ -41,9 +50,7 @@ def _free_port(host: str) -> int:
 
 def copy_initial(cfg: ExperimentConfig) -> None:
     """``experiment.initial = "copy"``: the experiment's own copy of the initial ensemble, made once."""
-    from enkflow.jobs.protect import place
-
-    if cfg.experiment.initial != "copy":
+    if cfg.experiment.initial is not Initial.COPY:
         return
     for m in range(1, cfg.experiment.members + 1):
         dst = cfg.restart_path(m)
@@ -53,16 +60,17 @@ def copy_initial(cfg: ExperimentConfig) -> None:
 
 
 def make_secrets(directory: Path, *, curve: bool) -> Path:
-    """The experiment's token (and, with ``curve``, the server's CURVE key pair), made once; returns the token file."""
-    token = directory / "token"
-    secret_file(token, lambda: secrets.token_hex(32))
-    if curve and not (directory / "curve.key").exists():
-        import zmq
+    """The experiment's token (and, with ``curve``, the server's CURVE key pair), made once in the
+    online directory ``directory`` (:class:`OnlineDir`); returns the token file."""
+    odir = OnlineDir(directory)
+    secret_file(odir.token, lambda: secrets.token_hex(32))
+    if curve and not odir.curve_secret.exists():
+        import zmq  # CURVE keys only: the launcher itself speaks no ZeroMQ
 
         pub, sec = zmq.curve_keypair()
-        write_bytes_atomic(directory / "curve.pub", pub + b"\n")
-        secret_file(directory / "curve.key", lambda: sec.decode())
-    return token
+        write_bytes_atomic(odir.curve_public, pub + b"\n")
+        secret_file(odir.curve_secret, lambda: sec.decode())
+    return odir.token
 
 
 class OnlineExperiment:
@@ -70,15 +78,16 @@ class OnlineExperiment:
 
     def __init__(self, cfg: ExperimentConfig, launcher: Launcher | None = None,
                  progress: Callable[[str], None] | None = None, poll_s: float = 0.2):
-        if cfg.experiment.mode != "online" or cfg.online is None:
+        if cfg.experiment.mode is not Mode.ONLINE or cfg.online is None:
             raise ConfigError("not an online experiment (experiment.mode)", key="experiment.mode")
         self.cfg = cfg
         self.o = cfg.online
-        self.dir = online_dir(cfg)
+        self.xdir = cfg.dir
+        self.odir = self.xdir.online
         self.progress = progress
         self.poll_s = poll_s
         self.launcher = launcher
-        self.events = EventLog(cfg.expdir / "events.jsonl")
+        self.events = EventLog(self.xdir.events)
         self.server_restarts = 0
         self.runner_starts = 0
         self.output_service = None
@@ -89,42 +98,38 @@ class OnlineExperiment:
 
     def check(self) -> None:
         """Every check that needs no server: the runner program, all observation files, the restarts."""
-        from enkflow.experiment.checks import _check_program
-
-        _check_program(self.o.runner, "online.runner")
+        checks.check_program(self.o.runner, "online.runner")
         checks.check_observations(self.cfg, self.cfg.cycle_numbers)
         # Before the copy of an initial = "copy" experiment exists, the restarts checked are the initial ones.
-        source = self.cfg.experiment.initial == "copy" and not self.cfg.restart_path(1).exists()
+        source = self.cfg.experiment.initial is Initial.COPY and not self.cfg.restart_path(1).exists()
         checks.check_restarts(self.cfg, source=source)
-        from enkflow.online.experiment import experiment_fields
-        from enkflow.state import StateLayout
-
         template = self.cfg.source_restart_path(1) if source else self.cfg.restart_path(1)
         experiment_fields(self.cfg, StateLayout.from_config(template, self.cfg.state), template)
 
     def run(self) -> dict:
         """Run the study to the end; returns the server's status. Holds the experiment's lock."""
         cfg = self.cfg
-        cfg.expdir.mkdir(parents=True, exist_ok=True)
-        with DriverLock(cfg.expdir):
+        self.xdir.root.mkdir(parents=True, exist_ok=True)
+        with DriverLock(self.xdir.lock):
             self.check()
-            self.dir.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
-            self.token_file = make_secrets(self.dir, curve=self.o.curve)
+            self.odir.path.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.xdir.config, cfg.to_json())
+            self.token_file = make_secrets(self.odir.path, curve=self.o.curve)
             copy_initial(cfg)
-            launch = read_json(self.dir / "launch.json") or {}
+            launch = read_json(self.odir.launch) or {}
             port = int(launch.get("port") or self.o.port or _free_port(self.o.bind))
-            write_json_atomic(self.dir / "launch.json", {"port": port})
-            status = read_json(self.dir / "status.json")
+            write_json_atomic(self.odir.launch, {"port": port})
+            status = read_json(self.odir.status)
             if status and status.get("state") == "done":
                 self._say("the study is already complete")
                 return status
-            (self.dir / "status.json").unlink(missing_ok=True)
-            (self.dir / "stopping.json").unlink(missing_ok=True)
+            self.odir.status.unlink(missing_ok=True)
+            self.odir.stopping.unlink(missing_ok=True)
             if self.launcher is None:
-                self.launcher = self._make_launcher()
+                # Runners and server ranks wait on each other: on one machine they all run at once.
+                self.launcher = make_launcher(cfg, colocated=self.o.ranks + self.o.runners + 1)
             self.events.emit("experiment_start", mode="online", cycles=cfg.cycle_numbers, members=cfg.experiment.members,
-                             runners=self.o.runners, ranks=self.o.ranks, launcher=cfg.launcher.kind)
+                             runners=self.o.runners, ranks=self.o.ranks, launcher=cfg.launcher.kind.value)
             self.output_service = self._start_output_service()
             try:
                 status = self._supervise()
@@ -144,22 +149,11 @@ class OnlineExperiment:
         (``{output_address}``, ``{output_token_file}``; docs/output.md)."""
         if self.cfg.output is None or not self.cfg.output.fields:
             return None
-        from enkflow.output.analysis_output import service_dir
-        from enkflow.output.service import OutputService
-
-        tcp = self.cfg.launcher.kind == "slurm"  # runners on other nodes
-        svc = OutputService.start(self.cfg.output, service_dir(self.cfg.expdir), transport="tcp" if tcp else "ipc",
+        tcp = LAUNCHERS[self.cfg.launcher.kind].spans_hosts  # runners on other hosts
+        svc = OutputService.start(self.cfg.output, self.xdir.output_service, transport="tcp" if tcp else "ipc",
                                   bind="0.0.0.0" if tcp else "127.0.0.1", base_dir=self.cfg.base_dir)
         self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
         return svc
-
-    def _make_launcher(self) -> Launcher:
-        if self.cfg.launcher.kind == "slurm":
-            from enkflow.experiment.driver import make_launcher
-
-            return make_launcher(self.cfg)
-        # Runners and server ranks share the machine; they wait on each other, so oversubscribing is fine.
-        return LocalLauncher(cpus=self.o.ranks + self.o.runners + 1)
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -171,8 +165,8 @@ class OnlineExperiment:
         return argv
 
     def _start_server(self) -> str:
-        (self.dir / "address").unlink(missing_ok=True)
-        logs = self.dir / "logs"
+        self.odir.address.unlink(missing_ok=True)
+        logs = self.odir.logs
         logs.mkdir(exist_ok=True)
         spec = JobSpec(name="enkflow-server", argv=self._server_argv(), cpus=self.o.ranks, time_limit_s=self.cfg.jobs.time_limit,
                        log=logs / f"server-{self.server_restarts}.log", env=self._env(), ntasks=self.o.ranks)
@@ -186,7 +180,7 @@ class OnlineExperiment:
         return env
 
     def _runner_argv(self, k: int, address: str) -> list[str]:
-        curve = (self.dir / "curve.pub").read_text().strip() if self.o.curve else ""
+        curve = self.odir.curve_public.read_text().strip() if self.o.curve else ""
         values = {"address": address, "token_file": self.token_file, "runner": k, "expdir": self.cfg.expdir,
                   "length": f"{self.cfg.experiment.forecast_length:g}", "steps": self.cfg.steps_per_cycle,
                   "restart": self.cfg.restart_path(1), "curve_key": curve,
@@ -198,13 +192,13 @@ class OnlineExperiment:
         k = self.runner_starts
         self.runner_starts += 1
         spec = JobSpec(name=f"enkflow-runner-{k}", argv=self._runner_argv(k, address), cpus=1,
-                       time_limit_s=self.cfg.jobs.time_limit, log=self.dir / "logs" / f"runner-{k}.log", env=self._env())
+                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log", env=self._env())
         jid = self.launcher.submit(spec)
         self.events.emit("runner_start", job=jid, runner=k)
         return jid
 
     def _wait_address(self, server: str) -> str:
-        path = self.dir / "address"
+        path = self.odir.address
         while not path.exists():
             if self.launcher.states([server])[server] is JobState.FINISHED:
                 return ""
@@ -223,7 +217,7 @@ class OnlineExperiment:
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
                 if st[server] is JobState.FINISHED:
-                    status = read_json(self.dir / "status.json")
+                    status = read_json(self.odir.status)
                     if status is not None and status.get("state") == "done":
                         self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
                         return status
@@ -234,7 +228,7 @@ class OnlineExperiment:
                         raise EnkflowError(f"the server stopped: {status.get('error')}")
                     if self.server_restarts >= self.o.max_server_restarts:
                         raise EnkflowError(f"the server crashed {self.server_restarts + 1} times (online.max_server_restarts = "
-                                           f"{self.o.max_server_restarts}); see {self.dir / 'logs'}{_tail(self.dir / 'logs', 'server')}")
+                                           f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
                     self.server_restarts += 1
                     self.events.emit("server_crash", restart=self.server_restarts)
                     self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
@@ -248,10 +242,10 @@ class OnlineExperiment:
                     continue
                 for i, jid in enumerate(runners):
                     # A runner ends when told the study is over: then it is not replaced.
-                    if st[jid] is JobState.FINISHED and not (self.dir / "stopping.json").exists():
+                    if st[jid] is JobState.FINISHED and not self.odir.stopping.exists():
                         if self.runner_starts >= max_starts:
                             raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
-                                               f"{self.dir / 'logs'}{_tail(self.dir / 'logs', 'runner')}")
+                                               f"{self.odir.logs}{_tail(self.odir.logs, 'runner')}")
                         self.events.emit("runner_exit", job=jid)
                         runners[i] = self._start_runner(address)
                 time.sleep(self.poll_s)
@@ -264,3 +258,35 @@ def _tail(logs: Path, prefix: str, lines: int = 15) -> str:
     """The tail of the newest ``prefix-*.log``, for an error message ('' when there is none)."""
     log = newest(logs, f"{prefix}-*.log")
     return "" if log is None else f"; {log} ends with:\n" + log_tail(log, lines)
+
+
+def restore_online(cfg: ExperimentConfig, cycle: int, progress: Callable[[str], None] | None = None) -> dict:
+    """Restore the server's analysis checkpoints archived after ``cycle``, so that the online study
+    resumes from them at the next cycle (:mod:`enkflow.experiment.from_archive`). Takes the driver
+    lock. Returns the archive's manifest."""
+    root = archive_root(cfg, cycle)
+    t0 = time.perf_counter()
+    xdir = cfg.dir
+    odir = xdir.online
+    ckdir = odir.checkpoints
+    ranks = cfg.online.ranks
+    targets = {f"rank:{r}": analysis_path(ckdir, cycle, r) for r in range(ranks)}
+    check = archive_checker(root, cycle, {"mode": "online", "members": cfg.experiment.members, "ranks": ranks})
+
+    def clear() -> None:
+        # Every other checkpoint: the server resumes from the newest analysis, with the forecasts of the next cycle.
+        for p in list(ckdir.glob("analysis_*.h5")) + list(ckdir.glob("forecast_*")):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+        for f in (odir.status, odir.stopping):
+            f.unlink(missing_ok=True)
+        drop_later(cfg, cycle)
+
+    xdir.root.mkdir(parents=True, exist_ok=True)
+    with DriverLock(xdir.lock):
+        manifest = _archive.restore(root, cycle, targets, check=check, before_write=clear)
+        report_restored(EventLog(xdir.events), root, cycle, manifest, t0, progress,
+                        "the server's analysis checkpoints")
+    return manifest

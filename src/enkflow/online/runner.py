@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 
 import numpy as np
 import zmq
@@ -47,15 +48,26 @@ from enkflow.parallel import Comm, SerialComm
 State = Mapping[str, np.ndarray] | np.ndarray
 
 
+class Exchange(Enum):
+    """The steps of :meth:`Runner.expose`, as a runner's ``on_exchange`` hook is told them."""
+
+    PUT = "put"  # the forecast sent to the server ranks, each acknowledged
+    READY = "ready"  # READY sent, until the TASK (or STOP) came
+    GET = "get"  # the next member's state received from the server ranks
+
+
 class Runner:
     """One model instance (all ranks of an MPI model) serving the members the server hands it.
 
     ``timeout_s`` bounds every wait for the server except the wait for a task;
     ``reconnect_s`` is how long a runner waits for a lost server to come back.
+    ``on_exchange(step, seconds)`` is told the wall seconds of each step of :meth:`expose`
+    that completed (benchmarks time the exchange with it).
     """
 
     def __init__(self, address: str, token: str, *, comm: Comm | None = None, name: str | None = None,
-                 curve_server_key: str | None = None, timeout_s: float = 600.0, reconnect_s: float = 120.0):
+                 curve_server_key: str | None = None, timeout_s: float = 600.0, reconnect_s: float = 120.0,
+                 on_exchange: Callable[[Exchange, float], None] | None = None):
         self.address = address
         self.comm = comm or SerialComm()
         self.name = name or f"{os.uname().nodename}:{os.getpid()}"
@@ -63,6 +75,7 @@ class Runner:
         self._curve = curve_server_key
         self.timeout_s = timeout_s
         self.reconnect_s = reconnect_s
+        self.on_exchange = on_exchange
         self.id = self.comm.bcast(uuid.uuid4().int & ((1 << 63) - 1) or 1, root=0)
         self._ctx = zmq.Context.instance()
         self._control: Connection | None = None
@@ -145,19 +158,25 @@ class Runner:
         """
         arrays = self._arrays(state)
         if self.task and self._have_state:
+            t0 = time.perf_counter()
             self._put(arrays)
+            self._exchanged(Exchange.PUT, t0)
         elif self.task:
             # The GET of this task did not complete (an error or an interruption the model caught): the
             # arrays hold no forecast of this member. Give the task back instead of sending them.
             self.fail("the member's state never arrived (its GET was interrupted); nothing was forecast")
         while True:
             try:
+                t0 = time.perf_counter()
                 hdr = self._next_task()
+                self._exchanged(Exchange.READY, t0)
                 if hdr.kind is Kind.STOP:
                     self._set_task(0, 0, hdr.cycle, 0)
                     return state, 0
                 self._set_task(hdr.task, hdr.member, hdr.cycle, hdr.nsteps)
+                t0 = time.perf_counter()
                 self._get(arrays)
+                self._exchanged(Exchange.GET, t0)
                 self._have_state = True
                 return state, self.nsteps
             except ServerLost:
@@ -195,6 +214,11 @@ class Runner:
         self.close()
 
     # -- internals ------------------------------------------------------------------
+
+    def _exchanged(self, step: Exchange, t0: float) -> None:
+        """Tell ``on_exchange`` the seconds since ``t0`` (``time.perf_counter``) that ``step`` took."""
+        if self.on_exchange is not None:
+            self.on_exchange(step, time.perf_counter() - t0)
 
     def _set_task(self, task: int, member: int, cycle: int, nsteps: int) -> None:
         self.task, self.member, self.cycle, self.nsteps = task, member, cycle, nsteps

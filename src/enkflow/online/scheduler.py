@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from enkflow.errors import MemberError
@@ -57,7 +58,7 @@ class Scheduler:
         self.redone: dict[str, int] = {}  # reschedules this cycle, by cause
         self.probes = 0  # repeated runs of a member still to compare (the statelessness check)
 
-    def start_cycle(self, cycle: int, done: set[int] = frozenset(), probe: int | None = None) -> None:  # type: ignore[assignment]
+    def start_cycle(self, cycle: int, done: Set[int] = frozenset(), probe: int | None = None) -> None:
         """A new cycle: every member not in ``done`` (forecasts recovered from a checkpoint) is pending.
         ``probe``: run this member twice (first and second in line); :meth:`finish` of the second run
         returns it with ``repeat`` set, for the caller to compare, then :meth:`probe_resolved`."""

@@ -95,14 +95,15 @@ class BackgroundArchiver:
     def _failed(self, rc: int | str) -> None:
         """Report a failed archiver: its exit status, or why it counted as hung (:func:`wait_progressing`)."""
         cycles = _archive.staged_cycles(self.staging)
+        returncode: int | None
         if isinstance(rc, str):
-            what, rc = f"{rc} ([archive] timeout = {self.settings.timeout:g} s)", None
+            what, returncode = f"{rc} ([archive] timeout = {self.settings.timeout:g} s)", None
         else:
-            what = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+            what, returncode = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}", rc
         tail = log_tail(self.log, 5) if self.log.exists() else ""
         msg = (f"archiving of cycle(s) {', '.join(map(str, cycles)) or '?'} to {self.root} failed ({what}); "
                f"see {self.log}" + (f":\n{tail}" if tail.strip() else ""))
-        self._report(msg, cycles=cycles, returncode=rc)
+        self._report(msg, cycles=cycles, returncode=returncode)
 
     def _report(self, msg: str, *, cycles: list[int], returncode: int | None) -> None:
         self.failures += 1

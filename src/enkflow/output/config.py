@@ -55,6 +55,12 @@ class FieldSpec(Strict):
                 raise ValueError(f"pack_range must be [min, max] with max > min, got {list(self.pack_range)}")
         return self
 
+    def pack_bounds(self) -> tuple[float, float]:
+        """``pack_range`` of a field packed to 16 bits (``dtype = 'int16'``, which requires it)."""
+        if self.pack_range is None:
+            raise ValueError(f"a field of dtype {self.dtype!r} has no pack_range (only int16 fields are packed)")
+        return self.pack_range
+
 
 class WindowSpec(Strict):
     """``[[output.windows]]``: time mean, minimum and maximum over consecutive windows of ``length``."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.output.ring import _shm_dir
+from enkflow.output.ring import shm_dir, unmap
 
 PAGE = 4096
 ACTIVITY_AT = 64
@@ -54,7 +54,7 @@ class Heartbeat:
     @classmethod
     def create(cls) -> "Heartbeat":
         """A new page in /dev/shm (or the temporary directory); :meth:`unlink` removes its name."""
-        path = _shm_dir() / f"enkflow-output-beat-{os.getpid()}-{secrets.token_hex(4)}"
+        path = shm_dir() / f"enkflow-output-beat-{os.getpid()}-{secrets.token_hex(4)}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, PAGE)
@@ -90,11 +90,7 @@ class Heartbeat:
         self.path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        self._counters = self._text = None  # type: ignore[assignment]
-        try:
-            self._map.close()
-        except BufferError:
-            pass
+        unmap(self._map, self, "_counters", "_text")
 
 
 def io_bytes(pid: int) -> int | None:

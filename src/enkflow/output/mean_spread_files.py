@@ -3,11 +3,13 @@ mean_spread_files``), off the analysis's critical path.
 
 The files hold the whole state in the restart's layout, with the template's coordinates
 (:class:`enkflow.io.meanspread.MeanSpreadTemplate`). A writer process started once per run,
-``python -m enkflow.output.mean_spread_files EXPDIR --template COPY``, writes them on request
-(one JSON line per cycle on its stdin, one JSON line back), while the next forecasts run. A
+``python -m enkflow.output.mean_spread_files``, writes them on request (after its settings,
+one JSON line per cycle on its stdin, one JSON line back), while the next forecasts run. A
 process, not a thread: the netCDF library is not thread-safe, and the driver or the server
 calls it meanwhile. Its layout is read from a copy of member 1's restart taken when the
-driver or server starts (``COPY``), not from the restart, which a model may be rewriting.
+driver or server starts (``COPY``), not from the restart, which a model may be rewriting. It is
+given plain values (the ``[state]`` table, paths, the ensemble size, each cycle's directory): it
+does not read the experiment's configuration.
 
 * **offline** (:class:`MeanSpreadFromStatistics`): the analysis tasks only add their rows
   to the study's output service, which writes the per-variable statistics files
@@ -28,13 +30,22 @@ import select
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, StorageError
+from enkflow.fsutil import atomic_output
+from enkflow.io.meanspread import MeanSpreadTemplate, gather_mean_spread
 from enkflow.job_thread import JobThread
+from enkflow.jobs.files import log_tail
+from enkflow.output.analysis_output import field_name
+from enkflow.output.analysis_output import service_dir as default_service_dir
 from enkflow.output.heartbeat import Silence, kill_if_stalled
-from enkflow.state import StateLayout
+from enkflow.state import StateConfig, StateLayout
+
+if TYPE_CHECKING:
+    from enkflow.output.remote import RemoteOutput
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
 TEMPLATE = "mean_spread_template.nc"
@@ -46,9 +57,7 @@ def copy_template(cfg, directory: Path) -> Path:
     dimension and variable definition with its attributes, and the values of only what the layout
     and the files read (the mask, the state variables' coordinates); a restart's size in values
     would be copied at every start otherwise."""
-    import netCDF4
-
-    from enkflow.fsutil import atomic_output
+    import netCDF4  # heavy: only in the processes that write files
 
     src_path = cfg.restart_path(1)
     state = cfg.state
@@ -99,20 +108,23 @@ class _Writer:
     def __init__(self, cfg, template: Path, log: Path):
         self.log = log
         self.timeout = cfg.analysis_output.writer_timeout
+        self.cycle_dir = cfg.cycle_dir
+        spec = {"template": str(template), "state": cfg.state.model_dump(mode="json"),
+                "source": str(cfg.restart_path(1)), "members": cfg.experiment.members}
         with open(log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "enkflow.output.mean_spread_files", str(cfg.expdir),
-                 "--template", str(template)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.mean_spread_files"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
         self._bg = JobThread("enkflow-mean-spread")
+        try:
+            self._say(spec)
+        except OSError:
+            pass  # it died at once: the first request says so, with its log
 
     def request(self, cycle: int, rows: Path | None = None) -> None:
         """Write ``cycle``'s files (from ``rows``, else from its statistics files); blocks."""
-        from enkflow.jobs.files import log_tail
-
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            self.proc.stdin.write(json.dumps({"cycle": cycle, "rows": str(rows) if rows else None}) + "\n")
-            self.proc.stdin.flush()
+            self._say({"cycle": cycle, "rows": str(rows) if rows else None, "dir": str(self.cycle_dir(cycle))})
             line = self._answer(cycle)
         except OSError:
             line = ""
@@ -122,6 +134,11 @@ class _Writer:
         error = json.loads(line).get("error")
         if error:
             raise EnkflowError(f"cycle {cycle}: {MEAN} and {SPREAD} were not written: {error}")
+
+    def _say(self, line: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(line) + "\n")
+        self.proc.stdin.flush()
 
     def _answer(self, cycle: int) -> str:
         """The writer's answer line ('' if it died); raises if it hangs (killed first)."""
@@ -168,18 +185,14 @@ class MeanSpreadFromStatistics:
     None: no service runs, only finished cycles' missing files are written)."""
 
     def __init__(self, cfg, service_dir: Path | None):
-        from enkflow.output.analysis_output import service_dir as default_dir
-
         self.cfg = cfg
         self.service_dir = Path(service_dir) if service_dir is not None else None
-        d = self.service_dir or default_dir(cfg.expdir)
+        d = self.service_dir or default_service_dir(cfg.expdir)
         template = copy_template(cfg, d)  # now, while no model rewrites the restart
         self._writer = _Writer(cfg, template, d / "mean_spread.log")
-        self._client = None
+        self._client: RemoteOutput | None = None
 
     def has_statistics(self, cycle: int) -> bool:
-        from enkflow.output.analysis_output import field_name
-
         cdir = self.cfg.cycle_dir(cycle)
         return all((cdir / f"{field_name(v, s)}.nc").is_file() for v in self.cfg.state.variables
                    for s in ("analysis_mean", "analysis_spread"))
@@ -191,7 +204,7 @@ class MeanSpreadFromStatistics:
         if not files_missing(self.cfg, cycle):  # the analysis task, having found no service, wrote them
             return
         if self.service_dir is not None:
-            from enkflow.output.remote import RemoteOutput
+            from enkflow.output.remote import RemoteOutput  # pyzmq: only where a study's service runs
 
             if self._client is None:
                 self._client = RemoteOutput.from_dir(self.service_dir, timeout=30.0)
@@ -233,8 +246,6 @@ class BackgroundMeanSpread:
             self._writer = _Writer(self.cfg, copy_template(self.cfg, self.dir), self.dir / "mean_spread.log")
 
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
-        from enkflow.io.meanspread import gather_mean_spread
-
         mean, spread = gather_mean_spread(Xa, self.layout, self.comm)  # on rank 0
         error = None
         if self.comm.rank == 0:
@@ -266,9 +277,7 @@ class BackgroundMeanSpread:
 def _statistics(cdir: Path, layout: StateLayout, stat: str) -> np.ndarray:
     """The state's rows (n_rows,) of statistic ``stat`` of the cycle in ``cdir``, from the
     per-variable statistics files (:mod:`enkflow.output.analysis_output`)."""
-    import netCDF4
-
-    from enkflow.output.analysis_output import field_name
+    import netCDF4  # heavy: only in the processes that write files
 
     rows = np.empty(layout.n_rows)
     for v in layout.variables:
@@ -287,33 +296,33 @@ def _statistics(cdir: Path, layout: StateLayout, stat: str) -> np.ndarray:
     return rows
 
 
-def write_files(cfg, layout: StateLayout, tmpl, cycle: int, rows: Path | None = None) -> None:
-    """``cycle``'s mean and spread files of experiment ``cfg``: from ``rows`` (the mean and the spread,
-    2 x n_rows float64, raw; removed once written) or else from the cycle's statistics files."""
-    cdir = cfg.cycle_dir(cycle)
+def write_files(cdir: Path, cycle: int, layout: StateLayout, tmpl: MeanSpreadTemplate, members: int,
+                rows: Path | None = None) -> None:
+    """``cycle``'s mean and spread files in its directory ``cdir``, for an ensemble of ``members``: from
+    ``rows`` (the mean and the spread, 2 x n_rows float64, raw; removed once written) or else from the
+    cycle's statistics files."""
     if rows is not None:
         mean, spread = np.fromfile(rows, dtype=np.float64).reshape(2, layout.n_rows)
     else:
         mean = _statistics(cdir, layout, "analysis_mean")
         spread = _statistics(cdir, layout, "analysis_spread")
-    tmpl.write(cdir / MEAN, cdir / SPREAD, mean, spread, title=f"enkflow analysis, cycle {cycle}",
-               n_ens=cfg.experiment.members)
+    tmpl.write(cdir / MEAN, cdir / SPREAD, mean, spread, title=f"enkflow analysis, cycle {cycle}", n_ens=members)
     if rows is not None:
         rows.unlink()
 
 
-def serve(cfg, template: Path) -> None:
-    """The writer's loop: a request per line on stdin (``{"cycle": K, "rows": FILE or null}``),
-    its answer per line on stdout (``{"cycle": K, "error": null or TEXT}``); ends at EOF."""
-    from enkflow.io.meanspread import MeanSpreadTemplate
-
-    layout = StateLayout.from_config(template, cfg.state)
-    tmpl = MeanSpreadTemplate.read(layout, source=cfg.restart_path(1))
-    for line in sys.stdin:
+def serve(spec: dict[str, Any], requests: TextIO) -> None:
+    """The writer's loop: its settings ``spec`` (``template``: the layout's file, ``state``: the
+    ``[state]`` table, ``source``: member 1's restart, ``members``), then a request per line of
+    ``requests`` (``{"cycle": K, "rows": FILE or null, "dir": the cycle's directory}``), its answer
+    per line on stdout (``{"cycle": K, "error": null or TEXT}``); ends at EOF."""
+    layout = StateLayout.from_config(spec["template"], StateConfig.model_validate(spec["state"]))
+    tmpl = MeanSpreadTemplate.read(layout, source=spec["source"])
+    for line in requests:
         req = json.loads(line)
         cycle, rows = int(req["cycle"]), req.get("rows")
         try:
-            write_files(cfg, layout, tmpl, cycle, Path(rows) if rows else None)
+            write_files(Path(req["dir"]), cycle, layout, tmpl, int(spec["members"]), Path(rows) if rows else None)
             error = None
         except EnkflowError as exc:
             error = str(exc)
@@ -322,20 +331,11 @@ def serve(cfg, template: Path) -> None:
         print(json.dumps({"cycle": cycle, "error": error}), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m enkflow.output.mean_spread_files EXPDIR --template COPY`` (:func:`serve`)."""
-    import argparse
-
-    from enkflow.experiment.config import experiment_from_json
-    from enkflow.fsutil import read_json
-
-    ap = argparse.ArgumentParser(prog="python -m enkflow.output.mean_spread_files")
-    ap.add_argument("expdir", type=Path)
-    ap.add_argument("--template", type=Path, required=True)
-    a = ap.parse_args(argv)
+def main() -> int:
+    """``python -m enkflow.output.mean_spread_files`` (:func:`serve`): its settings are the first line
+    of stdin."""
     try:
-        cfg = experiment_from_json(read_json(a.expdir / "config.json"), file=str(a.expdir / "config.json"))
-        serve(cfg, a.template)
+        serve(json.loads(sys.stdin.readline()), sys.stdin)
     except (EnkflowError, OSError) as exc:
         print(f"enkflow: error: {exc}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ _INT16_SPAN = 65534.0  # codes -32767 .. 32767; -32768 is the fill value
 
 def packing(spec: FieldSpec) -> tuple[float, float, float]:
     """(scale_factor, add_offset, error bound) of the 16-bit packing of ``spec``'s pack_range."""
-    lo, hi = spec.pack_range  # type: ignore[misc]
+    lo, hi = spec.pack_bounds()
     scale = (hi - lo) / _INT16_SPAN
     return scale, (hi + lo) / 2.0, scale / 2.0
 
@@ -30,7 +30,7 @@ def packing(spec: FieldSpec) -> tuple[float, float, float]:
 def pack(x: np.ndarray, spec: FieldSpec) -> tuple[np.ndarray, int]:
     """``x`` as int16 codes (NaN -> fill); the count of values outside pack_range (not packed: the caller errs)."""
     scale, offset, _ = packing(spec)
-    lo, hi = spec.pack_range  # type: ignore[misc]
+    lo, hi = spec.pack_bounds()
     with np.errstate(invalid="ignore"):
         outside = int(np.count_nonzero((x < lo) | (x > hi)))
         codes = np.rint((np.asarray(x, dtype=np.float64) - offset) / scale)

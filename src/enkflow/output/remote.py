@@ -14,11 +14,13 @@ import zmq
 
 from enkflow.errors import InputError
 from enkflow.output import protocol as P
-from enkflow.output.client import OutputError, Region, check_piece, wire_copy
 from enkflow.output.config import OutputConfig
 from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
-from enkflow.output.service import ADD, HWM, TIMEOUT_KEY, hang_limit, hang_message, token_credential
+from enkflow.output.piece import Region, check_piece, wire_copy
+from enkflow.output.service import hang_limit, hang_message
+from enkflow.output.service_protocol import ADD, HWM, TIMEOUT_KEY, token_credential
+from enkflow.output.writer_process import OutputError
 
 POLL_MS = 100
 
@@ -48,7 +50,7 @@ class RemoteOutput:
                  timeout: float = 30.0, heartbeat_timeout: float = 60.0) -> None:
         if token is None:
             if token_file is None:
-                raise InputError("RemoteOutput needs the service's token or token_file")
+                raise InputError("RemoteOutput needs the service's token or token_file", item="token")
             token = Path(token_file).read_text().strip()
         self.address = address
         self._ctx = zmq.Context()
@@ -166,12 +168,11 @@ class RemoteOutput:
         t0 = _now()
         if self._closed:
             raise OutputError("add after close")
-        name, t, member, a, reg, _, wire = check_piece(self.cfg, self._shapes, name, array, time, member, region)
-        keep = wire_copy(a, wire)
+        piece = check_piece(self.cfg, self._shapes, name, array, time, member, region)
+        keep = wire_copy(piece.array, piece.wire)
         self._seq += 1
-        meta = P.encode(ADD, seq=self._seq, field=name, time=t, member=member,
-                        region=[list(r) for r in reg] if reg is not None else None, dtype=keep.dtype.str,
-                        shape=list(keep.shape))
+        meta = P.encode(ADD, seq=self._seq, field=piece.name, time=piece.time, member=piece.member,
+                        region=piece.region_json(), dtype=keep.dtype.str, shape=list(keep.shape))
         self._send([meta, memoryview(keep.reshape(-1).view(np.uint8))])
         s = self._stats
         s["adds"] += 1

@@ -41,14 +41,21 @@ def queue_supported() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _shm_dir() -> Path:
+def shm_dir() -> Path:
     d = Path("/dev/shm")
     return d if d.is_dir() and os.access(d, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def _layout(total: int) -> int:
-    """Bytes of the data area of a file of ``total`` bytes."""
-    return total - HEADER_BYTES - NOTICE_SLOTS * NOTICE_BYTES
+def unmap(mapping: mmap.mmap, owner: object, *views: str) -> None:
+    """Close ``mapping`` once ``owner``'s arrays over it (the attributes ``views``) are gone: mmap.close
+    refuses while one lives. Where another view still lives (an array in flight), the mapping goes with
+    the process. Nothing of ``owner``'s mapping may be used afterwards; a second call does nothing more."""
+    for name in views:
+        vars(owner).pop(name, None)
+    try:
+        mapping.close()
+    except BufferError:
+        pass
 
 
 class Ring:
@@ -58,7 +65,7 @@ class Ring:
     def __init__(self, nbytes: int) -> None:
         self.size = int(nbytes)
         total = HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES + self.size
-        self.path = _shm_dir() / f"enkflow-output-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = shm_dir() / f"enkflow-output-{os.getpid()}-{secrets.token_hex(4)}"
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, total)
@@ -140,11 +147,7 @@ class Ring:
 
     def close(self) -> None:
         self.unlink()
-        self.buf = self._counters = None  # type: ignore[assignment]
-        try:
-            self._map.close()
-        except BufferError:  # a view is still alive (an array in flight); the mapping goes with the process
-            pass
+        unmap(self._map, self, "buf", "_counters")
 
 
 class RingView:

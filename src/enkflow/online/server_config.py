@@ -1,0 +1,38 @@
+"""How the assimilation server listens, schedules and checks (:class:`ServerConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from enkflow.online.scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how the server listens; times in seconds.
+
+    ``bind`` is the interface (loopback unless set), ``port`` the control port
+    (0: any free port; the address is written to ``address_file``).
+    ``curve_secret_key`` (Z85) turns on ZeroMQ CURVE encryption; runners then
+    need the matching public key. ``stateless_check``: in the first cycle of a new
+    study member 1 runs twice and the two forecasts must agree bit for bit (a
+    model keeping state between exposes would give members the wrong history).
+    ``min_runners``: hand out no member before this many runners have joined (for
+    benchmarks and tests that need every runner to take part). ``stop_file`` is written
+    once the last cycle is done, before runners are told to stop (so that a supervisor
+    does not replace a runner that stopped because the study is over).
+    """
+
+    token: str
+    bind: str = "127.0.0.1"
+    port: int = 0
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 10.0
+    scheduler: SchedulerConfig = SchedulerConfig()
+    checkpoint_dir: Path | None = None
+    curve_secret_key: str | None = None
+    address_file: Path | None = None
+    stateless_check: bool = False
+    min_runners: int = 1
+    stop_file: Path | None = None
