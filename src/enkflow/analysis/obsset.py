@@ -6,6 +6,7 @@ Defined with the analysis (which consumes it); `enkflow.obs` re-exports it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -38,7 +39,9 @@ class ObsSet:
     values: np.ndarray
     error_var: np.ndarray
     coords: np.ndarray
-    kinds: np.ndarray = field(default=None)  # type: ignore[assignment]
+    # None (the default): zeros, set by __post_init__; the attribute is always an array. A precise init type
+    # needs a hand-written __init__ (parameters ArrayLike, kinds ArrayLike | None).
+    kinds: np.ndarray = field(default=cast(np.ndarray, None))
     half_width: np.ndarray | None = None
     vcoord: np.ndarray | None = None
 
