@@ -8,6 +8,7 @@ from scipy.spatial import cKDTree
 
 from enkflow.analysis.geometry import lonlat_to_xyz
 from enkflow.config import Metric
+from enkflow.errors import ConfigError
 from enkflow.obs.fileformat import LAT, LON, ObsFile
 from enkflow.obs.locating import Location, Target
 from enkflow.obs.locators.grid import VariableGrid, coord_vars, read_with_coordinates, spacing, variable_grids
@@ -39,7 +40,10 @@ def _nearest(g: VariableGrid, target: Target) -> np.ndarray:
     period = target.period
     if coord_vars(target.metric, target.layout) == (LON, LAT):
         tree, q = cKDTree(lonlat_to_xyz(g.pts)), lonlat_to_xyz(g.x)
-    elif target.metric is Metric.PERIODIC and period is not None:
+    elif target.metric is Metric.PERIODIC:
+        if period is None:
+            raise ConfigError("interpolation 'nearest' on the periodic metric needs the ring's length",
+                              key="analysis.localization.period")
         tree, q = cKDTree(np.mod(g.pts, period), boxsize=period), np.mod(g.x, period)
     else:
         tree, q = cKDTree(g.pts), g.x
