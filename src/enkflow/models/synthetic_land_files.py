@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -52,9 +52,9 @@ class NcFormat(str, Enum):
     CDF5 = "cdf5"  # NetCDF-3 64-bit data (CDF-5)
 
     @property
-    def netcdf4_name(self) -> str:
+    def netcdf4_name(self) -> Literal["NETCDF4", "NETCDF3_64BIT_DATA"]:
         """The netCDF4-python ``format`` argument."""
-        return {NcFormat.NC4: "NETCDF4", NcFormat.CDF5: "NETCDF3_64BIT_DATA"}[self]
+        return "NETCDF4" if self is NcFormat.NC4 else "NETCDF3_64BIT_DATA"
 
     @classmethod
     def parse(cls, value: "str | NcFormat") -> "NcFormat":
