@@ -39,8 +39,8 @@ class ObsSet:
     values: np.ndarray
     error_var: np.ndarray
     coords: np.ndarray
-    # None (the default): zeros, set by __post_init__; the attribute is always an array. A precise init type
-    # needs a hand-written __init__ (parameters ArrayLike, kinds ArrayLike | None).
+    # None (the default) becomes zeros (n_obs,) in __post_init__, so readers always see an array; cast because
+    # a dataclass field has one type for its parameter and its attribute.
     kinds: np.ndarray = field(default=cast(np.ndarray, None))
     half_width: np.ndarray | None = None
     vcoord: np.ndarray | None = None
