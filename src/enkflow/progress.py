@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
-from typing import TextIO, TypeVar
+from collections.abc import Iterable, Iterator, Sized
+from typing import TYPE_CHECKING, TextIO, TypeVar
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -14,11 +17,8 @@ def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", st
     """Yield ``items``, showing progress on ``stream`` (default stderr): a tqdm bar when the
     stream is a terminal, else one line ``desc: i/total`` every ``every`` items and at the end."""
     stream = stream or sys.stderr
-    if total is None:
-        try:
-            total = len(items)  # type: ignore[arg-type]
-        except TypeError:
-            total = None
+    if total is None and isinstance(items, Sized):
+        total = len(items)
     if getattr(stream, "isatty", lambda: False)():
         from tqdm import tqdm
 
@@ -38,7 +38,7 @@ class Counter:
 
     def __init__(self, desc: str = "", stream: TextIO | None = None):
         self.desc, self.stream = desc, stream or sys.stderr
-        self._bar = None
+        self._bar: tqdm | None = None
         self._tty = getattr(self.stream, "isatty", lambda: False)()
 
     def __call__(self, done: int, total: int) -> None:

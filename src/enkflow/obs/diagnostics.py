@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,12 +147,12 @@ class ObsDiagnosticsWriter:
 
     ``directory_of`` maps a cycle to its directory (created if missing)."""
 
-    directory_of: object  # Callable[[int], Path]
+    directory_of: Callable[[int], Path]
     rank: int = 0
     metric: str | None = None
 
     def path(self, cycle: int) -> Path:
-        return Path(self.directory_of(cycle)) / FILE_NAME  # type: ignore[operator]
+        return Path(self.directory_of(cycle)) / FILE_NAME
 
     def write(self, cycle: int, y: ObsSet, HX: np.ndarray, HXa: np.ndarray, qc_flags: np.ndarray | None,
               kind_names: dict[int, str] | None = None) -> None:
