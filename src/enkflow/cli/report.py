@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     if args.html:
-        from enkflow.report_html import write_html
+        from enkflow.report import write_html
 
         print(write_html(args.expdir, args.out, truth=args.truth))
         return 0

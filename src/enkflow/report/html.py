@@ -33,7 +33,7 @@ from enkflow.errors import EnkflowError
 from enkflow.obs.diagnostics import FILE_NAME as OBS_DIAG
 from enkflow.obs.diagnostics import summary_by_kind
 from enkflow.progress import progress
-from enkflow.report import Report, load_report, render_report
+from enkflow.report.timing import Report, load_report, render_report
 
 INFLATION_FILE = "inflation.nc"
 
