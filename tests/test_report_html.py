@@ -67,7 +67,7 @@ def test_cli_finds_the_run_directory_from_the_demo_directory(demo, tmp_path):
 
 
 def test_scores_against_the_truth(demo):
-    from enkflow.report.html import collect_scores
+    from enkflow.report.scores import collect_scores
 
     d, out, _ = demo
     sc = collect_scores(d / "run", str(d / "truth" / "truth_{cycle:04d}.nc"))
