@@ -33,12 +33,15 @@ from enkflow.report.scores import collect_scores
 from enkflow.report.text import render_report
 from enkflow.report.timing import Report, load_report
 
+Figure = tuple[str, str, bytes]  # (id, title, PNG bytes)
 
-def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[tuple[str, str, bytes]]]:
+
+def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[Figure]]:
     """The report and every figure ``(id, title, png bytes)`` of the experiment in ``expdir``."""
     rep = load_report(expdir)
     scores = collect_scores(rep.expdir, truth)
-    makers: list[tuple[str, str, Callable[[], bytes | list[tuple[str, str, bytes]]]]] = [("timing", "time per cycle", lambda: fig_timing(rep))]
+    makers: list[tuple[str, str, Callable[[], bytes | list[Figure]]]] = [
+        ("timing", "time per cycle", lambda: fig_timing(rep))]
     if any(s.spread or s.rmse or s.obs for s in scores):
         makers.append(("scores", "RMSE and spread over cycles", lambda: fig_scores(scores)))
     if any(s.obs for s in scores):
@@ -47,7 +50,7 @@ def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[
     if any(s.inflation_mean is not None for s in scores):
         makers.append(("inflation", "adaptive inflation", lambda: fig_inflation(scores)))
     makers.append(("maps", "maps", lambda: map_figures(rep.expdir)))
-    figs: list[tuple[str, str, bytes]] = []
+    figs: list[Figure] = []
     for fid, title, make in progress(makers, desc="report: figures"):
         res = make()
         if isinstance(res, list):
@@ -57,7 +60,7 @@ def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[
     return rep, figs
 
 
-def _missing_note(figs: list[tuple[str, str, bytes]]) -> str:
+def _missing_note(figs: list[Figure]) -> str:
     """A line naming the figures the experiment's files could not give, and why."""
     have = {f[0] for f in figs}
     why = []
