@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def _plt() -> ModuleType:
     """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
-    import matplotlib  # lazy: with pyplot about 1 s to import, and only the --html page draws
+    import matplotlib  # lazy: 0.35 s or more with pyplot, and only the --html page draws
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: see matplotlib above
