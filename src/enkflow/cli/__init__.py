@@ -1,5 +1,5 @@
 """The ``enkflow`` command line. Each sub-command lives in its own module
-``enkflow.cli.<name>`` with ``register(subparsers)``; it is listed in COMMANDS."""
+``enkflow.cli.<name>`` with ``register(subparsers)``; it is listed in COMMANDS with its help line."""
 
 from __future__ import annotations
 
