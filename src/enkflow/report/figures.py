@@ -33,8 +33,7 @@ def _png(fig: Figure) -> bytes:
 
 
 def fig_timing(rep: Report) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = _plt().subplots(figsize=(7, 3.2))
     cyc = [c.cycle for c in rep.cycles]
     if rep.mode == "online":
         parts = {"forecast phase (without transfers)": [max(0.0, c.forecast - c.transfer) for c in rep.cycles],
@@ -58,8 +57,7 @@ def fig_timing(rep: Report) -> bytes:
 
 
 def fig_scores(scores: list[CycleScores]) -> bytes:
-    plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, (a1, a2) = _plt().subplots(1, 2, figsize=(9, 3.2))
     cyc = [s.cycle for s in scores]
     names = sorted({n for s in scores for n in (*s.rmse, *s.spread)})
     for n in names:
@@ -84,8 +82,7 @@ def fig_scores(scores: list[CycleScores]) -> bytes:
 
 
 def fig_obs_by_kind(scores: list[CycleScores]) -> bytes:
-    plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, (a1, a2) = _plt().subplots(1, 2, figsize=(9, 3.2))
     cyc = [s.cycle for s in scores]
     kinds = [k for k in dict.fromkeys(k for s in scores for k in s.obs)]
     kinds = [k for k in kinds if k != "all"] or ["all"]
@@ -104,8 +101,7 @@ def fig_obs_by_kind(scores: list[CycleScores]) -> bytes:
 
 
 def fig_qc(scores: list[CycleScores]) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.0))
+    fig, ax = _plt().subplots(figsize=(7, 3.0))
     cyc = [s.cycle for s in scores]
     g = np.array([s.qc.get("gross", 0) for s in scores])
     b = np.array([s.qc.get("buddy", 0) for s in scores])
@@ -124,8 +120,7 @@ def fig_qc(scores: list[CycleScores]) -> bytes:
 
 
 def fig_inflation(scores: list[CycleScores]) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 2.8))
+    fig, ax = _plt().subplots(figsize=(6, 2.8))
     cyc = [s.cycle for s in scores]
     ax.plot(cyc, [s.inflation_mean if s.inflation_mean is not None else np.nan for s in scores], "o-")
     ax.set_xticks(cyc)
@@ -136,8 +131,7 @@ def fig_inflation(scores: list[CycleScores]) -> bytes:
     return _png(fig)
 
 def fig_map(values: np.ndarray, where: tuple[np.ndarray, np.ndarray] | None, title: str, diverging: bool) -> bytes:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = _plt().subplots(figsize=(6, 3.6))
     v = np.asarray(values, float)
     cmap = "RdBu_r" if diverging else "viridis"
     ok = np.isfinite(v)
