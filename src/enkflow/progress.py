@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator, Sized
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TextIO, TypeVar
 
-if TYPE_CHECKING:
-    from tqdm import tqdm
+from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -20,8 +19,6 @@ def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", st
     if total is None and isinstance(items, Sized):
         total = len(items)
     if getattr(stream, "isatty", lambda: False)():
-        from tqdm import tqdm
-
         yield from tqdm(items, total=total, desc=desc, file=stream, leave=False)
         return
     i = 0
@@ -46,8 +43,6 @@ class Counter:
             print(f"{self.desc}: {done}/{total}", file=self.stream, flush=True)
             return
         if self._bar is None:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total, desc=self.desc, file=self.stream, leave=False)
         self._bar.update(done - self._bar.n)
 

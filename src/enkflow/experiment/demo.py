@@ -222,7 +222,7 @@ def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, 
     say(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; experiment files in {d}")
     # The run directory is one level down; name it so `enkflow report` gets the right one.
     say(f"run directory (events, cycles): {cfg.expdir}; timing table again: enkflow report {cfg.expdir}")
-    from enkflow.report_html import write_html
+    from enkflow.report import write_html
 
     truth = str(d / "truth" / "truth_{cycle:04d}.nc")
     page = write_html(cfg.expdir, truth=truth)
