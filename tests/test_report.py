@@ -9,7 +9,8 @@ import pytest
 
 from enkflow.cli import main
 from enkflow.errors import EnkflowError
-from enkflow.report import _union_length, cycle_timings, load_report, render_report, report_json
+from enkflow.report import load_report, render_report, report_json
+from enkflow.report.timing import _union_length, cycle_timings
 
 
 def test_union_length_merges_and_clips() -> None:

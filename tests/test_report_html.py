@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.report.scores import collect_scores
 
 FIGURES = {"timing", "scores", "obs-by-kind", "qc", "map-soil_moisture-mean", "map-soil_moisture-increment",
            "map-soil_moisture-spread"}
@@ -67,8 +68,6 @@ def test_cli_finds_the_run_directory_from_the_demo_directory(demo, tmp_path):
 
 
 def test_scores_against_the_truth(demo):
-    from enkflow.report_html import collect_scores
-
     d, out, _ = demo
     sc = collect_scores(d / "run", str(d / "truth" / "truth_{cycle:04d}.nc"))
     assert [s.cycle for s in sc] == [1, 2]

@@ -4,10 +4,9 @@ __all__ = ["__version__"]
 
 
 def __getattr__(name: str) -> str:
-    # Computed on first use: importlib.metadata costs ~50 ms at import, paid by every pilot
-    # worker and member process that only needs a submodule.
+    # Computed on first use (`enkflow --version`), not by every process that imports enkflow.
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from importlib.metadata import PackageNotFoundError, version  # lazy: 35 ms in every worker/member
 
         try:
             v = version("enkflow")

@@ -6,6 +6,7 @@ them all; the subclasses say which part of the input was wrong.
 
 from __future__ import annotations
 
+import errno
 
 # Exit status of a program that met a deterministic error (bad input or configuration): a retry
 # would fail the same way, so the job scheme stops the experiment at once (EX_DATAERR, sysexits.h).
@@ -105,8 +106,6 @@ class StorageError(EnkflowError):
     @classmethod
     def from_os_error(cls, exc: OSError, *, path: str) -> "StorageError":
         """The typed error for a failed write of ``path``, with advice for the usual causes."""
-        import errno
-
         advice = {
             errno.ENOSPC: "no space left on the device; free space there and rerun the same command to resume",
             errno.EDQUOT: "disk quota exceeded; free space or raise the quota, then rerun the same command to resume",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import TextIO, TypeVar
+
+from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -14,14 +16,9 @@ def progress(items: Iterable[T], *, total: int | None = None, desc: str = "", st
     """Yield ``items``, showing progress on ``stream`` (default stderr): a tqdm bar when the
     stream is a terminal, else one line ``desc: i/total`` every ``every`` items and at the end."""
     stream = stream or sys.stderr
-    if total is None:
-        try:
-            total = len(items)  # type: ignore[arg-type]
-        except TypeError:
-            total = None
+    if total is None and isinstance(items, Sized):
+        total = len(items)
     if getattr(stream, "isatty", lambda: False)():
-        from tqdm import tqdm
-
         yield from tqdm(items, total=total, desc=desc, file=stream, leave=False)
         return
     i = 0
@@ -38,7 +35,7 @@ class Counter:
 
     def __init__(self, desc: str = "", stream: TextIO | None = None):
         self.desc, self.stream = desc, stream or sys.stderr
-        self._bar = None
+        self._bar: tqdm | None = None
         self._tty = getattr(self.stream, "isatty", lambda: False)()
 
     def __call__(self, done: int, total: int) -> None:
@@ -46,8 +43,6 @@ class Counter:
             print(f"{self.desc}: {done}/{total}", file=self.stream, flush=True)
             return
         if self._bar is None:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total, desc=self.desc, file=self.stream, leave=False)
         self._bar.update(done - self._bar.n)
 

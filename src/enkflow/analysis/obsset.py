@@ -6,6 +6,7 @@ Defined with the analysis (which consumes it); `enkflow.obs` re-exports it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -38,7 +39,9 @@ class ObsSet:
     values: np.ndarray
     error_var: np.ndarray
     coords: np.ndarray
-    kinds: np.ndarray = field(default=None)  # type: ignore[assignment]
+    # None (the default) becomes zeros (n_obs,) in __post_init__, so readers always see an array; cast because
+    # a dataclass field has one type for its parameter and its attribute.
+    kinds: np.ndarray = field(default=cast(np.ndarray, None))
     half_width: np.ndarray | None = None
     vcoord: np.ndarray | None = None
 

@@ -29,6 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
+from enkflow.bench.io_runs import IOBench
 from enkflow.parallel import get_comm
 
 
@@ -64,9 +65,6 @@ def _relaunch(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The measurements need netCDF4 and the ensemble I/O: loaded when the bench runs, not with the CLI.
-    from enkflow.bench.io_runs import IOBench
-
     comm = get_comm()
     if args.ranks > 1 and comm.size == 1:
         return _relaunch(args)

@@ -28,11 +28,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
 from enkflow.config import AnalysisConfig
 from enkflow.errors import InputError
+from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
 from enkflow.io.config import IOConfig
+from enkflow.parallel import get_comm
 from enkflow.state import StateConfig
 
 STATE_VAR = "soil_moisture"
@@ -95,11 +98,6 @@ def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False) ->
 
 def analyse_dir(s: LandBenchSetup, d: Path) -> dict | None:
     """Analyse the files in ``d`` on this process's ranks (collective); the report on rank 0, None elsewhere."""
-    import netCDF4
-
-    from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
-    from enkflow.parallel import get_comm
-
     comm = get_comm()
     paths = [d / f"member_{m:04d}.nc" for m in range(1, s.members + 1)]
     with netCDF4.Dataset(d / "truth.nc") as ds:

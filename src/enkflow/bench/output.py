@@ -34,6 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from enkflow.bench.output_runs import report, run
 from enkflow.errors import InputError
 
 
@@ -94,9 +95,6 @@ def _placement(spec: str) -> tuple[list[int], list[int]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    # The runs need netCDF4, the model and the output server: loaded when the bench runs, not with the CLI.
-    from enkflow.bench.output_runs import report, run
-
     for name in ("nx", "ny", "steps", "substeps", "repeat"):
         if getattr(args, name) < 1 or (name in ("nx", "ny") and getattr(args, name) < 2):
             raise InputError(f"--{name} is too small: {getattr(args, name)}", item=name)

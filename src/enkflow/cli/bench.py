@@ -8,10 +8,7 @@ import sys
 from pathlib import Path
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks against baselines", description=__doc__)
-    bsub = p.add_subparsers(dest="bench", metavar="BENCH")
-    bsub.required = True
+def _add_analysis(bsub: argparse._SubParsersAction) -> None:
     a = bsub.add_parser(
         "analysis",
         help="local analysis time per grid point vs a NumPy/SciPy baseline (whole analysis and kernel only)",
@@ -31,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--json", action="store_true", help="end with one JSON line")
     a.set_defaults(func=_analysis)
+
+
+def _add_land(bsub: argparse._SubParsersAction) -> None:
     g = bsub.add_parser(
         "land",
         help="the synthetic global land problem analysed from its restart files (RMSE, time, memory)",
@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cap: at most the K nearest observations per local domain (approximate; default: all)")
     g.add_argument("--json", action="store_true", help="end with one JSON line")
     g.set_defaults(func=_land)
+
+
+def _add_online(bsub: argparse._SubParsersAction) -> None:
     o = bsub.add_parser(
         "online",
         help="online mode: state exchange rate vs raw pyzmq, and seconds per cycle online vs offline",
@@ -69,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--no-compare", action="store_true", help="skip the online vs offline demo comparison")
     _online_run_options(o)
     o.set_defaults(func=_online)
+
+
+def _add_online_scale(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser(
         "online-scale",
         help="online mode at scale: 1000 Lorenz-96 members on 16 runners, the server's cost per member exchange",
@@ -84,6 +90,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--check", action="store_true", help="checksum every exchanged state")
     _online_run_options(s)
     s.set_defaults(func=_online_scale)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks against baselines", description=__doc__)
+    bsub = p.add_subparsers(dest="bench", metavar="BENCH")
+    bsub.required = True
+    _add_analysis(bsub)
+    _add_land(bsub)
+    _add_online(bsub)
+    _add_online_scale(bsub)
     from enkflow.bench.io import add_parser as add_io
     from enkflow.bench.output import add_parser as add_output
 

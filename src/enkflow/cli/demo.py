@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 
+from enkflow.cli import COMMANDS
 from enkflow.experiment.demo import DemoSettings, run_demo
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = DemoSettings()
-    p = sub.add_parser("demo", help="run a small offline twin experiment end to end (about a minute)", description=__doc__)
+    p = sub.add_parser("demo", help=COMMANDS["demo"], description=__doc__)
     p.add_argument("--dir", default="enkflow-demo", help="working directory, emptied first (default ./enkflow-demo)")
     p.add_argument("--members", type=int, default=d.members, help=f"ensemble size (default {d.members})")
     p.add_argument("--cycles", type=int, default=d.cycles, help=f"assimilation cycles (default {d.cycles})")

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from enkflow.cli import COMMANDS
 from enkflow.config import AdaptiveInflation, Method
+from enkflow.models.l96_experiment import L96Setup, run
+from enkflow.online.l96 import run_online
+from enkflow.progress import Counter
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "l96",
-        help="Lorenz-96 twin experiment: time-mean analysis RMSE and spread",
+        help=COMMANDS["l96"],
         description=(
             "Cycle a filter on Lorenz-96 (40 variables, F=8, RK4, dt=0.05), all variables observed "
             "every step with R=I; print the time-mean analysis RMSE and spread after the burn-in."
@@ -35,19 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from enkflow.models.l96_experiment import L96Setup, run
-
     s = L96Setup(
         method=args.method, members=args.members, inflation=args.inflation, radius=args.radius,
         domain_size=args.domain_size, cycles=args.cycles, burn_in=args.burn_in, seed=args.seed, adaptive=args.adaptive,
     )
     if args.online:
-        from enkflow.online.l96 import run_online
-
         res = run_online(s, runners=args.online)
     else:
-        from enkflow.progress import Counter
-
         bar = Counter("  cycle")
         try:
             res = run(s, progress=bar)

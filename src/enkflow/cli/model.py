@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 
+from enkflow.cli import COMMANDS
 from enkflow.models.demo_model import DemoModel, run_model, write_timings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="bundled demo model: advance one restart file (atomically)", description=__doc__)
+    p = sub.add_parser("model", help=COMMANDS["model"], description=__doc__)
     p.add_argument("restart", help="NetCDF restart to advance (replaced atomically unless --output is given)")
     p.add_argument("--length", type=float, required=True, metavar="HOURS", help="forecast length in hours")
     p.add_argument("--cycle", type=int, default=1, help="cycle number: the forecast starts at (cycle-1)*length hours")

@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from enkflow.report import load_report, render_report, report_json
+from enkflow.cli import COMMANDS
+from enkflow.report import load_report, render_report, report_json, write_html
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="time-to-solution table of an experiment directory", description=__doc__)
+    p = sub.add_parser("report", help=COMMANDS["report"], description=__doc__)
     p.add_argument("expdir", help="experiment directory (holding events.jsonl)")
     p.add_argument("--members", action="store_true", help="also list every member's wait, run and I/O time")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -28,8 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     if args.html:
-        from enkflow.report_html import write_html
-
         print(write_html(args.expdir, args.out, truth=args.truth))
         return 0
     rep = load_report(args.expdir)

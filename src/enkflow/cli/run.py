@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from enkflow.cli import COMMANDS
 from enkflow.experiment import Experiment, load_experiment
+from enkflow.online.launch import OnlineExperiment, restore_online
 from enkflow.report import load_report, render_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run (or resume) a cycling experiment (offline, or online with [experiment] mode = \"online\")", description=__doc__)
+    p = sub.add_parser("run", help=COMMANDS["run"], description=__doc__)
     p.add_argument("config", help="experiment TOML file")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--retry-failed", action="store_true",
@@ -34,11 +36,7 @@ def _main(args: argparse.Namespace) -> int:
     cfg = load_experiment(args.config)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     if cfg.experiment.mode == "online":
-        from enkflow.online.launch import OnlineExperiment
-
         if args.from_archive is not None:
-            from enkflow.online.launch import restore_online
-
             restore_online(cfg, args.from_archive, progress=progress)
         OnlineExperiment(cfg, progress=progress).run()
         print(render_report(load_report(cfg.expdir)))

@@ -11,23 +11,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from enkflow.cli import COMMANDS
+from enkflow.errors import ConfigError
+from enkflow.experiment.config import load_experiment
+from enkflow.fsutil import write_json_atomic
+from enkflow.online.experiment import online_dir, serve_experiment
+from enkflow.online.launch import copy_initial, make_secrets
+from enkflow.parallel import get_comm
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the assimilation server of an online experiment (runners connect to it)",
-                       description=__doc__)
+    p = sub.add_parser("serve", help=COMMANDS["serve"], description=__doc__)
     p.add_argument("config", help="experiment TOML file with [experiment] mode = \"online\"")
     p.add_argument("--port", type=int, default=None, help="control port (default [online] port, 0: any free one)")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    from enkflow.errors import ConfigError
-    from enkflow.experiment.config import load_experiment
-    from enkflow.fsutil import write_json_atomic
-    from enkflow.online.experiment import online_dir, serve_experiment
-    from enkflow.online.launch import copy_initial, make_secrets
-    from enkflow.parallel import get_comm
-
     cfg = load_experiment(args.config)
     if cfg.experiment.mode != "online":
         raise ConfigError("enkflow serve needs [experiment] mode = \"online\"", key="experiment.mode", file=args.config)

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from enkflow.cli import COMMANDS
 from enkflow.models.synthetic_land import Size
 from enkflow.models.synthetic_land_files import MIN_MEMBERS, NcFormat, generate
 
@@ -14,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``synth`` sub-command to ``subparsers``."""
     p = subparsers.add_parser(
         "synth",
-        help="write the synthetic global land problem: member restarts, truth, observations",
+        help=COMMANDS["synth"],
         description=(
             "Write N NetCDF restart files of identical structure (member_0001.nc ...), truth.nc and obs.nc "
             "for the synthetic global land problem of Zheng et al. (GMD 2020). Sizes: "

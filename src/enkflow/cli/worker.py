@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 
+from enkflow.cli import COMMANDS
 from enkflow.jobs.worker import add_arguments, run_worker
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("worker", help="pilot worker: run tasks from a cycle's to-do list until it is empty",
+    p = sub.add_parser("worker", help=COMMANDS["worker"],
                        description=__doc__)
     add_arguments(p)
     p.set_defaults(func=_main)

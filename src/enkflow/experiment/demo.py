@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -48,51 +48,53 @@ def _state(path: Path) -> np.ndarray:
         return np.asarray(ds["soil_moisture"][:], dtype=np.float64)
 
 
-def prepare(directory: Path, s: DemoSettings, say: Callable[[str], None]) -> Path:
-    """Write the problem, the observations of every cycle and ``experiment.toml``; returns its path."""
-    from enkflow.models.demo_model import DemoModel, run_model
-    from enkflow.models.synthetic_land import sample_observations
-    from enkflow.fsutil import atomic_output
-    from enkflow.models.synthetic_land_files import generate
-    from enkflow.obs.obsfile import ObsFile, read_obs_file, write_obs_file
-    from enkflow.obs import ObsSet
+def _write_cycle_observations(truth: Path, path: Path, k: int, s: DemoSettings, attrs: dict[str, Any]) -> int:
+    """Observe the truth restart ``truth`` at cycle ``k`` into the observation file ``path``; returns n_obs."""
+    import netCDF4
 
-    if s.members < 2 or s.cycles < 1:
-        raise InputError("the demo needs at least 2 members and 1 cycle", item="members")
-    synth = directory / "members"
-    t0 = time.perf_counter()
-    r = generate(synth, size=s.size, members=s.members, seed=s.seed, obs_fraction=s.obs_fraction, obs_std=s.obs_std,
-                 overwrite=True)
-    say(f"synthesized '{s.size}' land problem: {r.n_land} land points, {s.members} members ({time.perf_counter() - t0:.1f} s)")
-    # The truth trajectory: the same model, started from the truth; observations of it at each cycle's end.
+    from enkflow.fsutil import atomic_output
+    from enkflow.models.synthetic_land import sample_observations
+    from enkflow.obs import ObsSet
+    from enkflow.obs.obsfile import ObsFile, write_obs_file
+
+    sampled = sample_observations(_state(truth), fraction=s.obs_fraction, std=s.obs_std, seed=s.seed + 1000 * k)
+    with netCDF4.Dataset(truth) as ds:
+        lon = np.asarray(ds["land_lon"][:])[sampled.state_index]
+        lat = np.asarray(ds["land_lat"][:])[sampled.state_index]
+    of = ObsFile(ObsSet(sampled.values, sampled.error_std**2, np.column_stack([lon, lat])), sampled.state_index,
+                 {**attrs, "cycle": np.int64(k)})
+    with atomic_output(path) as tmp:
+        write_obs_file(tmp, of)
+    return sampled.n_obs
+
+
+def _truth_and_observations(directory: Path, s: DemoSettings, truth_path: Path, obs_path: Path) -> int:
+    """The truth trajectory: the same model, started from the truth (``truth/truth_NNNN.nc``);
+    observations of it at each cycle's end (``obs/obs_NNNN.nc``, the attributes of the problem's
+    ``obs_path``). Returns the observations per file."""
+    from enkflow.models.demo_model import DemoModel, run_model
+    from enkflow.obs.obsfile import read_obs_file
+
     truth_dir = directory / "truth"
     obs_dir = directory / "obs"
     truth_dir.mkdir(exist_ok=True)
     obs_dir.mkdir(exist_ok=True)
-    template = read_obs_file(r.obs_path)
+    template = read_obs_file(obs_path)
     truth = truth_dir / "truth.nc"
-    shutil.copyfile(r.truth_path, truth)
+    shutil.copyfile(truth_path, truth)
     shutil.copyfile(truth, truth_dir / "truth_0000.nc")
+    n_obs = 0
     for k in range(1, s.cycles + 1):
         run_model(truth, DemoModel(length=s.length, start_hour=(k - 1) * s.length))
         shutil.copyfile(truth, truth_dir / f"truth_{k:04d}.nc")
-        import netCDF4
+        n_obs = _write_cycle_observations(truth, obs_dir / f"obs_{k:04d}.nc", k, s, template.attrs)
+    return n_obs
 
-        x = _state(truth)
-        sampled = sample_observations(x, fraction=s.obs_fraction, std=s.obs_std, seed=s.seed + 1000 * k)
-        with netCDF4.Dataset(truth) as ds:
-            lon = np.asarray(ds["land_lon"][:])[sampled.state_index]
-            lat = np.asarray(ds["land_lat"][:])[sampled.state_index]
-        of = ObsFile(ObsSet(sampled.values, sampled.error_std**2, np.column_stack([lon, lat])), sampled.state_index,
-                     {**template.attrs, "cycle": np.int64(k)})
-        with atomic_output(obs_dir / f"obs_{k:04d}.nc") as tmp:
-            write_obs_file(tmp, of)
-    say(f"truth run and {s.cycles} observation files of {sampled.n_obs} observations written")
-    py = sys.executable
+
+def _analysis_section(s: DemoSettings) -> str:
     if s.analysis_command:
-        analysis = f'[analysis_task]\ncommand = "{s.analysis_command}"\n'
-    else:
-        analysis = f'''[state]
+        return f'[analysis_task]\ncommand = "{s.analysis_command}"\n'
+    return f'''[state]
 variables = ["soil_moisture"]
 coordinates = ["land_lon", "land_lat"]
 
@@ -104,22 +106,30 @@ inflation = {{ prior = {s.inflation}, adaptive = "{s.adaptive}" }}
 [analysis_output]
 statistics = true     # forecast mean and increment too, for the report's maps (docs/output.md)
 '''
-    workers = f"workers = {s.workers}\n" if s.workers else ""
+
+
+def _online_section(s: DemoSettings) -> str:
     if s.mode not in ("offline", "online"):
         raise InputError(f"--mode must be 'offline' or 'online', not {s.mode!r}", item="mode")
     if s.mode == "online" and s.analysis_command:
         raise InputError("online mode runs the built-in analysis: --analysis-command is for offline mode", item="mode")
-    online = ""
-    if s.mode == "online":
-        online = f'''
+    if s.mode != "online":
+        return ""
+    return f'''
 [online]
-runner = "{py} -m enkflow.online.models demo --address {{address}} --token-file {{token_file}} --grid {{restart}} --length {{length}} --curve-key={{curve_key}}"
+runner = "{sys.executable} -m enkflow.online.models demo --address {{address}} --token-file {{token_file}} --grid {{restart}} --length {{length}} --curve-key={{curve_key}}"
 runners = {s.runners}
 heartbeat = 0.5
 heartbeat_timeout = 10.0
 '''
-    toml = directory / "experiment.toml"
-    toml.write_text(f'''# Written by `enkflow demo`; rerun with `enkflow run {toml}` (it resumes), see docs/jobs.md.
+
+
+def _experiment_toml(directory: Path, toml: Path, s: DemoSettings) -> str:
+    """The text of ``toml``, the experiment file of the demo in ``directory``."""
+    analysis = _analysis_section(s)
+    workers = f"workers = {s.workers}\n" if s.workers else ""
+    online = _online_section(s)
+    return f'''# Written by `enkflow demo`; rerun with `enkflow run {toml}` (it resumes), see docs/jobs.md.
 # The run directory (events, cycles) is run/ next to this file: `enkflow report {directory / 'run'}`.
 [experiment]
 directory = "run"
@@ -130,7 +140,7 @@ forecast_length = {s.length}
 mode = "{s.mode}"
 
 [model]
-command = "{py} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{cycle}}"
+command = "{sys.executable} -m enkflow.cli.model {{restart}} --length {{length}} --cycle {{cycle}}"
 
 [observations]
 file = "obs/obs_{{cycle:04d}}.nc"
@@ -142,7 +152,23 @@ strategy = "dynamic"
 
 [launcher]
 kind = "local"
-{online}''')
+{online}'''
+
+
+def prepare(directory: Path, s: DemoSettings, say: Callable[[str], None]) -> Path:
+    """Write the problem, the observations of every cycle and ``experiment.toml``; returns its path."""
+    from enkflow.models.synthetic_land_files import generate
+
+    if s.members < 2 or s.cycles < 1:
+        raise InputError("the demo needs at least 2 members and 1 cycle", item="members")
+    t0 = time.perf_counter()
+    r = generate(directory / "members", size=s.size, members=s.members, seed=s.seed, obs_fraction=s.obs_fraction,
+                 obs_std=s.obs_std, overwrite=True)
+    say(f"synthesized '{s.size}' land problem: {r.n_land} land points, {s.members} members ({time.perf_counter() - t0:.1f} s)")
+    n_obs = _truth_and_observations(directory, s, r.truth_path, r.obs_path)
+    say(f"truth run and {s.cycles} observation files of {n_obs} observations written")
+    toml = directory / "experiment.toml"
+    toml.write_text(_experiment_toml(directory, toml, s))
     return toml
 
 
@@ -196,7 +222,7 @@ def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, 
     say(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; experiment files in {d}")
     # The run directory is one level down; name it so `enkflow report` gets the right one.
     say(f"run directory (events, cycles): {cfg.expdir}; timing table again: enkflow report {cfg.expdir}")
-    from enkflow.report_html import write_html
+    from enkflow.report import write_html
 
     truth = str(d / "truth" / "truth_{cycle:04d}.nc")
     page = write_html(cfg.expdir, truth=truth)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -52,9 +52,9 @@ class NcFormat(str, Enum):
     CDF5 = "cdf5"  # NetCDF-3 64-bit data (CDF-5)
 
     @property
-    def netcdf4_name(self) -> str:
+    def netcdf4_name(self) -> Literal["NETCDF4", "NETCDF3_64BIT_DATA"]:
         """The netCDF4-python ``format`` argument."""
-        return {NcFormat.NC4: "NETCDF4", NcFormat.CDF5: "NETCDF3_64BIT_DATA"}[self]
+        return "NETCDF4" if self is NcFormat.NC4 else "NETCDF3_64BIT_DATA"
 
     @classmethod
     def parse(cls, value: "str | NcFormat") -> "NcFormat":
@@ -76,6 +76,56 @@ def _create_var(ds: Any, name: str, dtype: str, dims: tuple[str, ...], attrs: di
     v = ds.createVariable(name, dtype, dims, **extra)
     v.setncatts(attrs)
     return v
+
+
+@dataclass(frozen=True)
+class _Var:
+    """A variable of the restart files: name, netCDF type, dimensions, attributes."""
+
+    name: str
+    dtype: str
+    dims: tuple[str, ...]
+    attrs: dict[str, str]
+
+
+# In the order they are defined and written: the order fixes where HDF5 allocates each contiguous
+# block; it is the same for every file, so offsets agree across members.
+_RESTART_VARIABLES = (
+    _Var(STATE_VARIABLE, "f8", (LAND_DIM,), {
+        "long_name": "synthetic soil moisture (Zheng et al. 2020 test field)",
+        "units": "1",
+        "coordinates": "land_lat land_lon",
+        "comment": "dimensionless test field in [-1, 1]; the assimilated state",
+    }),
+    _Var("lon", "f8", ("lon",), {
+        "standard_name": "longitude", "long_name": "grid cell centre longitude", "units": "degrees_east"}),
+    _Var("lat", "f8", ("lat",), {
+        "standard_name": "latitude", "long_name": "grid cell centre latitude", "units": "degrees_north"}),
+    _Var("land_lon", "f8", (LAND_DIM,), {
+        "standard_name": "longitude", "long_name": "land point longitude", "units": "degrees_east"}),
+    _Var("land_lat", "f8", (LAND_DIM,), {
+        "standard_name": "latitude", "long_name": "land point latitude", "units": "degrees_north"}),
+    _Var("land_i", "i4", (LAND_DIM,), {
+        "long_name": "0-based longitude index of the land point into lon", "units": "1"}),
+    _Var("land_j", "i4", (LAND_DIM,), {
+        "long_name": "0-based latitude index of the land point into lat", "units": "1"}),
+    _Var("patch_fraction", "f8", (LAND_DIM,), {
+        "long_name": "patch weight relative to the grid cell (auxiliary, not assimilated)", "units": "1",
+        "coordinates": "land_lat land_lon"}),
+)
+
+
+def _restart_attrs(member: int, shift: float, seed: int) -> dict[str, Any]:
+    return {
+        "title": _RESTART_TITLE,
+        "source": "enkflow synth",
+        "Conventions": "CF-1.8",
+        "references": REFERENCE,
+        "member": np.int32(member),
+        "member_shift": np.float64(shift),
+        "seed": np.int64(seed),
+        "state_variables": STATE_VARIABLE,
+    }
 
 
 def write_restart(
@@ -113,55 +163,18 @@ def write_restart(
         if np.shape(a) != (n,):
             raise InputError(f"{name} has shape {np.shape(a)}, expected (n_land,) = ({n},)", item=name)
     fmt = NcFormat.parse(format)
-    hdf5 = fmt is NcFormat.NC4
     grid = points.grid
+    values = (state, grid.lon, grid.lat, points.lon, points.lat, points.i, points.j, patch)  # as _RESTART_VARIABLES
     with netCDF4.Dataset(path, "w", format=fmt.netcdf4_name) as ds:
         # No prefill: every variable is written in full, and prefilling would write each byte twice.
         ds.set_fill_off()
         ds.createDimension(LAND_DIM, n)
         ds.createDimension("lon", grid.n_x)
         ds.createDimension("lat", grid.n_y)
-        sm = _create_var(ds, STATE_VARIABLE, "f8", (LAND_DIM,), {
-            "long_name": "synthetic soil moisture (Zheng et al. 2020 test field)",
-            "units": "1",
-            "coordinates": "land_lat land_lon",
-            "comment": "dimensionless test field in [-1, 1]; the assimilated state",
-        }, hdf5)
-        lon = _create_var(ds, "lon", "f8", ("lon",), {
-            "standard_name": "longitude", "long_name": "grid cell centre longitude", "units": "degrees_east"}, hdf5)
-        lat = _create_var(ds, "lat", "f8", ("lat",), {
-            "standard_name": "latitude", "long_name": "grid cell centre latitude", "units": "degrees_north"}, hdf5)
-        llon = _create_var(ds, "land_lon", "f8", (LAND_DIM,), {
-            "standard_name": "longitude", "long_name": "land point longitude", "units": "degrees_east"}, hdf5)
-        llat = _create_var(ds, "land_lat", "f8", (LAND_DIM,), {
-            "standard_name": "latitude", "long_name": "land point latitude", "units": "degrees_north"}, hdf5)
-        li = _create_var(ds, "land_i", "i4", (LAND_DIM,), {
-            "long_name": "0-based longitude index of the land point into lon", "units": "1"}, hdf5)
-        lj = _create_var(ds, "land_j", "i4", (LAND_DIM,), {
-            "long_name": "0-based latitude index of the land point into lat", "units": "1"}, hdf5)
-        pf = _create_var(ds, "patch_fraction", "f8", (LAND_DIM,), {
-            "long_name": "patch weight relative to the grid cell (auxiliary, not assimilated)", "units": "1",
-            "coordinates": "land_lat land_lon"}, hdf5)
-        ds.setncatts({
-            "title": _RESTART_TITLE,
-            "source": "enkflow synth",
-            "Conventions": "CF-1.8",
-            "references": REFERENCE,
-            "member": np.int32(member),
-            "member_shift": np.float64(shift),
-            "seed": np.int64(seed),
-            "state_variables": STATE_VARIABLE,
-        })
-        # The writing order fixes where HDF5 allocates each contiguous block; it is
-        # the same for every file, so offsets agree across members.
-        sm[:] = state
-        lon[:] = grid.lon
-        lat[:] = grid.lat
-        llon[:] = points.lon
-        llat[:] = points.lat
-        li[:] = points.i
-        lj[:] = points.j
-        pf[:] = patch
+        created = [_create_var(ds, v.name, v.dtype, v.dims, v.attrs, fmt is NcFormat.NC4) for v in _RESTART_VARIABLES]
+        ds.setncatts(_restart_attrs(member, shift, seed))
+        for var, a in zip(created, values, strict=True):
+            var[:] = a
 
 
 @dataclass(frozen=True)
@@ -189,6 +202,47 @@ class SynthResult:
 def _estimated_restart_bytes(grid: sl.LonLatGrid, n_land: int) -> int:
     # 4 float64 and 2 int32 land variables plus the coordinates; headers are a few kB.
     return n_land * (4 * 8 + 2 * 4) + 8 * (grid.n_x + grid.n_y) + 16384
+
+
+def _check_parameters(members: int, seed: int, obs_fraction: float, obs_std: float) -> None:
+    if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or members < MIN_MEMBERS:
+        raise InputError(f"an ensemble needs at least {MIN_MEMBERS} members, got {members!r}", item="members")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}", item="seed")
+    if not 0.0 < obs_fraction <= 1.0:
+        raise InputError(f"obs_fraction must lie in (0, 1], got {obs_fraction!r}", item="obs_fraction")
+    if not 0.0 < obs_std < float("inf"):
+        raise InputError(f"obs_std must be > 0 and finite, got {obs_std!r}", item="obs_std")
+
+
+def _check_space(out: Path, grid: sl.LonLatGrid, n_land: int, members: int) -> None:
+    """InputError where ``out`` lacks the room for the truth, the members and the observations."""
+    need = (members + 1) * _estimated_restart_bytes(grid, n_land) + 8 * 6 * n_land
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise InputError(f"{out} has {free / 1e9:.1f} GB free, the files need about {need / 1e9:.1f} GB", item="out_dir")
+
+
+def _write_observations(path: Path, points: sl.LandPoints, true_land: np.ndarray, *, seed: int, obs_fraction: float,
+                        obs_std: float, fmt: NcFormat) -> int:
+    """Sample the truth ``true_land`` (n_land,) and write the observation file; returns n_obs."""
+    sampled = sl.sample_observations(true_land, fraction=obs_fraction, std=obs_std, seed=seed)
+    idx = sampled.state_index
+    obs = ObsSet(sampled.values, sampled.error_std**2, np.column_stack([points.lon[idx], points.lat[idx]]))
+    attrs = {
+        "title": _OBS_TITLE,
+        "source": "enkflow synth",
+        "Conventions": "CF-1.8",
+        "references": REFERENCE,
+        "seed": np.int64(seed),
+        "obs_fraction": np.float64(obs_fraction),
+        "n_state": np.int64(points.n_land),
+        "state_variable": STATE_VARIABLE,
+        "observation_operator": "identity: H(x) = x[state_index]",
+    }
+    with atomic_output(path) as tmp:
+        write_obs_file(tmp, ObsFile(obs, idx, attrs), format=fmt.netcdf4_name, units="1", kind_names=[STATE_VARIABLE])
+    return sampled.n_obs
 
 
 def generate(
@@ -233,14 +287,7 @@ def generate(
     say = progress or (lambda _msg: None)
     grid = sl.LonLatGrid.for_size(size)
     fmt = NcFormat.parse(format)
-    if isinstance(members, bool) or not isinstance(members, (int, np.integer)) or members < MIN_MEMBERS:
-        raise InputError(f"an ensemble needs at least {MIN_MEMBERS} members, got {members!r}", item="members")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
-        raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}", item="seed")
-    if not 0.0 < obs_fraction <= 1.0:
-        raise InputError(f"obs_fraction must lie in (0, 1], got {obs_fraction!r}", item="obs_fraction")
-    if not 0.0 < obs_std < float("inf"):
-        raise InputError(f"obs_std must be > 0 and finite, got {obs_std!r}", item="obs_std")
+    _check_parameters(members, seed, obs_fraction, obs_std)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,34 +300,14 @@ def generate(
 
     say(f"land mask for {grid.n_x}x{grid.n_y} grid")
     points = sl.land_points(grid)
-    n_land = points.n_land
-    need = (members + 1) * _estimated_restart_bytes(grid, n_land) + 8 * 6 * n_land
-    free = shutil.disk_usage(out).free
-    if need > free:
-        raise InputError(f"{out} has {free / 1e9:.1f} GB free, the files need about {need / 1e9:.1f} GB", item="out_dir")
-
-    patch = sl.patch_fraction(n_land, seed)
+    _check_space(out, grid, points.n_land, members)
+    patch = sl.patch_fraction(points.n_land, seed)
     true_land = sl.truth(grid, points.i, points.j)
     with atomic_output(truth_path) as tmp:
         write_restart(tmp, points, true_land, patch, member=0, shift=0.0, seed=seed, format=fmt)
-
-    sampled = sl.sample_observations(true_land, fraction=obs_fraction, std=obs_std, seed=seed)
-    idx = sampled.state_index
-    obs = ObsSet(sampled.values, sampled.error_std**2, np.column_stack([points.lon[idx], points.lat[idx]]))
-    attrs = {
-        "title": _OBS_TITLE,
-        "source": "enkflow synth",
-        "Conventions": "CF-1.8",
-        "references": REFERENCE,
-        "seed": np.int64(seed),
-        "obs_fraction": np.float64(obs_fraction),
-        "n_state": np.int64(n_land),
-        "state_variable": STATE_VARIABLE,
-        "observation_operator": "identity: H(x) = x[state_index]",
-    }
-    with atomic_output(obs_path) as tmp:
-        write_obs_file(tmp, ObsFile(obs, idx, attrs), format=fmt.netcdf4_name, units="1", kind_names=[STATE_VARIABLE])
-    say(f"truth and {sampled.n_obs} observations written")
+    n_obs = _write_observations(obs_path, points, true_land, seed=seed, obs_fraction=obs_fraction, obs_std=obs_std,
+                                fmt=fmt)
+    say(f"truth and {n_obs} observations written")
 
     for k, path in enumerate(member_paths, start=1):
         tk = time.perf_counter()
@@ -292,4 +319,5 @@ def generate(
         say(f"member {k}/{members} written ({time.perf_counter() - tk:.2f} s)")
 
     total = sum(p.stat().st_size for p in (truth_path, obs_path, *member_paths))
-    return SynthResult(out, grid, n_land, sampled.n_obs, member_paths, truth_path, obs_path, total, time.perf_counter() - t0)
+    return SynthResult(out, grid, points.n_land, n_obs, member_paths, truth_path, obs_path, total,
+                       time.perf_counter() - t0)

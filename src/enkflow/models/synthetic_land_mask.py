@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import zipfile
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def _lon_index(lon: np.ndarray, axis: np.ndarray) -> np.ndarray:
     return _axis_index(lon, axis, 180.0, "longitude")
 
 
-def _read_rows(fh: object, path: Path, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def _read_rows(fh: IO[bytes], path: Path, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """Mask values at ``rows`` (ascending, unique) x ``cols`` from an open ``mask.npy`` stream."""
     version = np.lib.format.read_magic(fh)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -65,7 +66,7 @@ def _read_rows(fh: object, path: Path, rows: np.ndarray, cols: np.ndarray) -> np
     k = 0  # next wanted row
     for start in range(0, int(rows[-1]) + 1, _CHUNK_ROWS):
         stop = min(start + _CHUNK_ROWS, n_row)
-        raw = fh.read((stop - start) * n_col)  # type: ignore[attr-defined]
+        raw = fh.read((stop - start) * n_col)
         if len(raw) != (stop - start) * n_col:
             raise FileFormatError(f"mask ends early, before row {stop}", path=str(path), variable="mask")
         block = np.frombuffer(raw, dtype=bool).reshape(stop - start, n_col)

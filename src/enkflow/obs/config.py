@@ -25,19 +25,11 @@ See docs/configuration.md and docs/analysis.md ("Observation operators", "Qualit
 
 from __future__ import annotations
 
-from enum import Enum
-
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from enkflow.config import Strict
-
-
-class Interpolation(str, Enum):
-    """How the observation operator H maps a state to an observation."""
-
-    INDEX = "index"  # H x = x[state_index]: the file names the state row
-    NEAREST = "nearest"  # the state point nearest the observation's coordinates
-    BILINEAR = "bilinear"  # bilinear interpolation on a regular lon-lat or Cartesian grid
+from enkflow.obs.registry import operator_names
 
 
 class KindConfig(Strict):
@@ -68,13 +60,27 @@ class QCConfig(Strict):
 class ObsSettingsConfig(Strict):
     """The observation keys (mixed into ``ObservationsSection``)."""
 
-    interpolation: Interpolation = Field(default=Interpolation.INDEX, description="'index' (the file's state_index), "
-                                         "'nearest' or 'bilinear' (the file's coordinates)")
+    # The observation operator H, by its name in enkflow.obs.registry: index (H x = x[state_index], the file names
+    # the state row), nearest (the state point nearest the observation's coordinates), bilinear (interpolation on a
+    # regular lon-lat or Cartesian grid).
+    interpolation: str = Field(default="index", description="'index' (the file's state_index), "
+                               "'nearest' or 'bilinear' (the file's coordinates)")
     window: tuple[float, float] | None = Field(default=None, description="[start, end] of the observation times, "
                                                "relative to the analysis time; default [-forecast_length, 0]")
     kinds: dict[str, KindConfig] = Field(default_factory=dict, description="settings per observation kind; when "
                                          "given, every kind in a file must be one of them")
     qc: QCConfig = QCConfig()
+
+    @field_validator("interpolation", mode="before")
+    @classmethod
+    def _registered(cls, v: object) -> object:
+        names = operator_names()
+        if isinstance(v, str) and v in names:
+            return v
+        # The message of an Enum field (the names were one), so that configuration errors read the same.
+        quoted = [repr(n) for n in names]
+        expected = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+        raise PydanticCustomError("enum", "Input should be {expected}", {"expected": expected})
 
     @model_validator(mode="after")
     def _window_and_codes(self) -> "ObsSettingsConfig":

@@ -52,6 +52,6 @@ def row_vertical(layout: StateLayout, name: str) -> np.ndarray:
 def localization_coords(layout: StateLayout, loc: LocalizationConfig | None) -> np.ndarray:
     """The coordinates the local analysis groups rows by: ``layout.coords``, and with vertical
     localization the rows' vertical coordinate as a last column (domains per point and level)."""
-    if loc is None or loc.vertical_radius is None:
+    if loc is None or loc.vertical_radius is None or loc.vertical_coordinate is None:
         return layout.coords
     return np.column_stack([layout.coords, row_vertical(layout, loc.vertical_coordinate)])

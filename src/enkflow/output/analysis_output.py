@@ -21,13 +21,19 @@ layout's order; a variable of several dimensions: flattened in C order), units f
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import netCDF4
 import numpy as np
 
+from enkflow.errors import EnkflowError
+from enkflow.output.client import Output
 from enkflow.output.config import DimSpec, FieldSpec, OutputConfig
+from enkflow.output.remote import RemoteOutput
 from enkflow.state import StateLayout
 
 STATS = ("forecast_mean", "analysis_mean", "analysis_spread", "analysis_increment")
@@ -48,8 +54,6 @@ def field_name(variable: str, stat: str) -> str:
 
 
 def _template_attrs(layout: StateLayout) -> dict[str, dict[str, str]]:
-    import netCDF4
-
     out: dict[str, dict[str, str]] = {}
     with netCDF4.Dataset(layout.template) as ds:
         for v in layout.variables:
@@ -98,8 +102,6 @@ class AnalysisOutput:
         if remote is not None:
             self.out = remote
         else:
-            from enkflow.output import Output
-
             self.out = Output(self.cfg, comm=comm)
         self.add_s = 0.0
 
@@ -110,9 +112,6 @@ class AnalysisOutput:
         ``address`` and ``token`` are in ``service``, after rank 0 discarded what an earlier attempt
         of ``cycle`` added (collective). None on every rank when rank 0 finds no such service, or
         one serving other fields (the caller then starts its own writer)."""
-        from enkflow.errors import EnkflowError
-        from enkflow.output.remote import RemoteOutput
-
         want = output_config(layout, Path(directory), **settings)
         remote, why = None, ""
         if comm is None or comm.rank == 0:
@@ -130,8 +129,6 @@ class AnalysisOutput:
         if comm is not None:
             why = comm.bcast(why, root=0)
         if why:
-            import logging
-
             logging.getLogger("enkflow.output").info("analysis statistics: %s; starting this task's own writer", why)
             return None
         if comm is not None:
@@ -142,8 +139,6 @@ class AnalysisOutput:
 
     def add(self, cycle: int, row_start: int, rows: dict[str, np.ndarray]) -> None:
         """This rank's rows ``row_start:`` of some of the statistics (any of :data:`STATS`)."""
-        import time
-
         t0 = time.perf_counter()
         for stat, x in rows.items():
             x = np.asarray(x, dtype=np.float64)

@@ -42,6 +42,8 @@ from pathlib import Path
 
 from enkflow.errors import EnkflowError, StorageError
 from enkflow.fsutil import fsync_dir, pid_alive, write_json_atomic
+from enkflow.jobs.events import EventLog
+from enkflow.jobs.protect import clone_file
 
 MANIFEST = "MANIFEST.json"
 VERSION = 1
@@ -131,8 +133,6 @@ def stage(staging_root: Path, cycle: int, files: list[tuple[Path, str, str]], me
     checkpoints; a copy where the link is impossible), with ``stage.json`` holding ``meta`` and
     the names; atomically (a temporary directory renamed). Returns the directory. The target
     key is what :func:`restore` maps to a path (e.g. ``member:3``)."""
-    from enkflow.jobs.protect import clone_file
-
     staging_root = Path(staging_root)
     staging_root.mkdir(parents=True, exist_ok=True)
     remove_stale(staging_root)
@@ -372,8 +372,6 @@ def main(argv: list[str] | None = None) -> int:
     policy = Policy(a.keep_last, a.keep_every, a.level, a.compression)
     events = None
     if a.events:
-        from enkflow.jobs.events import EventLog
-
         events = EventLog(a.events)
     try:
         for summary in archive_staged(Path(a.staging), Path(a.archive), policy):

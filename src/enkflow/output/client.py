@@ -474,7 +474,7 @@ class Output:
 
 def _check_compression(cfg: OutputConfig) -> None:
     if cfg.compression == "zstd":
-        import netCDF4  # only here: the model's process needs no netCDF library otherwise
+        import netCDF4  # lazy: the model's process needs no netCDF library otherwise
 
         if not getattr(netCDF4, "__has_zstandard_support__", False):
             raise ConfigError("compression = 'zstd' needs a netCDF4 built with zstd (the PyPI wheels are); "

@@ -30,8 +30,9 @@ import select
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, StorageError
@@ -42,10 +43,8 @@ from enkflow.jobs.files import log_tail
 from enkflow.output.analysis_output import field_name
 from enkflow.output.analysis_output import service_dir as default_service_dir
 from enkflow.output.heartbeat import Silence, kill_if_stalled
+from enkflow.output.remote import RemoteOutput
 from enkflow.state import StateConfig, StateLayout
-
-if TYPE_CHECKING:
-    from enkflow.output.remote import RemoteOutput
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
 TEMPLATE = "mean_spread_template.nc"
@@ -57,8 +56,6 @@ def copy_template(cfg, directory: Path) -> Path:
     dimension and variable definition with its attributes, and the values of only what the layout
     and the files read (the mask, the state variables' coordinates); a restart's size in values
     would be copied at every start otherwise."""
-    import netCDF4  # heavy: only in the processes that write files
-
     src_path = cfg.restart_path(1)
     state = cfg.state
     wanted = {state.mask.variable} if state.mask is not None else set()
@@ -204,8 +201,6 @@ class MeanSpreadFromStatistics:
         if not files_missing(self.cfg, cycle):  # the analysis task, having found no service, wrote them
             return
         if self.service_dir is not None:
-            from enkflow.output.remote import RemoteOutput  # pyzmq: only where a study's service runs
-
             if self._client is None:
                 self._client = RemoteOutput.from_dir(self.service_dir, timeout=30.0)
             self._client.sync()
@@ -277,8 +272,6 @@ class BackgroundMeanSpread:
 def _statistics(cdir: Path, layout: StateLayout, stat: str) -> np.ndarray:
     """The state's rows (n_rows,) of statistic ``stat`` of the cycle in ``cdir``, from the
     per-variable statistics files (:mod:`enkflow.output.analysis_output`)."""
-    import netCDF4  # heavy: only in the processes that write files
-
     rows = np.empty(layout.n_rows)
     for v in layout.variables:
         name = field_name(v.name, stat)

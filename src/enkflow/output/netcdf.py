@@ -12,6 +12,7 @@ import time as _time
 from pathlib import Path
 from typing import Any
 
+import netCDF4
 import numpy as np
 
 from enkflow.output.config import FieldSpec, OutputConfig
@@ -101,8 +102,6 @@ class TimeFile:
     """The file of one field at one time, open under its temporary name while pieces arrive."""
 
     def __init__(self, tmp: Path, cfg: OutputConfig, name: str, t: float, coords: dict[str, np.ndarray]) -> None:
-        import netCDF4
-
         self.cfg, self.name, self.spec = cfg, name, cfg.fields[name]
         self.ds = netCDF4.Dataset(tmp, "w", format="NETCDF4")
         try:
@@ -189,8 +188,6 @@ def write_window(tmp: Path, cfg: OutputConfig, name: str, window: str, start: fl
                  times: list[float], mean: np.ndarray, minimum: np.ndarray, maximum: np.ndarray,
                  coords: dict[str, np.ndarray], complete: bool) -> None:
     """The time mean, minimum and maximum of ``name`` over one window, as a CF file at ``tmp``."""
-    import netCDF4
-
     spec = cfg.fields[name]
     what = " of the ensemble mean" if spec.ensemble else ""
     base = "realization: mean " if spec.ensemble else ""

@@ -43,7 +43,14 @@ class DoneRequest:
         return None
 
 
-def _displs(counts: Sequence[int]) -> np.ndarray:
+def _at_root(buf: np.ndarray | None, name: str) -> np.ndarray:
+    """The root's buffer of a scatter or gather: other ranks pass None, the root may not."""
+    if buf is None:
+        raise ValueError(f"the root rank must pass {name} (only other ranks pass None)")
+    return buf
+
+
+def _displs(counts: Sequence[int] | np.ndarray) -> np.ndarray:
     c = np.asarray(counts, dtype=np.int64)
     return np.concatenate(([0], np.cumsum(c)[:-1])) if c.size else c
 
@@ -76,13 +83,13 @@ class SerialComm:
         """Copy ``sendbuf[:counts[0]]`` into ``recvbuf`` (1-D buffers of one dtype)."""
         n = int(counts[0])
         if n:
-            np.copyto(recvbuf[:n], sendbuf[:n])  # type: ignore[index]
+            np.copyto(recvbuf[:n], _at_root(sendbuf, "sendbuf")[:n])
         return DoneRequest()
 
     def igatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts: Sequence[int], root: int = 0) -> DoneRequest:
         n = int(counts[0])
         if n:
-            np.copyto(recvbuf[:n], sendbuf[:n])  # type: ignore[index]
+            np.copyto(_at_root(recvbuf, "recvbuf")[:n], sendbuf[:n])
         return DoneRequest()
 
     def alltoallv_rows(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> np.ndarray:
@@ -164,7 +171,7 @@ class MPIComm:
         """Non-blocking scatter of 1-D ``sendbuf`` (on ``root``) in rank-order pieces of ``counts``
         elements into each rank's 1-D contiguous ``recvbuf`` (``counts[rank]`` elements used).
         Returns an MPI request; call ``wait()`` before touching either buffer."""
-        send = self._vspec(sendbuf, counts) if self.rank == root else None
+        send = self._vspec(_at_root(sendbuf, "sendbuf"), counts) if self.rank == root else None
         n = int(counts[self.rank])
         return _MPIRequest(self.comm.Iscatterv(send, [recvbuf, n, self._MPI._typedict[recvbuf.dtype.char]], root=root))
 
@@ -172,7 +179,7 @@ class MPIComm:
         """Mirror of :meth:`iscatterv`: gathers each rank's ``counts[rank]`` elements into 1-D
         ``recvbuf`` on ``root`` in rank order."""
         n = int(counts[self.rank])
-        recv = self._vspec(recvbuf, counts) if self.rank == root else None
+        recv = self._vspec(_at_root(recvbuf, "recvbuf"), counts) if self.rank == root else None
         return _MPIRequest(self.comm.Igatherv([sendbuf, n, self._MPI._typedict[sendbuf.dtype.char]], recv, root=root))
 
     def alltoallv_rows(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> np.ndarray:

@@ -89,14 +89,14 @@ def state_coords(
                 lat = c
         found.append((lon, lat) if lon and lat else None)
 
-    if all(f is not None for f in found):
+    pairs = [f for f in found if f is not None]
+    if len(pairs) == len(found):
         out = np.empty((n_rows, 2), dtype=np.float64)
-        for sv, f in zip(svars, found):
+        for sv, (lon_name, lat_name) in zip(svars, pairs):
             el = sv.elements(0, sv.n_rows)
-            out[sv.rows, 0] = _values_at(ds, path, f[0], sv, el)  # type: ignore[index]
-            out[sv.rows, 1] = _values_at(ds, path, f[1], sv, el)  # type: ignore[index]
-        first = found[0]
-        return out, (first[0], first[1]), "lonlat"  # type: ignore[index]
+            out[sv.rows, 0] = _values_at(ds, path, lon_name, sv, el)
+            out[sv.rows, 1] = _values_at(ds, path, lat_name, sv, el)
+        return out, pairs[0], "lonlat"
 
     ndims = {min(len(sv.dims), 2) for sv in svars}
     if len(ndims) != 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from enkflow.errors import FileFormatError, InputError
 from enkflow.state.config import MaskConfig, StateConfig
 from enkflow.state.coords import CoordKind, state_coords
 from enkflow.state.mask import mask_index
+
+if TYPE_CHECKING:
+    import netCDF4
 
 _STATE_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -231,13 +235,13 @@ class StateLayout:
 
 
 def _mask_spec(
-    ds: object, path: str, mask: MaskConfig | np.ndarray | None, mask_dims: Sequence[str] | None
+    ds: netCDF4.Dataset, path: str, mask: MaskConfig | np.ndarray | None, mask_dims: Sequence[str] | None
 ) -> tuple[np.ndarray | None, tuple[str, ...], set[str] | None]:
     """``(boolean mask values, mask dims, apply_to)`` from a MaskConfig or an array."""
     if mask is None:
         return None, (), None
     if isinstance(mask, MaskConfig):
-        vs = ds.variables  # type: ignore[attr-defined]
+        vs = ds.variables
         if mask.variable not in vs:
             raise FileFormatError("mask variable not in the file", path=path, variable=mask.variable)
         mv = vs[mask.variable]

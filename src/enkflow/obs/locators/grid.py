@@ -1,0 +1,186 @@
+"""Observations located by their own coordinates on the state's grid: what ``nearest`` and
+``bilinear`` share. The file holds each observation's coordinates (the metric's); the observations
+are grouped by the state variable they observe, whose rows must be one per horizontal location, and
+each must lie inside that variable's grid."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from enkflow.config import Metric
+from enkflow.errors import ConfigError
+from enkflow.obs.fileformat import LAT, LON, X, Y, Z, ObsFile
+from enkflow.obs.locating import Target
+from enkflow.obs.reader import Source, first, read_obs_file
+from enkflow.state import StateLayout
+
+
+def coord_vars(metric: Metric | None, layout: StateLayout) -> tuple[str, ...]:
+    """The file's coordinate variables for ``metric`` (global filters: the state's kind of coordinates)."""
+    if metric is Metric.SPHERE or (metric is None and layout.coord_kind == "lonlat"):
+        return (LON, LAT)
+    if metric is Metric.PERIODIC:
+        return (X,)
+    return (X, Y, Z)[: layout.coords.shape[1]]
+
+
+def read_with_coordinates(source: Source, layout: StateLayout, metric: Metric | None) -> ObsFile:
+    """The file with the coordinate variables of ``metric`` (required), without ``state_index``."""
+    return read_obs_file(source.given, cycle=source.cycle, coord_vars=coord_vars(metric, layout), state_index=False)
+
+
+def spacing(a: np.ndarray) -> float:
+    """The smallest spacing of the ascending axis ``a`` (0 for a single point)."""
+    d = np.diff(a)
+    return float(d.min()) if d.size else 0.0
+
+
+def _grid_axis(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(axis, position of each value on it)`` for one coordinate of a grid's points. Where the distinct
+    values are whole multiples of their smallest spacing (a regular grid with whole rows or columns
+    masked out), the axis is the full regular one, so that interpolation never spans a missing column
+    (its corners are then outside the state); otherwise the distinct values themselves."""
+    u = np.unique(values)
+    if u.size > 2:
+        d = float(np.diff(u).min())
+        k = (u - u[0]) / d
+        if d > 0 and np.allclose(k, np.rint(k), rtol=0, atol=1e-6):
+            n = int(np.rint(k[-1])) + 1
+            if n <= 4 * u.size + 16:  # not a few far-apart values on a fine step
+                axis = u[0] + d * np.arange(n)
+                axis[np.rint(k).astype(np.int64)] = u  # the points' own values: on a grid point, weight exactly 1
+                return axis, np.rint((values - u[0]) / d).astype(np.int64)
+    return u, np.searchsorted(u, values)
+
+
+def _global_lon(lon: np.ndarray) -> bool:
+    """Unique ascending longitudes evenly spaced around the whole globe."""
+    if lon.size < 2:
+        return False
+    d = np.diff(lon)
+    return bool(np.allclose(d, d[0], rtol=1e-6) and abs(d[0] * lon.size - 360.0) < 1e-6 * 360.0)
+
+
+class GridOperator(Protocol):
+    """An operator that locates observations on the grid: its ``name`` (named in errors), and how far
+    beyond the grid's outer points an observation may lie."""
+
+    name: str
+
+    def margin(self, axis: np.ndarray) -> float:
+        """The distance beyond the outer points of ``axis`` (ascending, its units) still inside the domain."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class VariableGrid:
+    """The observations of one state variable, on that variable's grid.
+
+    Attributes
+    ----------
+    variable : str
+        The state variable.
+    sel : (k,) int64
+        The observations (indices into the file's).
+    rows : slice
+        The variable's state rows.
+    pts : (n_pts, n_dim) float64
+        The coordinates of its rows.
+    axes, pos : lists of (n_k,) float64 and (n_pts,) int64
+        Per coordinate, the grid axis and each row's position on it (:func:`_grid_axis`).
+    x : (k, n_dim) float64
+        The observations' coordinates; on a regional lon-lat grid, longitudes within the grid's 360 degrees.
+    periods : list of float or None
+        Per coordinate, its period (360 for a global longitude, the ring length) or None.
+    """
+
+    variable: str
+    sel: np.ndarray
+    rows: slice
+    pts: np.ndarray
+    axes: list[np.ndarray]
+    pos: list[np.ndarray]
+    x: np.ndarray
+    periods: list[float | None]
+
+
+def _by_variable(of: ObsFile, target: Target, name: str) -> dict[str, list[int]]:
+    """State variable -> its observations; ConfigError where a variable is not known (``name``: the operator's)."""
+    layout, kinds = target.layout, of.obs.kinds
+    groups: dict[str, list[int]] = {}
+    for i, v in enumerate(target.variable):
+        if v is None:
+            if len(layout.variables) != 1:
+                kname = target.kind_names.get(int(kinds[i]))
+                key = f"observations.kinds.{kname}.variable" if kname in target.configured_kinds else "observations.kinds"
+                raise ConfigError(
+                    f"the state has variables {', '.join(layout.names)}: interpolation '{name}' needs the "
+                    f"variable each observation kind observes (observation {i} of {target.source.path}, kind "
+                    f"{int(kinds[i])})", key=key)
+            v = layout.names[0]
+        elif v not in layout.names:
+            raise ConfigError(f"'{v}' is not a state variable (state: {', '.join(layout.names)})",
+                              key=f"observations.kinds.{target.kind_names.get(int(kinds[i]))}.variable")
+        groups.setdefault(v, []).append(i)
+    return groups
+
+
+def _variable_grid(of: ObsFile, target: Target, name: str, v: str, members: list[int]) -> VariableGrid:
+    """The observations ``members`` of state variable ``v`` on its grid (ConfigError where the variable
+    has several rows at one location)."""
+    layout, metric = target.layout, target.metric
+    sel = np.asarray(members, dtype=np.int64)
+    rows = layout.variable(v).rows
+    pts = layout.coords[rows]
+    axes, pos = (list(t) for t in zip(*(_grid_axis(pts[:, k]) for k in range(pts.shape[1]))))
+    if np.unique(pts, axis=0).shape[0] != pts.shape[0]:
+        raise ConfigError(
+            f"state variable '{v}' has several rows at one location (levels?); interpolation "
+            f"'{name}' locates observations horizontally: use interpolation = 'index' (state_index)",
+            key="observations.interpolation")
+    x = of.obs.coords[sel].copy()
+    sphere = coord_vars(metric, layout) == (LON, LAT)
+    periods: list[float | None] = [None] * x.shape[1]
+    if sphere and _global_lon(axes[0]):
+        periods[0] = 360.0
+    elif sphere:  # a regional grid: the observations' longitudes in the grid's 360 degrees
+        x[:, 0] = axes[0][0] + np.mod(x[:, 0] - axes[0][0], 360.0)
+    if metric is Metric.PERIODIC:
+        periods[0] = target.period
+    return VariableGrid(v, sel, rows, pts, axes, pos, x, periods)
+
+
+def _check_domain(of: ObsFile, target: Target, op: GridOperator, g: VariableGrid) -> None:
+    """Every observation of ``g`` inside the domain: the grid's extent and ``op.margin(axis)`` beyond
+    its outer points, the ring on a periodic metric (FileFormatError naming the coordinate)."""
+    names = coord_vars(target.metric, target.layout)
+    oc = of.obs.coords
+    for k, (a, per) in enumerate(zip(g.axes, g.periods)):
+        if per is not None:
+            if target.metric is Metric.PERIODIC:
+                bad = (g.x[:, k] < 0) | (g.x[:, k] >= per)
+                lo, hi = 0.0, per
+            else:
+                continue
+        else:
+            h = op.margin(a)
+            lo, hi = a[0] - h, a[-1] + h
+            bad = (g.x[:, k] < lo) | (g.x[:, k] > hi)
+        if bad.any():
+            j = int(g.sel[first(bad)])
+            raise target.source.fail(names[k], (
+                f"observation {j} at ({', '.join(f'{c:g}' for c in oc[j])}) is outside the domain of state "
+                f"variable '{g.variable}': {names[k]} must lie in [{lo:g}, {hi:g}] (interpolation '{op.name}')"))
+
+
+def variable_grids(of: ObsFile, target: Target, op: GridOperator) -> Iterator[VariableGrid]:
+    """The observations of ``of`` by the state variable they observe, each group checked on its grid
+    (one location per row, the observations inside the domain) as it is yielded."""
+    for v, members in _by_variable(of, target, op.name).items():
+        g = _variable_grid(of, target, op.name, v, members)
+        _check_domain(of, target, op, g)
+        yield g
