@@ -115,7 +115,8 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     local, inflation = None, None
     if lf is not None:
         # One rank has nothing to balance: its rows stay where they are.
-        local = rows.local_geometry(analysis.localization, analysis.balance and comm.size > 1 if balance is None else balance)
+        equal_cost = (analysis.balance and comm.size > 1) if balance is None else balance
+        local = rows.local_geometry(analysis.localization, equal_cost)
         if lf.adaptive is not None:
             inflation = InflationCarrier(lf.adaptive, rows.n_rows, comm, dir_of=cycle_dir, first_cycle=first_cycle,
                                          coords=rows.coords)
