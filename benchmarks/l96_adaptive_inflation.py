@@ -35,7 +35,7 @@ ADAPTIVE = {"default": {}, "sd_initial 0.3": {"sd_initial": 0.3}, "sd_initial 1.
 
 def _one(job: tuple) -> dict:
     from enkflow.config import AnalysisConfig
-    from enkflow.models import l96_experiment as E
+    from enkflow.apps import l96 as E
 
     members, kind, value, cycles, burn_in, seed = job
     s = E.L96Setup(method=Method.LETKF, members=members, cycles=cycles, burn_in=burn_in, seed=seed,

@@ -14,8 +14,8 @@ import argparse
 import json
 import sys
 
+from enkflow.apps.l96 import L96Setup, run
 from enkflow.config import Method
-from enkflow.models.l96_experiment import L96Setup, run
 
 EXPERIMENTS = [
     # setup                                                          expected rmse_a

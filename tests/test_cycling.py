@@ -11,6 +11,7 @@ import netCDF4
 import numpy as np
 import pytest
 
+from enkflow.apps import l96 as l96x
 from enkflow.analysis import Geometry, LocalDomains
 from enkflow.analysis.factory import make_filter
 from enkflow.config import AnalysisConfig, Method, Metric
@@ -22,7 +23,6 @@ from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.experiment.driver import Experiment
 from enkflow.experiment.file_store import FileStore
 from enkflow.io import EnsembleFiles
-from enkflow.models import l96_experiment as l96x
 from enkflow.models import lorenz96 as l96
 from enkflow.obs import ObsSet
 from enkflow.obs.obsfile import load_for_state

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from analysis_problems import grid_problem
 
+from enkflow.apps.l96 import L96Setup, analysis_config, run
 from enkflow.analysis import LESTKF, LETKF, Geometry, Inflation, Kernel, LocalDomains, Localization
 from enkflow.analysis.adaptive_inflation import Miyoshi2011, segment_sums
 from enkflow.analysis.kernels import local_analysis
@@ -15,7 +16,6 @@ from enkflow.analysis.taper import Taper, weights
 from enkflow.config import AnalysisConfig, Method
 from enkflow.errors import InputError
 from enkflow.io.inflation_field import read_field, read_state, write_field
-from enkflow.models.l96_experiment import L96Setup, analysis_config, run
 
 
 def test_segment_sums_with_empty_segments():

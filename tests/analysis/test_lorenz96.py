@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from enkflow.apps import l96 as l96x
+from enkflow.apps.l96 import L96Setup, run
 from enkflow.analysis import LESTKF, Kernel
 from enkflow.config import AnalysisConfig, Method
-from enkflow.models import l96_experiment as l96x
-from enkflow.models.l96_experiment import L96Setup, run
 
 # method, N, posterior inflation -> published rmse_a
 SAKOV2008 = [

@@ -5,11 +5,11 @@ same diagnostics of the analysis, the balance of its ranks included."""
 import netCDF4
 import numpy as np
 
+from enkflow.apps.l96 import L96Setup, run
+from enkflow.apps.l96_online import run_online
 from enkflow.config import Method
 from enkflow.experiment.demo import DemoSettings, run_demo
 from enkflow.jobs.events import iter_events
-from enkflow.models.l96_experiment import L96Setup, run
-from enkflow.online.l96 import run_online
 from enkflow.report import load_report
 
 BALANCE = ("imbalance_est", "imbalance_cpu", "imbalance_wall", "balance_s", "redistribute_s", "wait_s", "balanced",

@@ -8,13 +8,13 @@ import netCDF4
 import numpy as np
 import pytest
 
+from enkflow.apps.l96 import L96Setup, NatureRun, Scores, make_step, run
+from enkflow.apps.l96_online import run_online
 from enkflow.config import Method
 from enkflow.errors import MemberError
 from enkflow.experiment.demo import DemoSettings, run_demo
 from enkflow.models import lorenz96 as l96
-from enkflow.models.l96_experiment import L96Setup, NatureRun, Scores, make_step, run
 from enkflow.online import Field, Problem, Runner, Server, ServerConfig
-from enkflow.online.l96 import run_online
 
 
 def _var(path, name="soil_moisture"):

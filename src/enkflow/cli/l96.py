@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from enkflow.apps.l96 import L96Setup, run
+from enkflow.apps.l96_online import run_online
 from enkflow.cli import COMMANDS
 from enkflow.config import AdaptiveInflation, Method
-from enkflow.models.l96_experiment import L96Setup, run
-from enkflow.online.l96 import run_online
 from enkflow.progress import Counter
 
 

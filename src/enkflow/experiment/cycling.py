@@ -12,7 +12,7 @@ scatter the analysis back and hand it to the sinks (``OutputSink``, ``StatsSink`
 
 Offline files with the job scheme (:mod:`enkflow.experiment.driver`), online
 server and runners (:mod:`enkflow.online`) and in-process Lorenz-96
-(:mod:`enkflow.models.l96_experiment`) implement these interfaces; the analysis
+(:mod:`enkflow.apps.l96`) implement these interfaces; the analysis
 itself is the one function :func:`enkflow.experiment.step.analyse` of the one
 :class:`~enkflow.experiment.step.AnalysisStep` that
 :func:`~enkflow.experiment.step.build_step` makes from the configuration (after

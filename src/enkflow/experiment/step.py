@@ -5,7 +5,7 @@
 decomposition over the ranks, the adaptive inflation field's carrier and the sinks. The offline
 analysis task (:mod:`enkflow.experiment.analysis_step`), the online server
 (:mod:`enkflow.online.experiment`) and Lorenz-96 in process and online
-(:mod:`enkflow.models.l96_experiment`, :mod:`enkflow.online.l96`) all call it, and all run
+(:mod:`enkflow.apps.l96`, :mod:`enkflow.apps.l96_online`) all call it, and all run
 :func:`analyse`, which reads as the algorithm (after OOPS's ``LocalEnsembleDA::execute``)::
 
     X = store.gather(k)                      # this rank's rows of the forecast ensemble

@@ -12,7 +12,7 @@ The cycles are :func:`~enkflow.experiment.cycling.run_cycles` and
 (:class:`~enkflow.experiment.cycling.ArrayStore`), the nature run as the
 observation space and a propagator stepping both; the analysis step is the one
 :func:`~enkflow.experiment.step.build_step` makes of :func:`analysis_config`
-(:func:`make_step`, which :mod:`enkflow.online.l96` uses as well).
+(:func:`make_step`, which :mod:`enkflow.apps.l96_online` uses as well).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The server (this process) holds the ensemble and the nature run; ``runners``
 runner processes (``python -m enkflow.online.models l96``) step the members.
-Same seeds, same analysis, same arithmetic as :func:`enkflow.models.l96_experiment.run`,
+Same seeds, same analysis, same arithmetic as :func:`enkflow.apps.l96.run`,
 hence the same scores bit for bit.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from enkflow.errors import EnkflowError
 from enkflow.models import lorenz96 as l96
-from enkflow.models.l96_experiment import L96Result, L96Setup, NatureRun, Scores, make_step
+from enkflow.apps.l96 import L96Result, L96Setup, NatureRun, Scores, make_step
 from enkflow.online.fields import Field
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.store import MemoryStore
