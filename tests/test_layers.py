@@ -41,7 +41,6 @@ LAZY_OK: dict[str, str] = {
     "h5py": "+25 ms at every output writer's start; only a window's checkpoint is HDF5",
     "importlib.metadata": "35 ms in every process importing enkflow; only `enkflow --version` reads it",
     "xarray": "optional (the dev extra), 0.3 s; only `enkflow bench io` compares with it",
-    "scipy": "scipy.spatial 0.3 s; only the observation operators that locate observations need it",
     "numba": "0.26 s and a JIT; only byte-swapped restart files need its kernels",
 }
 

@@ -64,6 +64,17 @@ class Neighbours:
         return Neighbours(offsets, self.idx[keep], self.dist[keep])
 
 
+def _nearest(offsets: np.ndarray, dist: np.ndarray, k: int) -> np.ndarray:
+    """Mask (n_pairs,) of the ``k`` nearest pairs of each domain of the CSR ``offsets`` (ties: the lower
+    observation index, as the pairs are in ascending observation order within a domain)."""
+    n_dom = offsets.size - 1
+    dom = np.repeat(np.arange(n_dom), np.diff(offsets))
+    order = np.lexsort((np.arange(dist.size), dist, dom))  # by domain, then distance, then position
+    rank = np.empty(dist.size, np.int64)
+    rank[order] = np.arange(dist.size) - offsets[dom[order]]
+    return rank < k
+
+
 @dataclass(frozen=True)
 class Geometry:
     """Distance metric and local search over a fixed set of observation locations."""
@@ -175,8 +186,6 @@ class Geometry:
         dom_of = np.broadcast_to(np.arange(n_dom)[:, None], ok.shape)[ok]
         idx, dd = j[ok].astype(np.int64), dist[ok]
         if tie.any():
-            from enkflow.analysis.localization import _nearest
-
             t = np.flatnonzero(tie)
             nb = self.neighbours(dc[t], radius)
             keep = _nearest(nb.offsets, nb.dist, k)

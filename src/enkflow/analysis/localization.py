@@ -124,14 +124,3 @@ class Localization:
         keep = wt > 0.0
         nb = nb.select(keep)
         return nb.offsets, nb.idx, wt if keep.all() else wt[keep]
-
-
-def _nearest(offsets: np.ndarray, dist: np.ndarray, k: int) -> np.ndarray:
-    """Mask (n_pairs,) of the ``k`` nearest pairs of each domain of the CSR ``offsets`` (ties: the lower
-    observation index, as the pairs are in ascending observation order within a domain)."""
-    n_dom = offsets.size - 1
-    dom = np.repeat(np.arange(n_dom), np.diff(offsets))
-    order = np.lexsort((np.arange(dist.size), dist, dom))  # by domain, then distance, then position
-    rank = np.empty(dist.size, np.int64)
-    rank[order] = np.arange(dist.size) - offsets[dom[order]]
-    return rank < k

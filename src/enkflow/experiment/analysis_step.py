@@ -25,6 +25,7 @@ import numpy as np
 from enkflow.config import AnalysisConfig
 from enkflow.errors import ConfigError
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
+from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.cycling import OutputSink
 from enkflow.experiment.file_store import FileStore
 from enkflow.experiment.step import StateRows, analyse, build_step
@@ -33,7 +34,7 @@ from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import ensemble_mean_spread, write_mean_spread
 from enkflow.obs.obsfile import ObsSettings
 from enkflow.obs.space import FileObservations
-from enkflow.output.analysis_output import AnalysisOutput, service_dir
+from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
 from enkflow.state.config import StateConfig
@@ -195,20 +196,21 @@ def _redo_outputs(store: FileStore, record: dict, cycle: int, mean_spread: MeanS
             **diag, "already_applied": 1.0}
 
 
-def run_analysis(cfg, cycle: int, expdir: Path) -> dict[str, float | list[float]]:
-    """The experiment's analysis task for ``cycle`` (``cfg`` an ExperimentConfig)."""
+def run_analysis(cfg: ExperimentConfig, cycle: int) -> dict[str, float | list[float]]:
+    """The experiment's analysis task for ``cycle``."""
     if cfg.state is None:
         raise ConfigError("the built-in analysis needs a [state] table (which variables form the state)", key="state")
     members = range(1, cfg.experiment.members + 1)
     hx = [cfg.operator_output(m, cycle) for m in members] if cfg.observations.operator is not None else None
-    cdir = cfg.cycle_dir(cycle)
-    cdir.mkdir(parents=True, exist_ok=True)
+    expdir = cfg.dir
+    cdir = expdir.cycle(cycle)
+    cdir.path.mkdir(parents=True, exist_ok=True)
     ao = cfg.analysis_output
     ms = ao.mean_spread_files
-    files = AnalysisFiles(
-        cycle_dir=cfg.cycle_dir, first_cycle=cfg.experiment.first_cycle,  # obs_diag.nc; the inflation field, cycle to cycle
-        mean=cdir / "analysis_mean.nc" if ms else None, spread=cdir / "analysis_spread.nc" if ms else None,
-        applied=cfg.applied_record(cycle), stats_dir=cdir.parent if ao.statistics_for("offline") else None,
-        stats_settings=ao.writer_settings(), stats_service=service_dir(expdir))
+    files = AnalysisFiles(  # cycle_dir: obs_diag.nc; the inflation field, cycle to cycle
+        cycle_dir=lambda c: expdir.cycle(c).path, first_cycle=cfg.experiment.first_cycle,
+        mean=cdir.mean if ms else None, spread=cdir.spread if ms else None,
+        applied=cdir.applied, stats_dir=expdir.cycles if ao.statistics_for("offline") else None,
+        stats_settings=ao.writer_settings(), stats_service=expdir.output_service)
     return analyse_files([cfg.restart_path(m) for m in members], cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io,
                          cycle=cycle, files=files, hx_files=hx, obs_settings=ObsSettings.from_experiment(cfg))

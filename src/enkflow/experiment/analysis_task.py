@@ -14,9 +14,12 @@ import sys
 from pathlib import Path
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, EnkflowError, RecoveryError, StorageError
+from enkflow.experiment.analysis_step import run_analysis
 from enkflow.experiment.config import experiment_from_json
+from enkflow.experiment.directory import ExperimentDir
 from enkflow.jobs.files import read_json, write_json_atomic
 from enkflow.jobs.worker import timing_record
+from enkflow.parallel import get_comm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     expdir, cycle = Path(args[0]), int(args[1])
     try:
-        data = read_json(expdir / "config.json")
+        config = ExperimentDir(expdir).config
+        data = read_json(config)
         if data is None:
             raise EnkflowError(f"{expdir}: no config.json; is it an enkflow experiment directory?")
-        cfg = experiment_from_json(data, file=str(expdir / "config.json"))
-        from enkflow.experiment.analysis_step import run_analysis
-        from enkflow.parallel import get_comm
-
-        timings = run_analysis(cfg, cycle, expdir)
+        cfg = experiment_from_json(data, file=str(config))
+        timings = run_analysis(cfg, cycle)
         out = os.environ.get("ENKFLOW_TIMING_FILE")
         if out and get_comm().rank == 0:
             write_json_atomic(out, timing_record(timings or {}))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
 from enkflow.analysis.obsset import ObsSet
@@ -76,8 +77,6 @@ def write_obs_diagnostics(
     (None: all used). ``metric`` names the coordinates (sphere: lon/lat, cartesian: x/y/z,
     periodic: index; None: coord_1, coord_2, ...). ``kind_names`` maps kind codes to names.
     """
-    import netCDF4
-
     n = y.n_obs
     flags = np.zeros(n, np.int8) if qc_flags is None else np.asarray(qc_flags, dtype=np.int8).reshape(-1)
     if flags.shape != (n,):
@@ -177,8 +176,6 @@ def summary_by_kind(path: str | os.PathLike[str]) -> dict[str, dict[str, float]]
     """OmB/OmA bias (mean) and RMS of the used observations, and the counts, per kind name (and
     ``"all"``) from one diagnostics file: ``{kind: {n_used, n_rejected, omb_bias, omb_rms, oma_bias,
     oma_rms, prior_spread, posterior_spread}}`` (spreads: RMS of H(x)'s ensemble spread)."""
-    import netCDF4
-
     with netCDF4.Dataset(path) as ds:
         ds.set_auto_mask(False)
         g = {k: np.asarray(ds.variables[k][:]) for k in ("omb", "oma", "kind", "qc", "prior_spread", "posterior_spread")}

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
 from enkflow.analysis.obsset import ObsSet
@@ -45,8 +46,6 @@ def read_given_hx(paths: Sequence[Path], n_obs: int, obs_time: np.ndarray | None
     ``hx(slot, obs)`` and ``slot_time(slot)`` (relative to the analysis time, like the observation
     file's ``time``): each observation then takes the slot nearest its time (4-D / FGAT); a file
     with slots needs the observations' times (``obs_time``)."""
-    import netCDF4
-
     HX = np.empty((n_obs, len(paths)))
     for m, p in enumerate(paths):
         try:

@@ -14,31 +14,46 @@ the last cycle the final analysis is written back into the restart files
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, FileFormatError, MemberError
 from enkflow.experiment.config import ExperimentConfig, experiment_from_json
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import NoOutput, OutputSink
+from enkflow.experiment.directory import ExperimentDir
 from enkflow.experiment.step import StateRows, build_step
 from enkflow.fsutil import read_json, write_json_atomic
+from enkflow.io import EnsembleFiles
 from enkflow.jobs.events import EventLog
 from enkflow.obs.obsfile import ObsSettings
 from enkflow.obs.space import CycleObservations
+from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
-from enkflow.output.archive_background import ArchiveFailure
-from enkflow.output.mean_spread_files import BackgroundMeanSpread
 from enkflow.online.scheduler import SchedulerConfig
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.store import MemoryStore
+from enkflow.output.analysis_output import AnalysisOutput
+from enkflow.output.archive import listed_cycles
+from enkflow.output.archive_background import ArchiveFailure, BackgroundArchiver
+from enkflow.output.mean_spread_files import BackgroundMeanSpread
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
 
 
+class ServerStatus(StrEnum):
+    """The server's verdict in ``EXPDIR/online/status.json`` (``"state"``), which the launcher waits for."""
+
+    DONE = "done"
+    FAILED = "failed"  # with the error (and the member and cycle of a member's error): a restart cannot fix it
+
+
 def online_dir(cfg: ExperimentConfig) -> Path:
-    return cfg.expdir / "online"
+    """``cfg.dir.online.path`` (for :mod:`enkflow.cli.serve`)."""
+    return cfg.dir.online.path
 
 
 class ArchivingOutput:
@@ -51,10 +66,8 @@ class ArchivingOutput:
     the server's checkpointer has closed, and waits for the archiver."""
 
     def __init__(self, inner: OutputSink, cfg: ExperimentConfig, comm: Comm, events: EventLog, progress=None):
-        from enkflow.output.archive_background import BackgroundArchiver
-
         self.inner, self.cfg, self.comm = inner, cfg, comm
-        self.dir = online_dir(cfg) / "checkpoints"
+        self.dir = cfg.dir.online.checkpoints
         self.archiver = BackgroundArchiver.for_experiment(cfg, events, progress) if comm.rank == 0 else None
         if self.archiver is not None:
             self.archiver.poll()  # cycles a crashed server staged but did not archive
@@ -67,9 +80,6 @@ class ArchivingOutput:
         self.inner.wait()
 
     def _stage(self, cycle: int) -> None:
-        from enkflow.online.checkpoint import analysis_path
-        from enkflow.output.archive import listed_cycles
-
         if self.archiver is None:
             return
         files = [(analysis_path(self.dir, cycle, r), f"analysis.rank_{r:04d}.h5", f"rank:{r}") for r in range(self.comm.size)]
@@ -89,8 +99,6 @@ class ArchivingOutput:
 def experiment_fields(cfg: ExperimentConfig, layout: StateLayout, template: Path | None = None) -> tuple[Field, ...]:
     """The fields runners must declare: the state variables (whole, flattened as in the file), then the carried
     ones (read from ``template``, default member 1's restart)."""
-    import netCDF4
-
     fields = []
     for v in layout.variables:
         if v.index is not None:
@@ -112,8 +120,6 @@ def experiment_fields(cfg: ExperimentConfig, layout: StateLayout, template: Path
 
 def _carried_io(cfg: ExperimentConfig, store: MemoryStore, write: bool) -> None:
     """Read (or, with ``write``, write from rank 0 after a gather) the carried variables of every member."""
-    import netCDF4
-
     carried = [k for k, f in enumerate(store.own.fields) if not f.assimilated]
     if not carried:
         return
@@ -137,8 +143,6 @@ def _carried_io(cfg: ExperimentConfig, store: MemoryStore, write: bool) -> None:
 def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tuple[Problem, StateLayout]:
     """The server's :class:`Problem` for ``cfg``, its analysis writing to ``output``; every check of the
     configuration and files first."""
-    from enkflow.io import EnsembleFiles
-
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     fields = experiment_fields(cfg, layout)
     paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
@@ -152,25 +156,23 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tupl
     steps = cfg.steps_per_cycle
     # As offline: the same step (several server ranks analyse rows of equal estimated work, the same
     # result); the adaptive inflation field in memory, and written per cycle (a restart resumes from it).
-    step = build_step(cfg.analysis, StateRows.of_layout(layout), comm, cycle_dir=cfg.cycle_dir,
+    step = build_step(cfg.analysis, StateRows.of_layout(layout), comm, cycle_dir=lambda c: cfg.dir.cycle(c).path,
                       first_cycle=cfg.experiment.first_cycle, output=output)
     obs = CycleObservations(cfg.obs_path, layout, ObsSettings.from_experiment(cfg))
     return Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, obs, step), layout
 
 
 def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: str | None = None) -> ServerConfig:
-    o = cfg.online
+    o, odir = cfg.online, cfg.dir.online
     return ServerConfig(token=token, bind=o.bind, port=port, heartbeat_s=o.heartbeat, heartbeat_timeout_s=o.heartbeat_timeout,
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
-                        checkpoint_dir=online_dir(cfg) / "checkpoints", curve_secret_key=curve_secret,
-                        address_file=online_dir(cfg) / "address", stateless_check=o.stateless_check,
-                        min_runners=o.min_runners, stop_file=online_dir(cfg) / "stopping.json")
+                        checkpoint_dir=odir.checkpoints, curve_secret_key=curve_secret,
+                        address_file=odir.address, stateless_check=o.stateless_check,
+                        min_runners=o.min_runners, stop_file=odir.stopping)
 
 
 def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: MemoryStore) -> None:
     """The final analysis back into the restart files (the write-ahead log makes it crash-safe and a redo harmless)."""
-    from enkflow.io import EnsembleFiles
-
     paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
     with EnsembleFiles(paths, layout, mode="r+", comm=store.comm, config=cfg.io) as ens:
         ens.update(np.asfortranarray(store.gather(-1)))
@@ -180,11 +182,12 @@ def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: Memo
 def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progress=None) -> dict[int, dict[str, float]]:
     """Run the server of ``cfg`` (every rank calls it); the launcher wrote the token and the port."""
     comm = comm or get_comm()
-    odir = online_dir(cfg)
-    token = (odir / "token").read_text().strip()
-    port = int((read_json(odir / "launch.json") or {}).get("port", cfg.online.port))
-    curve = (odir / "curve.key").read_text().strip() if cfg.online.curve else None
-    events = EventLog(cfg.expdir / "events.jsonl")
+    online = cfg.dir.online
+    odir = online.path
+    token = online.token.read_text().strip()
+    port = int((read_json(online.launch) or {}).get("port", cfg.online.port))
+    curve = online.curve_secret.read_text().strip() if cfg.online.curve else None
+    events = EventLog(cfg.dir.events)
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     ao = cfg.analysis_output
     files = BackgroundMeanSpread(cfg, layout, comm, odir) if ao.mean_spread_files else None
@@ -196,10 +199,8 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
         files.start()
     stats = None
     if ao.statistics_for("online"):
-        from enkflow.output.analysis_output import AnalysisOutput
-
         # One writer for the whole study: the ranks add their rows each cycle and go on.
-        stats = AnalysisOutput(layout, cfg.expdir / "cycles", comm, **ao.writer_settings())
+        stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings())
         problem.step.stats = stats
     try:
         server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
@@ -223,15 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m enkflow.online.experiment EXPDIR``: exit 0 when the study is complete, 65 for an error
     that a restart cannot fix (written to ``EXPDIR/online/status.json``), other codes for a crash."""
     args = sys.argv[1:] if argv is None else argv
-    expdir = Path(args[0])
+    expdir = ExperimentDir(Path(args[0]))
     comm = get_comm()
-    status = expdir / "online" / "status.json"
+    status = expdir.online.status
     try:
-        cfg = experiment_from_json(read_json(expdir / "config.json"), file=str(expdir / "config.json"))
+        cfg = experiment_from_json(read_json(expdir.config), file=str(expdir.config))
         serve_experiment(cfg, comm=comm, progress=lambda m: print(m, flush=True))
     except (MemberError, ConfigError, FileFormatError, ArchiveFailure) as exc:
         if comm.rank == 0:
-            body = {"state": "failed", "error": str(exc)}
+            body = {"state": ServerStatus.FAILED, "error": str(exc)}
             if isinstance(exc, MemberError):
                 # The message without the "member M, cycle C: " prefix, which the supervisor's MemberError adds again.
                 body.update(member=exc.member, cycle=exc.cycle, error=str(exc).split(": ", 1)[-1])
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
         return 1
     if comm.rank == 0:
-        write_json_atomic(status, {"state": "done"})
+        write_json_atomic(status, {"state": ServerStatus.DONE})
     return 0
 
 

@@ -35,7 +35,7 @@ from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
 from enkflow.online.checkpoint import analysis_path
-from enkflow.online.experiment import experiment_fields
+from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
 from enkflow.state import StateLayout
@@ -120,7 +120,7 @@ class OnlineExperiment:
             port = int(launch.get("port") or self.o.port or _free_port(self.o.bind))
             write_json_atomic(self.odir.launch, {"port": port})
             status = read_json(self.odir.status)
-            if status and status.get("state") == "done":
+            if status and status.get("state") == ServerStatus.DONE:
                 self._say("the study is already complete")
                 return status
             self.odir.status.unlink(missing_ok=True)
@@ -218,10 +218,10 @@ class OnlineExperiment:
                 st = self.launcher.states([server, *runners])
                 if st[server] is JobState.FINISHED:
                     status = read_json(self.odir.status)
-                    if status is not None and status.get("state") == "done":
+                    if status is not None and status.get("state") == ServerStatus.DONE:
                         self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
                         return status
-                    if status is not None and status.get("state") == "failed":
+                    if status is not None and status.get("state") == ServerStatus.FAILED:
                         self.events.emit("experiment_fail", reason=status.get("error"))
                         if status.get("member") is not None:
                             raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
