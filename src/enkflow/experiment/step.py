@@ -107,8 +107,8 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     ``cycle_dir(cycle)``: the directory of each cycle's ``obs_diag.nc`` and adaptive inflation
     field (None: neither is written, the field stays in memory); ``first_cycle``: the study's first
     cycle (its inflation field is the initial one). ``stats``, ``output``, ``truth``: see
-    :class:`AnalysisStep`. ``balance`` (local filters): rows of equal estimated work on every rank;
-    None: ``analysis.balance`` where there are several ranks. The balance is reported where the rows
+    :class:`AnalysisStep`. ``balance`` (local filters on a layout's rows; fixed domains keep theirs): rows
+    of equal estimated work on every rank; None: ``analysis.balance`` where there are several ranks. The balance is reported where the rows
     come from a layout (the coordinates of every row known), whether they move or not."""
     flt = make_filter(analysis)
     lf = flt.as_local()
