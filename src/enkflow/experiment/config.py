@@ -383,11 +383,6 @@ class ExperimentConfig(Strict):
         """``self.dir.cycle(cycle).path``."""
         return self.dir.cycle(cycle).path
 
-    def applied_record(self, cycle: int) -> Path:
-        """``self.dir.cycle(cycle).applied``: the record, committed with the analysis' in-place update, that
-        cycle ``cycle``'s analysis was applied to the restarts (see :func:`~enkflow.experiment.analysis_step.analyse_files`)."""
-        return self.dir.cycle(cycle).applied
-
     def resources(self, cpu_count: int) -> Resources:
         workers = self.jobs.workers or max(1, min(self.experiment.members, cpu_count))
         return Resources(workers=workers, cpus_per_job=self.jobs.cpus_per_job, analysis_cpus=self.jobs.analysis_cpus,
