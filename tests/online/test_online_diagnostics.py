@@ -5,7 +5,7 @@ import netCDF4
 import numpy as np
 
 from enkflow.config import Method
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 from enkflow.models.l96_experiment import L96Setup, run
 from enkflow.online.l96 import run_online
 

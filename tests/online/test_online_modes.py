@@ -10,7 +10,7 @@ import pytest
 
 from enkflow.config import Method
 from enkflow.errors import MemberError
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 from enkflow.models import lorenz96 as l96
 from enkflow.models.l96_experiment import L96Setup, NatureRun, make_filter, run
 from enkflow.online import Field, Problem, Runner, Server, ServerConfig

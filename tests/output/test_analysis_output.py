@@ -95,7 +95,7 @@ def test_offline_two_ranks_statistics_equal_the_mean_spread_files_and_the_foreca
 
 
 def test_online_statistics_equal_the_mean_spread_files(tmp_path: Path) -> None:
-    from enkflow.experiment.demo import DemoSettings, run_demo
+    from enkflow.apps.demo import DemoSettings, run_demo
 
     run_demo(tmp_path / "d", DemoSettings(members=N, cycles=2, mode="online"), say=lambda m: None)
     for k in (1, 2):

@@ -28,7 +28,7 @@ cycle online against offline. One run, three measurements:
    of the fastest raw round (of both raw runs).
 
 3. *Seconds per cycle, online vs offline*: the ``enkflow demo`` problem
-   (:func:`enkflow.experiment.demo.prepare`, the tiny synthetic land problem,
+   (:func:`enkflow.experiment.demo_problem.prepare`, the tiny synthetic land problem,
    LETKF) with ``members`` and ``cycles``, run once offline (restart files, job
    scheme, ``runners`` pilot workers) and once online (``runners`` runners, one
    server rank), each from its own fresh copy: ``seconds_per_cycle_*`` is the mean
@@ -56,7 +56,7 @@ from enkflow.bench.online_raw import raw_zmq
 from enkflow.bench.online_study import check_counts, child_env, online_study, say, scratch
 from enkflow.errors import EnkflowError, InputError
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.experiment.driver import Experiment
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
