@@ -39,7 +39,7 @@ def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, 
     else:
         Experiment(cfg, progress=lambda m: say("  " + m)).run()
     for k in cfg.cycle_numbers:
-        rmse[k] = rmse_against_truth(d, settings.members, k, cfg.expdir)
+        rmse[k] = rmse_against_truth(d, settings.members, k, cfg.dir)
     rep = load_report(cfg.expdir)
     say("")
     say(render_report(rep))

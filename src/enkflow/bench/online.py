@@ -145,7 +145,7 @@ def _demo_compare(d: Path, members: int, cycles: int, runners: int, seed: int) -
         wall = time.perf_counter() - t0
         starts: dict[int, float] = {}
         ends: dict[int, float] = {}
-        for e in iter_events(cfg.expdir / "events.jsonl"):
+        for e in iter_events(cfg.dir.events):
             if e.get("event") in ("cycle_start", "cycle_end") and isinstance(e.get("cycle"), int):
                 (starts if e["event"] == "cycle_start" else ends).setdefault(e["cycle"], e["t"])
         per = [ends[k] - starts[k] for k in cfg.cycle_numbers if k in starts and k in ends]
@@ -156,7 +156,7 @@ def _demo_compare(d: Path, members: int, cycles: int, runners: int, seed: int) -
         say(f"  demo {mode}: {out[f'seconds_per_cycle_{mode}']:.2f} s per cycle, {wall:.1f} s in all")
         means[mode] = []
         for k in cfg.cycle_numbers:
-            with netCDF4.Dataset(cfg.cycle_dir(k) / "analysis_mean.nc") as ds:
+            with netCDF4.Dataset(cfg.dir.cycle(k).mean) as ds:
                 means[mode].append(np.asarray(ds["soil_moisture"][:]))
     out["online_equals_offline"] = all(np.array_equal(a, b) for a, b in zip(means["offline"], means["online"]))
     return out

@@ -18,6 +18,7 @@ import netCDF4
 import numpy as np
 
 from enkflow.errors import InputError
+from enkflow.experiment.directory import ExperimentDir
 from enkflow.fsutil import atomic_output
 from enkflow.models.demo_model import DemoModel, run_model
 from enkflow.models.synthetic_land import sample_observations
@@ -163,7 +164,7 @@ def prepare(directory: Path, s: DemoSettings, say: Callable[[str], None]) -> Pat
     return toml
 
 
-def rmse_against_truth(directory: Path, members: int, cycle: int, run: Path | None = None) -> tuple[float, float]:
+def rmse_against_truth(directory: Path, members: int, cycle: int, run: ExperimentDir | None = None) -> tuple[float, float]:
     """(RMSE of the ensemble mean against the truth of ``cycle``, ensemble spread sqrt(mean variance)), field units.
 
     Cycle 0 from the member files; later cycles from the analysis mean and spread that both
@@ -174,8 +175,8 @@ def rmse_against_truth(directory: Path, members: int, cycle: int, run: Path | No
         X = np.stack([_state(directory / "members" / f"member_{m:04d}.nc") for m in range(1, members + 1)], axis=1)
         mean, var = X.mean(axis=1), X.var(axis=1, ddof=1)
     else:
-        cdir = run / "cycles" / f"{cycle:04d}"
-        mean, var = _state(cdir / "analysis_mean.nc"), _state(cdir / "analysis_spread.nc") ** 2
+        cdir = run.cycle(cycle)
+        mean, var = _state(cdir.mean), _state(cdir.spread) ** 2
     return float(np.sqrt(np.mean((mean - t) ** 2))), float(np.sqrt(np.mean(var)))
 
 
