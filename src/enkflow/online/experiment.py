@@ -23,6 +23,7 @@ from enkflow.analysis.factory import make_filter
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, FileFormatError, MemberError
 from enkflow.experiment.config import ExperimentConfig, experiment_from_json
 from enkflow.experiment.cycling import LocalGeometry, NoOutput
+from enkflow.experiment.output_setup import background_archiver, mean_spread_setup
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.obs.obsfile import ObsSettings, load_for_state
@@ -81,11 +82,9 @@ class ArchivingOutput:
     the server's checkpointer has closed, and waits for the archiver."""
 
     def __init__(self, inner, cfg: ExperimentConfig, comm: Comm, events: EventLog, progress=None):
-        from enkflow.output.archive_background import BackgroundArchiver
-
         self.inner, self.cfg, self.comm = inner, cfg, comm
         self.dir = online_dir(cfg) / "checkpoints"
-        self.archiver = BackgroundArchiver.for_experiment(cfg, events, progress) if comm.rank == 0 else None
+        self.archiver = background_archiver(cfg, events, progress) if comm.rank == 0 else None
         if self.archiver is not None:
             self.archiver.poll()  # cycles a crashed server staged but did not archive
 
@@ -199,7 +198,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, sink=None, stats=None) -> t
     if getattr(flt, "adaptive", None) is not None:  # in memory, and written per cycle (a restart resumes from it)
         carrier = FieldCarrier(flt.adaptive, layout.n_rows, comm, cfg.cycle_dir, layout.coords)
     problem = Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, CycleObservations(cfg, layout),
-                      flt, local=local, sink=sink or BackgroundMeanSpread(cfg, layout, comm, online_dir(cfg)),
+                      flt, local=local, sink=sink or BackgroundMeanSpread(mean_spread_setup(cfg), layout, comm, online_dir(cfg)),
                       balance=balance, stats=stats, obs_diag=ObsDiagnosticsWriter(cfg.cycle_dir, comm.rank, metric),
                       inflation=carrier)
     return problem, layout
@@ -234,7 +233,7 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     events = EventLog(cfg.expdir / "events.jsonl")
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     ao = cfg.analysis_output
-    files = BackgroundMeanSpread(cfg, layout, comm, odir) if ao.mean_spread_files else None
+    files = BackgroundMeanSpread(mean_spread_setup(cfg), layout, comm, odir) if ao.mean_spread_files else None
     sink = files or NoOutput()
     if cfg.archive.dir is not None:
         sink = ArchivingOutput(sink, cfg, comm, events, progress)
