@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 
 
 def test_demo_runs_and_the_analysis_rmse_falls(tmp_path: Path) -> None:

@@ -36,9 +36,10 @@ RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 # says its own reason too): heavy dependencies that most processes importing the module never use.
 LAZY_OK: dict[str, str] = {
     "matplotlib": "about 0.35 s with pyplot; only `enkflow report --html` draws figures",
-    "mpi4py": "initialises MPI; a process that no MPI launcher started runs serial without it",
-    "netCDF4": "a model's process writing through enkflow.output loads no netCDF library",
-    "h5py": "+25 ms at every output writer's start; only a window's checkpoint is HDF5",
+    "mpi4py": "60 ms and initialises MPI; a process that no MPI launcher started runs serial without it",
+    "netCDF4": "35 ms; a model's process writing through enkflow.output (its client) loads no netCDF library",
+    "h5py": "21-25 ms (+25 ms at every output writer's start); only a window's checkpoint and NetCDF-4 restarts' "
+            "structure are HDF5",
     "importlib.metadata": "35 ms in every process importing enkflow; only `enkflow --version` reads it",
     "xarray": "optional (the dev extra), 0.3 s; only `enkflow bench io` compares with it",
     "numba": "0.26 s and a JIT; only byte-swapped restart files need its kernels",

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 from enkflow.report.scores import collect_scores
 
 FIGURES = {"timing", "scores", "obs-by-kind", "qc", "map-soil_moisture-mean", "map-soil_moisture-increment",

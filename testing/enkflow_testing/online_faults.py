@@ -4,7 +4,7 @@ flight at the failure may be computed again.
 
 Used by ``tests/online/test_online_faults.py`` (one trial per scenario) and
 ``benchmarks/online_fault_trials.py`` (randomized trials). One experiment: the demo problem
-(``enkflow.experiment.demo.prepare``, tiny synthetic land, LETKF) in online mode, with short
+(``enkflow.experiment.demo_problem.prepare``, tiny synthetic land, LETKF) in online mode, with short
 ``[online] heartbeat`` / ``heartbeat_timeout`` and a demo runner that idles ``--sleep`` seconds per
 forecast (an emulated model cost, so that "mid-forecast" can be hit). Each trial copies the pristine
 experiment to the same path (``WORK/trial``: the analysis mean files name their template's path),
@@ -261,7 +261,7 @@ class OnlineFaultHarness:
     # -- the experiment -------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        from enkflow.experiment.demo import DemoSettings, prepare
+        from enkflow.experiment.demo_problem import DemoSettings, prepare
 
         stamp = self.base / ".complete"
         key = f"{self.members} {self.cycles} {self.runners} {self.sleep} {self.heartbeat} {self.heartbeat_timeout} " \

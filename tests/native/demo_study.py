@@ -13,7 +13,8 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
-from enkflow.experiment.demo import DemoSettings, prepare, run_demo
+from enkflow.apps.demo import run_demo
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 
 MEMBERS = 8
 CYCLES = 3

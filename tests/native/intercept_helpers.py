@@ -13,7 +13,7 @@ import netCDF4
 import numpy as np
 
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 
 
 FORCING_SCRIPT = Path(__file__).resolve().parents[2] / "native" / "examples" / "demo_forcing.py"

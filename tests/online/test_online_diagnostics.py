@@ -8,7 +8,7 @@ import numpy as np
 from enkflow.apps.l96 import L96Setup, run
 from enkflow.apps.l96_online import run_online
 from enkflow.config import Method
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 from enkflow.jobs.events import iter_events
 from enkflow.report import load_report
 

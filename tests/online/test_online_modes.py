@@ -12,7 +12,7 @@ from enkflow.apps.l96 import L96Setup, NatureRun, Scores, make_step, run
 from enkflow.apps.l96_online import run_online
 from enkflow.config import Method
 from enkflow.errors import MemberError
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 from enkflow.models import lorenz96 as l96
 from enkflow.online import Field, Problem, Runner, Server, ServerConfig
 

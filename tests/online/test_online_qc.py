@@ -5,7 +5,7 @@ import netCDF4
 import numpy as np
 
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.online.launch import OnlineExperiment
 from enkflow.report import load_report
 

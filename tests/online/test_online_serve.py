@@ -11,7 +11,7 @@ import pytest
 
 from enkflow.errors import ConfigError, FileFormatError
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.online.launch import OnlineExperiment
 
 

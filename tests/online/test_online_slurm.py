@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
 

@@ -96,7 +96,7 @@ def test_offline_two_ranks_statistics_equal_the_mean_spread_files_and_the_foreca
 
 
 def test_online_statistics_equal_the_mean_spread_files(tmp_path: Path) -> None:
-    from enkflow.experiment.demo import DemoSettings, run_demo
+    from enkflow.apps.demo import DemoSettings, run_demo
 
     run_demo(tmp_path / "d", DemoSettings(members=N, cycles=2, mode="online"), say=lambda m: None)
     for k in (1, 2):
@@ -183,6 +183,7 @@ def test_a_mean_spread_writer_failure_stops_every_server_rank(tmp_path: Path, pr
 import numpy as np
 from enkflow.errors import EnkflowError
 from enkflow.experiment.config import experiment_from_json
+from enkflow.experiment.output_setup import mean_spread_setup
 from enkflow.fsutil import read_json
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
 from enkflow.parallel import get_comm
@@ -191,7 +192,7 @@ from enkflow.state import StateLayout
 comm = get_comm()
 cfg = experiment_from_json(read_json({str(cfg.expdir / "config.json")!r}))
 layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
-files = BackgroundMeanSpread(cfg, layout, comm, cfg.expdir / "online")
+files = BackgroundMeanSpread(mean_spread_setup(cfg), layout, comm, cfg.expdir / "online")
 files.start()
 lo, hi = comm.rank * layout.n_rows // 2, (comm.rank + 1) * layout.n_rows // 2
 X = np.ones((hi - lo, {N}), order="F")
@@ -241,13 +242,15 @@ def test_a_stopped_mean_spread_writer_is_killed_and_named(tmp_path: Path, proble
 
     from enkflow.errors import EnkflowError
     from enkflow.fsutil import write_json_atomic
+    from enkflow.experiment.output_setup import mean_spread_setup
     from enkflow.output.mean_spread_files import _Writer, copy_template
 
     cfg = load_experiment(write_builtin_experiment(tmp_path, problem, members=N, cycles=2,
                                                    extra="\n[analysis_output]\nwriter_timeout = 1.0\n"))
     cfg.expdir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
-    w = _Writer(cfg, copy_template(cfg, tmp_path / "t"), tmp_path / "t" / "mean_spread.log")
+    setup = mean_spread_setup(cfg)
+    w = _Writer(setup, copy_template(setup, tmp_path / "t"), tmp_path / "t" / "mean_spread.log")
     try:
         with pytest.raises(EnkflowError, match="cycle 1: .*not written: .*analysis statistics cannot be read"):
             w.request(1)  # a live writer answers (the statistics of cycle 1 do not exist)

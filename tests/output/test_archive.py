@@ -142,14 +142,13 @@ def test_a_stopped_archiver_is_killed_and_reported_not_waited_for(tmp_path: Path
     """SIGSTOP of the background archiver: the run's final wait gives up after [archive] timeout seconds
     without progress, kills it and reports the failure (here on_failure = "stop"); the cycle stays staged
     for the next run and nothing is under a final name."""
-    from enkflow.experiment.config import ArchiveSection
     from enkflow.jobs.events import EventLog, iter_events
-    from enkflow.output.archive_background import ArchiveFailure, BackgroundArchiver
+    from enkflow.output.archive_background import ArchiveFailure, ArchiveSetup, BackgroundArchiver
 
     staging, root = tmp_path / "staging", tmp_path / "archive"
-    settings = ArchiveSection(dir=str(root), timeout=1.0, on_failure="stop")
-    events = EventLog(tmp_path / "events.jsonl")
-    arch = BackgroundArchiver(root, staging, settings, events, log=tmp_path / "archiver.log")
+    setup = ArchiveSetup(root=root, staging=staging, log=tmp_path / "archiver.log", keep_last=3, keep_every=0,
+                         compression="gzip", level=1, on_failure="stop", timeout=1.0)
+    arch = BackgroundArchiver(setup, EventLog(tmp_path / "events.jsonl"))
     arch.stage(1, _files(tmp_path / "restarts", n=1), {})
     assert arch._proc is not None
     os.kill(arch._proc.pid, signal.SIGSTOP)

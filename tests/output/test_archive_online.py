@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
 from enkflow.output import archive as A

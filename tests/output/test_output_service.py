@@ -302,7 +302,7 @@ with RemoteOutput(sys.argv[1], token_file=sys.argv[2]) as r:
 
 def test_online_runners_get_the_output_service_through_placeholders(tmp_path: Path) -> None:
     from enkflow.experiment import load_experiment
-    from enkflow.experiment.demo import DemoSettings, prepare
+    from enkflow.experiment.demo_problem import DemoSettings, prepare
     from enkflow.online.launch import OnlineExperiment
 
     toml = prepare(tmp_path, DemoSettings(members=4, cycles=1, mode="online"), say=lambda m: None)

@@ -28,7 +28,7 @@ cycle online against offline. One run, three measurements:
    of the fastest raw round (of both raw runs).
 
 3. *Seconds per cycle, online vs offline*: the ``enkflow demo`` problem
-   (:func:`enkflow.experiment.demo.prepare`, the tiny synthetic land problem,
+   (:func:`enkflow.experiment.demo_problem.prepare`, the tiny synthetic land problem,
    LETKF) with ``members`` and ``cycles``, run once offline (restart files, job
    scheme, ``runners`` pilot workers) and once online (``runners`` runners, one
    server rank), each from its own fresh copy: ``seconds_per_cycle_*`` is the mean
@@ -56,7 +56,7 @@ from enkflow.bench.online_raw import raw_zmq
 from enkflow.bench.online_study import check_counts, child_env, online_study, say, scratch
 from enkflow.errors import EnkflowError, InputError
 from enkflow.experiment.config import load_experiment
-from enkflow.experiment.demo import DemoSettings, prepare
+from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.experiment.driver import Experiment
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
@@ -145,7 +145,7 @@ def _demo_compare(d: Path, members: int, cycles: int, runners: int, seed: int) -
         wall = time.perf_counter() - t0
         starts: dict[int, float] = {}
         ends: dict[int, float] = {}
-        for e in iter_events(cfg.expdir / "events.jsonl"):
+        for e in iter_events(cfg.dir.events):
             if e.get("event") in ("cycle_start", "cycle_end") and isinstance(e.get("cycle"), int):
                 (starts if e["event"] == "cycle_start" else ends).setdefault(e["cycle"], e["t"])
         per = [ends[k] - starts[k] for k in cfg.cycle_numbers if k in starts and k in ends]
@@ -156,7 +156,7 @@ def _demo_compare(d: Path, members: int, cycles: int, runners: int, seed: int) -
         say(f"  demo {mode}: {out[f'seconds_per_cycle_{mode}']:.2f} s per cycle, {wall:.1f} s in all")
         means[mode] = []
         for k in cfg.cycle_numbers:
-            with netCDF4.Dataset(cfg.cycle_dir(k) / "analysis_mean.nc") as ds:
+            with netCDF4.Dataset(cfg.dir.cycle(k).mean) as ds:
                 means[mode].append(np.asarray(ds["soil_moisture"][:]))
     out["online_equals_offline"] = all(np.array_equal(a, b) for a, b in zip(means["offline"], means["online"]))
     return out

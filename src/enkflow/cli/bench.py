@@ -7,6 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+from enkflow.bench.analysis import AnalysisBenchSetup, run
+from enkflow.bench.io import add_parser as add_io
+from enkflow.bench.land import LandBenchSetup, main_json
+from enkflow.bench.online import run_online
+from enkflow.bench.online_scale import run_scale
+from enkflow.bench.output import add_parser as add_output
+from enkflow.cli import COMMANDS
+from enkflow.errors import InputError
+
 
 def _add_analysis(bsub: argparse._SubParsersAction) -> None:
     a = bsub.add_parser(
@@ -71,7 +80,7 @@ def _add_online(bsub: argparse._SubParsersAction) -> None:
     o.add_argument("--check", action="store_true", help="checksum every exchanged state (slower: not for timing)")
     o.add_argument("--no-compare", action="store_true", help="skip the online vs offline demo comparison")
     _online_run_options(o)
-    o.set_defaults(func=_online)
+    o.set_defaults(func=run_online)
 
 
 def _add_online_scale(bsub: argparse._SubParsersAction) -> None:
@@ -89,20 +98,17 @@ def _add_online_scale(bsub: argparse._SubParsersAction) -> None:
                    help="zero: the runners send back what they got (the exchange's cost alone); l96: one RK4 step")
     s.add_argument("--check", action="store_true", help="checksum every exchanged state")
     _online_run_options(s)
-    s.set_defaults(func=_online_scale)
+    s.set_defaults(func=run_scale)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks against baselines", description=__doc__)
+    p = sub.add_parser("bench", help=COMMANDS["bench"], description=__doc__)
     bsub = p.add_subparsers(dest="bench", metavar="BENCH")
     bsub.required = True
     _add_analysis(bsub)
     _add_land(bsub)
     _add_online(bsub)
     _add_online_scale(bsub)
-    from enkflow.bench.io import add_parser as add_io
-    from enkflow.bench.output import add_parser as add_output
-
     add_io(bsub)
     add_output(bsub)
 
@@ -117,9 +123,6 @@ def _online_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _analysis(args: argparse.Namespace) -> int:
-    from enkflow.bench.analysis import AnalysisBenchSetup, run
-    from enkflow.errors import InputError
-
     try:
         ranks = [int(r) for r in str(args.ranks).split(",")]
     except ValueError:
@@ -165,24 +168,8 @@ def _analysis_lines(res: dict) -> str:
 
 
 def _land(args: argparse.Namespace) -> int:
-    from enkflow.bench.land import LandBenchSetup, main_json
-
-    from enkflow.errors import InputError
-
     if args.ranks < 1:
         raise InputError("--ranks must be >= 1", item="ranks")
     s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed,
                        ranks=args.ranks, balance=args.balance, max_obs=args.max_obs)
     return main_json(s, args.dir, args.keep, args.json)
-
-
-def _online(args: argparse.Namespace) -> int:
-    from enkflow.bench.online import run_online
-
-    return run_online(args)
-
-
-def _online_scale(args: argparse.Namespace) -> int:
-    from enkflow.bench.online_scale import run_scale
-
-    return run_scale(args)

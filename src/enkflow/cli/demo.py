@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from enkflow.cli import COMMANDS
-from enkflow.experiment.demo import DemoSettings, run_demo
+from enkflow.apps.demo import DemoSettings, run_demo
 
 
 def register(sub: argparse._SubParsersAction) -> None:

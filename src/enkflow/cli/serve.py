@@ -15,7 +15,7 @@ from enkflow.cli import COMMANDS
 from enkflow.errors import ConfigError
 from enkflow.experiment.config import load_experiment
 from enkflow.fsutil import write_json_atomic
-from enkflow.online.experiment import online_dir, serve_experiment
+from enkflow.online.experiment import serve_experiment
 from enkflow.online.launch import copy_initial, make_secrets
 from enkflow.parallel import get_comm
 
@@ -32,14 +32,14 @@ def _main(args: argparse.Namespace) -> int:
     if cfg.experiment.mode != "online":
         raise ConfigError("enkflow serve needs [experiment] mode = \"online\"", key="experiment.mode", file=args.config)
     comm = get_comm()
-    odir = online_dir(cfg)
+    odir = cfg.dir.online
     if comm.rank == 0:
-        odir.mkdir(parents=True, exist_ok=True)
-        make_secrets(odir, curve=cfg.online.curve)
+        odir.path.mkdir(parents=True, exist_ok=True)
+        make_secrets(odir.path, curve=cfg.online.curve)
         copy_initial(cfg)
-        write_json_atomic(odir / "launch.json", {"port": args.port if args.port is not None else cfg.online.port})
-        write_json_atomic(cfg.expdir / "config.json", cfg.to_json())
-        print(f"token file: {odir / 'token'}; the address will be in {odir / 'address'}", file=sys.stderr, flush=True)
+        write_json_atomic(odir.launch, {"port": args.port if args.port is not None else cfg.online.port})
+        write_json_atomic(cfg.dir.config, cfg.to_json())
+        print(f"token file: {odir.token}; the address will be in {odir.address}", file=sys.stderr, flush=True)
     comm.barrier()
     serve_experiment(cfg, comm=comm, progress=lambda m: print(m, file=sys.stderr, flush=True))
     return 0

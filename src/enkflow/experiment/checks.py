@@ -7,6 +7,8 @@ import shlex
 import shutil
 from pathlib import Path
 
+import netCDF4
+
 from enkflow.errors import ConfigError, FileFormatError, StructureMismatchError
 from enkflow.experiment.config import ExperimentConfig, Initial
 from enkflow.io.validate import validate_files
@@ -70,8 +72,6 @@ def check_commands(cfg: ExperimentConfig) -> None:
 
 
 def _structure(path: Path) -> tuple[dict[str, int], dict[str, tuple[tuple[str, ...], str]]]:
-    import netCDF4  # heavy: only when restarts are checked
-
     try:
         with netCDF4.Dataset(path, "r") as ds:
             dims = {n: len(d) for n, d in ds.dimensions.items()}

@@ -25,6 +25,9 @@ from enkflow.obs.diagnostics import FILE_NAME as OBS_DIAG
 from enkflow.output.analysis_output import service_dir
 from enkflow.output.mean_spread_files import MEAN, SPREAD
 
+CONFIG = "config.json"
+EVENTS = "events.jsonl"
+
 
 @dataclass(frozen=True)
 class CycleDir:
@@ -128,7 +131,7 @@ class ExperimentDir:
     @property
     def config(self) -> Path:
         """The configuration the run was made with (JSON), for the analysis task and external programs."""
-        return self.root / "config.json"
+        return self.root / CONFIG
 
     @property
     def state(self) -> Path:
@@ -137,7 +140,7 @@ class ExperimentDir:
 
     @property
     def events(self) -> Path:
-        return self.root / "events.jsonl"
+        return self.root / EVENTS
 
     @property
     def restarts_list(self) -> Path:

@@ -34,6 +34,7 @@ from enkflow.experiment.cycling import run_cycles
 from enkflow.experiment.directory import CycleDir
 from enkflow.experiment.from_archive import restore_offline
 from enkflow.experiment.lock import DriverLock
+from enkflow.experiment.output_setup import background_archiver
 from enkflow.experiment.state import ExperimentState
 from enkflow.experiment.study_output import StudyOutput
 from enkflow.fsutil import write_bytes_atomic
@@ -46,7 +47,6 @@ from enkflow.jobs.strategies import JobRole, PlannedJob, Resources, plan
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, logs_dir
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
-from enkflow.output.archive_background import BackgroundArchiver
 from enkflow.output.remote import ServiceLost
 
 
@@ -215,7 +215,7 @@ class Experiment:
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
                          strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind.value, accept_restarts=accept_restarts)
 
-        archiver = BackgroundArchiver.for_experiment(cfg, self.events, self.progress)
+        archiver = background_archiver(cfg, self.events, self.progress)
         if archiver is not None:
             archiver.poll()  # cycles an earlier run staged but did not archive
 

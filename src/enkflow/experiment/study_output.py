@@ -13,6 +13,7 @@ from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import log_tail
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.output.analysis_output import output_config
+from enkflow.experiment.output_setup import mean_spread_setup
 from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
 from enkflow.output.service import OutputService
 from enkflow.state import StateLayout
@@ -59,10 +60,11 @@ class StudyOutput:
         cfg = self.cfg
         if not cfg.analysis_output.mean_spread_files or cfg.state is None or cfg.analysis_task.command is not None:
             return
-        missing = [k for k in sorted(done) if files_missing(cfg, k)]
+        setup = mean_spread_setup(cfg)
+        missing = [k for k in sorted(done) if files_missing(setup, k)]
         if self.service is None and not missing:
             return
-        files = MeanSpreadFromStatistics(cfg, self.service.directory if self.service is not None else None)
+        files = MeanSpreadFromStatistics(setup, self.service.directory if self.service is not None else None)
         try:
             lost = [k for k in missing if not files.has_statistics(k)]
             for k in missing:

@@ -15,7 +15,7 @@ import numpy as np
 
 @cache
 def _kernels() -> tuple[Any, Any]:
-    import numba  # compiles on first use: only files that need a byte swap pay for it
+    import numba  # lazy: 0.26 s and a JIT; only files that need a byte swap pay for it
 
     m32 = np.uint64(0x00000000FFFFFFFF)
     m16 = np.uint64(0x0000FFFF0000FFFF)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
 from enkflow.io.lustre import setstripe
@@ -36,8 +37,6 @@ def make_ensemble(
     1 on "land"), ``area(y, x)`` (float32) and global attributes. ``chunked`` stores the state
     chunked and deflated (the library path). Returns the paths and a state configuration
     (all state variables, no mask)."""
-    import netCDF4  # heavy: only when generating files
-
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
     d = Path(directory)

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import FileFormatError
 from enkflow.io.storage import VarStorage
 from enkflow.state import Piece
-
-if TYPE_CHECKING:
-    import netCDF4
 
 LOCK = threading.Lock()
 _NOTICED: set[tuple[str, str]] = set()
@@ -51,8 +48,6 @@ def slab_bounds(vs: VarStorage, piece: Piece) -> tuple[int, int, int]:
 
 
 def _open(path: str, mode: str) -> netCDF4.Dataset:
-    import netCDF4  # the slow path only: opening the fast path needs no NetCDF library
-
     try:
         ds = netCDF4.Dataset(path, mode)
     except OSError as exc:

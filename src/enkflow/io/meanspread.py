@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import FileFormatError, InputError, StorageError
@@ -100,8 +101,6 @@ class MeanSpreadTemplate:
     def read(cls, layout: StateLayout, source: str | os.PathLike[str] | None = None) -> "MeanSpreadTemplate":
         """From ``layout``'s template; ``source``: the file the written files name as their template
         (when ``layout`` was read from a copy of it)."""
-        import netCDF4  # heavy: only when mean and spread files are written
-
         try:
             src = netCDF4.Dataset(layout.template, "r")
         except OSError as exc:
@@ -149,8 +148,6 @@ class MeanSpreadTemplate:
             raise StorageError(f"writing the ensemble {stat.replace('_', ' ')} failed: {exc}", path=str(path)) from None
 
     def _write_file(self, path: Path, fields: dict[str, np.ndarray], stat: str, title: str, n_ens: int) -> None:
-        import netCDF4  # heavy: only when mean and spread files are written
-
         with atomic_output(path) as tmp:
             setstripe(tmp)
             with netCDF4.Dataset(tmp, "w", format="NETCDF4") as dst:

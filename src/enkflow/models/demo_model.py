@@ -36,10 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import FileFormatError, InputError
 from enkflow.fsutil import atomic_output
+from enkflow.models.synthetic_land import LonLatGrid, member_field
 
 DT_HOURS = 1.0
 ADVECTION = 0.2  # cells per hour, eastwards
@@ -99,8 +101,6 @@ class DemoModel:
 
 
 def _pattern(n_x: int, n_y: int) -> np.ndarray:
-    from enkflow.models.synthetic_land import LonLatGrid, member_field
-
     g = LonLatGrid(n_x, n_y)
     jj, ii = np.meshgrid(np.arange(n_y), np.arange(n_x), indexing="ij")
     return member_field(g, ii, jj, 0.0)
@@ -111,8 +111,6 @@ def run_model(restart: str | os.PathLike[str], model: DemoModel, *, output: str 
 
     Returns the timings in seconds: ``read_s``, ``compute_s``, ``write_s``, ``sleep_s``.
     """
-    import netCDF4
-
     src = Path(restart)
     t0 = time.perf_counter()
     try:

@@ -39,6 +39,7 @@ from enum import Enum
 import numpy as np
 
 from enkflow.errors import InputError
+from enkflow.models.synthetic_land_mask import globe_land
 
 # Spawn-key prefixes of the random streams; see the module docstring.
 _STREAM_MEMBER = 0
@@ -136,8 +137,6 @@ def land_mask(grid: LonLatGrid) -> np.ndarray:
     mask rows of the grid's latitudes are kept (:mod:`.synthetic_land_mask`),
     not the package's whole 933 MB mask; reading it takes about 3 s.
     """
-    from enkflow.models.synthetic_land_mask import globe_land
-
     return globe_land(grid.lat, grid.lon)
 
 

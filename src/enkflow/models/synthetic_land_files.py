@@ -23,13 +23,14 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import InputError
+from enkflow.analysis.obsset import ObsSet
 from enkflow.fsutil import atomic_output
 from enkflow.models import synthetic_land as sl
 from enkflow.obs.obsfile import ObsFile, write_obs_file
-from enkflow.analysis.obsset import ObsSet
 
 STATE_VARIABLE = "soil_moisture"
 LAND_DIM = "land"
@@ -156,8 +157,6 @@ def write_restart(
     seed : int
         Problem seed, a global attribute.
     """
-    import netCDF4
-
     n = points.n_land
     for name, a in (("state", state), ("patch_fraction", patch)):
         if np.shape(a) != (n,):

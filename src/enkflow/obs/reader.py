@@ -6,17 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import netCDF4
 import numpy as np
 
 from enkflow.analysis.obsset import ObsSet
 from enkflow.errors import FileFormatError
 from enkflow.obs.fileformat import (ERROR_STD, ERROR_VAR, KIND, LAT, LAT_RANGE, LEVEL, LON, LON_RANGE, OBS_DIM,
                                     STATE_INDEX, TIME, VALUE, ObsFile)
-
-if TYPE_CHECKING:
-    import netCDF4
 
 
 @dataclass(frozen=True)
@@ -170,8 +167,6 @@ def read_obs_file(path: str | Path, *, n_state: int | None = None, lonlat: bool 
         dimension, wrong shape or type, NaN/Inf, missing values, ``error_std <= 0``,
         ``lon``/``lat`` out of range, ``state_index`` out of range (with the first bad index).
     """
-    import netCDF4  # the netCDF library is loaded only where a file is read
-
     src = Source(Path(path), cycle)
     if not src.path.is_file():
         raise src.fail(None, "observation file not found")

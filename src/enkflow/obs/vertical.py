@@ -8,11 +8,13 @@ variable of the restart file, on a subset of the state variables' dimensions (e.
 
 from __future__ import annotations
 
+import netCDF4
 import numpy as np
 
 from enkflow.config import LocalizationConfig
 from enkflow.errors import ConfigError
 from enkflow.state import StateLayout
+from enkflow.state.coords import _values_at
 
 KEY = "analysis.localization.vertical_coordinate"
 
@@ -23,10 +25,6 @@ def row_vertical(layout: StateLayout, name: str) -> np.ndarray:
     Raises ConfigError (key ``analysis.localization.vertical_coordinate``, naming the template restart)
     where ``name`` is neither a dimension of every state variable nor a variable of the template, and
     FileFormatError where that variable does not fit a state variable's dimensions."""
-    import netCDF4
-
-    from enkflow.state.coords import _values_at
-
     out = np.empty(layout.n_rows)
     if all(name in sv.dims for sv in layout.variables):
         for sv in layout.variables:

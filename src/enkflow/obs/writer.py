@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import InputError
@@ -48,8 +49,6 @@ def write_obs_file(
     coord_names : sequence of str
         The coordinate variables: ``("lon", "lat")``, or ``("x",)``, ``("x", "y")``, ``("x", "y", "z")``.
     """
-    import netCDF4  # the netCDF library is loaded only where a file is written
-
     if not _writable(format):
         raise InputError(f"format {format!r} cannot hold int64 state_index; use one of {', '.join(WRITABLE_FORMATS)}", item="format")
     obs = data.obs

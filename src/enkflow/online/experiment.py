@@ -26,6 +26,7 @@ from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import NoOutput, OutputSink
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.experiment.step import StateRows, build_step
+from enkflow.experiment.output_setup import background_archiver, mean_spread_setup
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.io import EnsembleFiles
 from enkflow.jobs.events import EventLog
@@ -38,7 +39,7 @@ from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.store import MemoryStore
 from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.output.archive import listed_cycles
-from enkflow.output.archive_background import ArchiveFailure, BackgroundArchiver
+from enkflow.output.archive_background import ArchiveFailure
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
 from enkflow.parallel import Comm, get_comm
 from enkflow.state import StateLayout
@@ -49,11 +50,6 @@ class ServerStatus(StrEnum):
 
     DONE = "done"
     FAILED = "failed"  # with the error (and the member and cycle of a member's error): a restart cannot fix it
-
-
-def online_dir(cfg: ExperimentConfig) -> Path:
-    """``cfg.dir.online.path`` (for :mod:`enkflow.cli.serve`)."""
-    return cfg.dir.online.path
 
 
 class ArchivingOutput:
@@ -68,7 +64,7 @@ class ArchivingOutput:
     def __init__(self, inner: OutputSink, cfg: ExperimentConfig, comm: Comm, events: EventLog, progress=None):
         self.inner, self.cfg, self.comm = inner, cfg, comm
         self.dir = cfg.dir.online.checkpoints
-        self.archiver = BackgroundArchiver.for_experiment(cfg, events, progress) if comm.rank == 0 else None
+        self.archiver = background_archiver(cfg, events, progress) if comm.rank == 0 else None
         if self.archiver is not None:
             self.archiver.poll()  # cycles a crashed server staged but did not archive
 
@@ -190,7 +186,7 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     events = EventLog(cfg.dir.events)
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     ao = cfg.analysis_output
-    files = BackgroundMeanSpread(cfg, layout, comm, odir) if ao.mean_spread_files else None
+    files = BackgroundMeanSpread(mean_spread_setup(cfg), layout, comm, odir) if ao.mean_spread_files else None
     sink: OutputSink = files or NoOutput()
     if cfg.archive.dir is not None:
         sink = ArchivingOutput(sink, cfg, comm, events, progress)

@@ -43,9 +43,14 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import EnkflowError, InputError
+from enkflow.experiment.config import ExperimentConfig, experiment_from_json
+from enkflow.experiment.directory import ExperimentDir
+from enkflow.fsutil import read_json
 from enkflow.online.connection import ServerError
+from enkflow.online.experiment import experiment_fields
 from enkflow.online.fields import Field
 from enkflow.online.runner import Runner, run_runner_process
+from enkflow.state import StateLayout
 
 # The segment's layout: native/intercept/intercept_shm.h (change both together, with the version).
 MAGIC = b"ENKFSHM1"
@@ -137,14 +142,9 @@ def _align(n: int, to: int = 4096) -> int:
     return (n + to - 1) // to * to
 
 
-def experiment_fields_of(expdir: Path) -> tuple[list[Field], "object"]:
+def experiment_fields_of(expdir: Path) -> tuple[list[Field], ExperimentConfig]:
     """The fields the server of ``expdir`` expects (as it builds them) and the experiment's configuration."""
-    from enkflow.experiment.config import experiment_from_json
-    from enkflow.fsutil import read_json
-    from enkflow.online.experiment import experiment_fields
-    from enkflow.state import StateLayout
-
-    path = expdir / "config.json"
+    path = ExperimentDir(expdir).config
     data = read_json(path)
     if data is None:
         raise InputError(f"{path} does not exist: --expdir must name the experiment's run directory", item="expdir")

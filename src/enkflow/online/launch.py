@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import zmq
+
 from enkflow.errors import ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks
 from enkflow.experiment.config import ExperimentConfig, Initial, Mode
@@ -65,8 +67,6 @@ def make_secrets(directory: Path, *, curve: bool) -> Path:
     odir = OnlineDir(directory)
     secret_file(odir.token, lambda: secrets.token_hex(32))
     if curve and not odir.curve_secret.exists():
-        import zmq  # CURVE keys only: the launcher itself speaks no ZeroMQ
-
         pub, sec = zmq.curve_keypair()
         write_bytes_atomic(odir.curve_public, pub + b"\n")
         secret_file(odir.curve_secret, lambda: sec.decode())

@@ -18,8 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 
+from enkflow.models import lorenz96 as l96
+from enkflow.models.demo_model import DT_HOURS, DemoModel, _pattern
 from enkflow.online.fields import Field
 from enkflow.online.runner import Runner, run_runner_process
 
@@ -27,10 +30,6 @@ from enkflow.online.runner import Runner, run_runner_process
 def demo_runner(runner: Runner, grid: Path, length: float, variable: str = "soil_moisture", sleep: float = 0.0) -> int:
     """The demo model: ``grid`` a restart of the problem (for the land points), ``length`` hours per cycle,
     ``sleep`` idle seconds per forecast."""
-    import netCDF4
-
-    from enkflow.models.demo_model import DT_HOURS, DemoModel, _pattern
-
     with netCDF4.Dataset(grid) as ds:
         n_x, n_y = len(ds.dimensions["lon"]), len(ds.dimensions["lat"])
         i = np.asarray(ds.variables["land_i"][:], dtype=np.int64)
@@ -55,8 +54,6 @@ def demo_runner(runner: Runner, grid: Path, length: float, variable: str = "soil
 
 def l96_runner(runner: Runner, sleep: float = 0.0) -> int:
     """Lorenz-96 (40 variables, RK4): ``nsteps`` steps of dt = 0.05 per cycle, ``sleep`` idle seconds per forecast."""
-    from enkflow.models import lorenz96 as l96
-
     runner.init([Field("x", "float64", (l96.N_VARS,))])
     x = np.zeros(l96.N_VARS)
     x, nsteps = runner.expose(x)

@@ -22,7 +22,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from enkflow.errors import EnkflowError
 from enkflow.jobs.events import EventLog
@@ -35,29 +37,32 @@ class ArchiveFailure(EnkflowError):
     """The archiver failed and ``[archive] on_failure = "stop"``."""
 
 
+@dataclass(frozen=True)
+class ArchiveSetup:
+    """What the background archiver needs of a study: the ``[archive]`` settings and its paths (the
+    experiment layer builds it: :func:`enkflow.experiment.output_setup.archive_setup`)."""
+
+    root: Path  # the archive ([archive] dir)
+    staging: Path  # where cycles wait for the archiver
+    log: Path  # the archiver's stderr (appended)
+    keep_last: int  # archived cycles kept, newest first (0: all)
+    keep_every: int  # also keep every cycle divisible by this (0: none)
+    compression: Literal["gzip", "none"]
+    level: int  # gzip (zlib) level, 1..9
+    on_failure: Literal["warn", "stop"]
+    timeout: float  # seconds the archiver may make no progress while the run waits for it; 0: for ever
+    python: str | None = None  # the interpreter that runs it (default: this one)
+
+
 class BackgroundArchiver:
-    """Stages cycles under ``staging`` and archives them into ``root`` in a background process.
+    """Stages cycles under ``setup.staging`` and archives them into ``setup.root`` in a background process."""
 
-    ``settings``: the ``[archive]`` section (``keep_last``, ``keep_every``, ``compression``,
-    ``level``, ``on_failure``). ``log``: the archiver's stderr (appended)."""
-
-    def __init__(self, root: Path, staging: Path, settings, events: EventLog, *, log: Path,
-                 python: str | None = None, progress: Callable[[str], None] | None = None):
-        self.root, self.staging, self.settings = Path(root), Path(staging), settings
-        self.events, self.log, self.python = events, Path(log), python or sys.executable
+    def __init__(self, setup: ArchiveSetup, events: EventLog, progress: Callable[[str], None] | None = None):
+        self.setup, self.root, self.staging = setup, setup.root, setup.staging
+        self.events, self.log, self.python = events, setup.log, setup.python or sys.executable
         self.progress = progress
         self._proc: subprocess.Popen | None = None
         self.failures = 0
-
-    @classmethod
-    def for_experiment(cls, cfg, events: EventLog, progress: Callable[[str], None] | None = None,
-                       staging: Path | None = None) -> "BackgroundArchiver | None":
-        """The archiver of experiment ``cfg`` (None without ``[archive] dir``)."""
-        if cfg.archive.dir is None:
-            return None
-        base = cfg.expdir / "archive"
-        return cls(cfg.path(cfg.archive.dir), staging or base / "staging", cfg.archive, events, log=base / "archiver.log",
-                   python=cfg.launcher.python, progress=progress)
 
     def stage(self, cycle: int, files: list[tuple[Path, str, str]], meta: dict, *, link: bool = False) -> None:
         """Snapshot the files of ``cycle`` and start archiving them (see :func:`enkflow.output.archive.stage`).
@@ -84,7 +89,7 @@ class BackgroundArchiver:
             self._start()
 
     def _start(self) -> None:
-        s = self.settings
+        s = self.setup
         self.log.parent.mkdir(parents=True, exist_ok=True)
         argv = [self.python, "-m", "enkflow.output.archive", str(self.staging), str(self.root),
                 "--events", str(self.events.path), "--keep-last", str(s.keep_last), "--keep-every", str(s.keep_every),
@@ -97,7 +102,7 @@ class BackgroundArchiver:
         cycles = _archive.staged_cycles(self.staging)
         returncode: int | None
         if isinstance(rc, str):
-            what, returncode = f"{rc} ([archive] timeout = {self.settings.timeout:g} s)", None
+            what, returncode = f"{rc} ([archive] timeout = {self.setup.timeout:g} s)", None
         else:
             what, returncode = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}", rc
         tail = log_tail(self.log, 5) if self.log.exists() else ""
@@ -111,7 +116,7 @@ class BackgroundArchiver:
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         if self.progress is not None:
             self.progress(f"WARNING: {msg}")
-        if self.settings.on_failure == "stop":
+        if self.setup.on_failure == "stop":
             raise ArchiveFailure(msg + "\n([archive] on_failure = \"stop\"; the staged cycles stay under "
                                  f"{self.staging} and are archived by the next run)")
 
@@ -121,7 +126,7 @@ class BackgroundArchiver:
         starts = 0
         while True:
             if self._proc is not None:
-                rc = wait_progressing(self._proc, self.settings.timeout)
+                rc = wait_progressing(self._proc, self.setup.timeout)
                 self._proc = None
                 if rc != 0:
                     self._failed(rc)

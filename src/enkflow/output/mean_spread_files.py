@@ -29,6 +29,8 @@ import json
 import select
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,9 +43,9 @@ from enkflow.io.meanspread import MeanSpreadTemplate, gather_mean_spread
 from enkflow.job_thread import JobThread
 from enkflow.jobs.files import log_tail
 from enkflow.output.analysis_output import field_name
-from enkflow.output.analysis_output import service_dir as default_service_dir
 from enkflow.output.heartbeat import Silence, kill_if_stalled
 from enkflow.output.remote import RemoteOutput
+from enkflow.parallel import Comm
 from enkflow.state import StateConfig, StateLayout
 
 MEAN, SPREAD = "analysis_mean.nc", "analysis_spread.nc"
@@ -51,13 +53,26 @@ TEMPLATE = "mean_spread_template.nc"
 _POLL_S = 0.5
 
 
-def copy_template(cfg, directory: Path) -> Path:
+@dataclass(frozen=True)
+class MeanSpreadSetup:
+    """What the mean and spread files need of a study (the experiment layer builds it:
+    :func:`enkflow.experiment.output_setup.mean_spread_setup`)."""
+
+    source: Path  # member 1's restart: the layout's template (copied at the start), named in the files
+    state: StateConfig  # the [state] table
+    members: int  # N_e, named in the files
+    cycle_dir: Callable[[int], Path]  # a cycle's directory (EXPDIR/cycles/NNNN), where its files go
+    service_dir: Path  # offline: the output service's directory; the writer's template and log go there
+    writer_timeout: float  # [analysis_output] writer_timeout: seconds a writer may make no progress
+
+
+def copy_template(setup: MeanSpreadSetup, directory: Path) -> Path:
     """A skeleton of member 1's restart in ``directory``, the layout's template for the files: every
     dimension and variable definition with its attributes, and the values of only what the layout
     and the files read (the mask, the state variables' coordinates); a restart's size in values
     would be copied at every start otherwise."""
-    src_path = cfg.restart_path(1)
-    state = cfg.state
+    src_path = setup.source
+    state = setup.state
     wanted = {state.mask.variable} if state.mask is not None else set()
     wanted |= set(state.coordinates or ())
     directory.mkdir(parents=True, exist_ok=True)
@@ -88,9 +103,9 @@ def copy_template(cfg, directory: Path) -> Path:
     return copy
 
 
-def files_missing(cfg, cycle: int) -> bool:
+def files_missing(setup: MeanSpreadSetup, cycle: int) -> bool:
     """Whether ``cycle``'s mean or spread file is missing."""
-    cdir = cfg.cycle_dir(cycle)
+    cdir = setup.cycle_dir(cycle)
     return not ((cdir / MEAN).is_file() and (cdir / SPREAD).is_file())
 
 
@@ -102,12 +117,12 @@ class _Writer:
     seconds (stopped, stuck in the file system) is killed and the request fails naming it. Its
     files go under their final names by rename only, so a kill leaves none half-written."""
 
-    def __init__(self, cfg, template: Path, log: Path):
+    def __init__(self, setup: MeanSpreadSetup, template: Path, log: Path):
         self.log = log
-        self.timeout = cfg.analysis_output.writer_timeout
-        self.cycle_dir = cfg.cycle_dir
-        spec = {"template": str(template), "state": cfg.state.model_dump(mode="json"),
-                "source": str(cfg.restart_path(1)), "members": cfg.experiment.members}
+        self.timeout = setup.writer_timeout
+        self.cycle_dir = setup.cycle_dir
+        spec = {"template": str(template), "state": setup.state.model_dump(mode="json"),
+                "source": str(setup.source), "members": setup.members}
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.mean_spread_files"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -181,24 +196,24 @@ class MeanSpreadFromStatistics:
     files of the study's output service (whose ``address`` and ``token`` are in ``service_dir``;
     None: no service runs, only finished cycles' missing files are written)."""
 
-    def __init__(self, cfg, service_dir: Path | None):
-        self.cfg = cfg
+    def __init__(self, setup: MeanSpreadSetup, service_dir: Path | None):
+        self.setup = setup
         self.service_dir = Path(service_dir) if service_dir is not None else None
-        d = self.service_dir or default_service_dir(cfg.expdir)
-        template = copy_template(cfg, d)  # now, while no model rewrites the restart
-        self._writer = _Writer(cfg, template, d / "mean_spread.log")
+        d = self.service_dir or setup.service_dir
+        template = copy_template(setup, d)  # now, while no model rewrites the restart
+        self._writer = _Writer(setup, template, d / "mean_spread.log")
         self._client: RemoteOutput | None = None
 
     def has_statistics(self, cycle: int) -> bool:
-        cdir = self.cfg.cycle_dir(cycle)
-        return all((cdir / f"{field_name(v, s)}.nc").is_file() for v in self.cfg.state.variables
+        cdir = self.setup.cycle_dir(cycle)
+        return all((cdir / f"{field_name(v, s)}.nc").is_file() for v in self.setup.state.variables
                    for s in ("analysis_mean", "analysis_spread"))
 
     def analysed(self, cycle: int) -> None:
         """After ``cycle``'s analysis, before it counts as done: wait until the service has written
         the statistics (the files are made from them, so they must outlive a crash of the driver and
         the service together), then have the files written in the background."""
-        if not files_missing(self.cfg, cycle):  # the analysis task, having found no service, wrote them
+        if not files_missing(self.setup, cycle):  # the analysis task, having found no service, wrote them
             return
         if self.service_dir is not None:
             if self._client is None:
@@ -229,8 +244,8 @@ class BackgroundMeanSpread:
     cycle's files written by the writer process of rank 0. Collective :meth:`write`; :meth:`wait`
     (rank 0) until the files of every cycle so far are written."""
 
-    def __init__(self, cfg, layout: StateLayout, comm, directory: Path):
-        self.cfg, self.layout, self.comm, self.dir = cfg, layout, comm, Path(directory)
+    def __init__(self, setup: MeanSpreadSetup, layout: StateLayout, comm: Comm, directory: Path):
+        self.setup, self.layout, self.comm, self.dir = setup, layout, comm, Path(directory)
         self._writer: _Writer | None = None
 
     def start(self) -> None:
@@ -238,7 +253,7 @@ class BackgroundMeanSpread:
         if self.comm.rank == 0 and self._writer is None:
             for stale in self.dir.glob("mean_spread_*.f8"):  # of a server that died meanwhile
                 stale.unlink(missing_ok=True)
-            self._writer = _Writer(self.cfg, copy_template(self.cfg, self.dir), self.dir / "mean_spread.log")
+            self._writer = _Writer(self.setup, copy_template(self.setup, self.dir), self.dir / "mean_spread.log")
 
     def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
         mean, spread = gather_mean_spread(Xa, self.layout, self.comm)  # on rank 0
@@ -250,7 +265,7 @@ class BackgroundMeanSpread:
                 self._writer.wait()  # at most one cycle behind (without checkpoints nothing else waits)
                 rows = self.dir / f"mean_spread_{cycle:04d}.f8"
                 np.stack([mean, spread]).tofile(rows)
-                self.cfg.cycle_dir(cycle).mkdir(parents=True, exist_ok=True)
+                self.setup.cycle_dir(cycle).mkdir(parents=True, exist_ok=True)
                 self._writer.submit(cycle, rows)
             except (EnkflowError, OSError) as exc:
                 error = str(exc)

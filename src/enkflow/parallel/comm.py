@@ -121,7 +121,7 @@ class MPIComm:
     """Wraps an ``mpi4py.MPI.Comm``; buffers go through the uppercase (no-pickle) API."""
 
     def __init__(self, comm: Any):
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: 60 ms, initialises MPI; only a process an MPI launcher started makes an MPIComm
 
         self._MPI = MPI
         self.comm = comm
@@ -212,7 +212,7 @@ def get_comm(force_serial: bool = False) -> Comm:
     """The world communicator under mpiexec, else a :class:`SerialComm`."""
     if force_serial or not launched_by_mpiexec():
         return SerialComm()
-    from mpi4py import MPI
+    from mpi4py import MPI  # lazy: 60 ms and initialises MPI; a process no MPI launcher started runs serial
 
     if MPI.COMM_WORLD.Get_size() == 1:
         return SerialComm()

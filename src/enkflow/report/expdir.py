@@ -6,8 +6,7 @@ import tomllib
 from pathlib import Path
 
 from enkflow.errors import EnkflowError
-
-EVENTS = "events.jsonl"
+from enkflow.experiment.directory import EVENTS, ExperimentDir
 
 
 def _toml_expdirs(tomls: list[Path]) -> list[Path]:
@@ -35,14 +34,14 @@ def find_expdir(path: str | Path) -> Path:
     naming ``path`` and the directories found, where none or several hold a run.
     """
     p = Path(path)
-    if (p / EVENTS).is_file():
+    if ExperimentDir(p).events.is_file():
         return p
     if p.is_file() and p.suffix == ".toml":
         named = _toml_expdirs([p])
-        found = [q for q in named if (q / EVENTS).is_file()]
+        found = [q for q in named if ExperimentDir(q).events.is_file()]
     elif p.is_dir():
         named = _toml_expdirs(sorted(p.glob("*.toml")))
-        found = [q for q in named if (q / EVENTS).is_file()]
+        found = [q for q in named if ExperimentDir(q).events.is_file()]
         found += [q.parent for q in sorted(p.glob(f"*/{EVENTS}"))]
     else:
         raise EnkflowError(f"{p}: no such experiment directory or file")

@@ -9,20 +9,22 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+from enkflow.experiment.directory import CycleDir, ExperimentDir
 
-def cycle_dirs(expdir: Path) -> list[tuple[int, Path]]:
+
+def cycle_dirs(expdir: Path) -> list[tuple[int, CycleDir]]:
     """``(cycle, directory)`` of ``EXPDIR/cycles/NNNN``, in cycle order."""
     out = []
-    for p in sorted((expdir / "cycles").glob("[0-9]*")):
+    for p in sorted(ExperimentDir(expdir).cycles.glob("[0-9]*")):
         if p.is_dir() and p.name.isdigit():
-            out.append((int(p.name), p))
+            out.append((int(p.name), CycleDir(p)))
     return out
 
 
 def state_variables(expdir: Path) -> list[str] | None:
     """The state variables the experiment's ``config.json`` names; None where it names none or cannot be read."""
     try:
-        cfg = json.loads((expdir / "config.json").read_text())
+        cfg = json.loads(ExperimentDir(expdir).config.read_text())
         return list((cfg.get("state") or {}).get("variables") or []) or None
     except (OSError, ValueError):
         return None

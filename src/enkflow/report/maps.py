@@ -6,16 +6,16 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.obs.diagnostics import FILE_NAME as OBS_DIAG
+from enkflow.experiment.directory import CycleDir
 from enkflow.report.figures import fig_map
 from enkflow.report.files import cycle_dirs, has_variable, lonlat, mean_variables, read_float, state_variables
 
 
-def _increment(cdir: Path, n: str, k: int, mean: np.ndarray,
+def _increment(cdir: CycleDir, n: str, k: int, mean: np.ndarray,
                where: tuple[np.ndarray, np.ndarray] | None) -> list[tuple[str, str, bytes]]:
     """The map of variable ``n``'s analysis increment in cycle ``k`` (directory ``cdir``; ``mean``: its analysis
     mean, ``where``: the points' longitude and latitude): from the statistics files, else at the observations."""
-    inc_f = cdir / f"{n}_analysis_increment.nc"
+    inc_f = cdir.path / f"{n}_analysis_increment.nc"
     if inc_f.is_file():
         inc = read_float(inc_f, f"{n}_analysis_increment").reshape(-1)
         full = np.full(mean.shape, np.nan)
@@ -28,7 +28,7 @@ def _increment(cdir: Path, n: str, k: int, mean: np.ndarray,
             return []
         return [(f"map-{n}-increment", f"{n}: analysis increment, cycle {k}",
                  fig_map(full, where, f"{n} increment (analysis - forecast mean), cycle {k}", True))]
-    od = cdir / OBS_DIAG
+    od = cdir.obs_diag
     if od.is_file() and has_variable(od, "lon"):
         # No forecast mean saved ([analysis_output] statistics = false): the increment at the observations.
         inc = read_float(od, "posterior_mean") - read_float(od, "prior_mean")
@@ -40,11 +40,11 @@ def _increment(cdir: Path, n: str, k: int, mean: np.ndarray,
 
 def map_figures(expdir: Path) -> list[tuple[str, str, bytes]]:
     """``(id, title, png)`` of the last cycle's analysis mean, increment and spread per state variable."""
-    cycles = [(k, d) for k, d in cycle_dirs(expdir) if (d / "analysis_mean.nc").is_file()]
+    cycles = [(k, d) for k, d in cycle_dirs(expdir) if d.mean.is_file()]
     if not cycles:
         return []
     k, cdir = cycles[-1]
-    mean_f, spread_f = cdir / "analysis_mean.nc", cdir / "analysis_spread.nc"
+    mean_f, spread_f = cdir.mean, cdir.spread
     out = []
     for n in mean_variables(mean_f, state_variables(expdir)):
         mean = read_float(mean_f, n)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.obs.diagnostics import FILE_NAME as OBS_DIAG
 from enkflow.obs.diagnostics import summary_by_kind
 from enkflow.progress import progress
 from enkflow.report.files import cycle_dirs, has_variable, mean_variables, read_float, state_variables
@@ -35,7 +34,7 @@ def collect_scores(expdir: Path, truth: str | None = None) -> list[CycleScores]:
     out = []
     for k, cdir in progress(cycle_dirs(expdir), desc="report: reading cycles"):
         s = CycleScores(k)
-        mean_f, spread_f = cdir / "analysis_mean.nc", cdir / "analysis_spread.nc"
+        mean_f, spread_f, diag_f = cdir.mean, cdir.spread, cdir.obs_diag
         if spread_f.is_file():
             for n in mean_variables(spread_f, names):
                 sp = read_float(spread_f, n)
@@ -48,11 +47,11 @@ def collect_scores(expdir: Path, truth: str | None = None) -> list[CycleScores]:
                     if t is not None and t.size == m.size:
                         d = (m.reshape(-1) - t.reshape(-1))
                         s.rmse[n] = float(np.sqrt(np.nanmean(d**2)))
-        if (cdir / OBS_DIAG).is_file():
-            s.obs = summary_by_kind(cdir / OBS_DIAG)
-            q = read_float(cdir / OBS_DIAG, "qc")
+        if diag_f.is_file():
+            s.obs = summary_by_kind(diag_f)
+            q = read_float(diag_f, "qc")
             s.qc = {"gross": int(np.sum(q == 1)), "buddy": int(np.sum(q == 2)), "used": int(np.sum(q == 0))}
-        if (cdir / INFLATION_FILE).is_file():
-            s.inflation_mean = float(np.mean(read_float(cdir / INFLATION_FILE, "inflation")))
+        if (cdir.path / INFLATION_FILE).is_file():
+            s.inflation_mean = float(np.mean(read_float(cdir.path / INFLATION_FILE, "inflation")))
         out.append(s)
     return out

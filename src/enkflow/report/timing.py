@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enkflow.experiment.directory import ExperimentDir
 from enkflow.jobs.events import iter_events
 from enkflow.jobs.worker import COMPUTE_KEYS, io_seconds
-from enkflow.report.expdir import EVENTS, find_expdir
+from enkflow.report.expdir import find_expdir
 from enkflow.report.incidents import online_warnings, warnings
 
 FIGURES = ("total", "queuing", "running", "io", "overhead")
@@ -305,7 +306,7 @@ def load_report(expdir: str | Path) -> Report:
     directory (see :func:`find_expdir`); the report names the directory it read.
     """
     d = find_expdir(expdir)
-    path = d / EVENTS
+    path = ExperimentDir(d).events
     events = list(iter_events(path))
     if is_online(events):
         return _online_report(d, events)

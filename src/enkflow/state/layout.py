@@ -12,17 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import FileFormatError, InputError
 from enkflow.state.config import MaskConfig, StateConfig
 from enkflow.state.coords import CoordKind, state_coords
 from enkflow.state.mask import mask_index
-
-if TYPE_CHECKING:
-    import netCDF4
 
 _STATE_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
@@ -129,8 +126,6 @@ class StateLayout:
         Raises :class:`FileFormatError` naming the file and variable when a variable is
         missing, not float32/float64, or a mask or coordinate does not fit.
         """
-        import netCDF4
-
         path = str(template)
         if not variables:
             raise InputError("the state needs at least one variable", item="state.variables")

@@ -1,10 +1,8 @@
-"""``enkflow demo``: a complete offline twin experiment in about a minute.
+"""The problem of ``enkflow demo``: a twin experiment on the tiny synthetic land problem (Zheng et al. 2020).
 
-It synthesizes the tiny synthetic land problem (Zheng et al. 2020), runs the
-truth through the demo model to make one observation file per cycle,
-writes an experiment TOML, runs the cycles with the local launcher and the
-dynamic job scheme, and prints the timing table and the analysis RMSE of the
-ensemble mean against the truth after every cycle.
+It synthesizes the members, runs the truth through the demo model to make one observation file per cycle,
+writes the experiment TOML (offline, or online with the bundled runner) and scores the ensemble mean against
+the truth. ``enkflow.apps.demo`` runs it; ``enkflow bench online`` times it.
 """
 
 from __future__ import annotations
@@ -16,9 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import netCDF4
 import numpy as np
 
 from enkflow.errors import InputError
+from enkflow.experiment.directory import ExperimentDir
+from enkflow.fsutil import atomic_output
+from enkflow.models.demo_model import DemoModel, run_model
+from enkflow.models.synthetic_land import sample_observations
+from enkflow.models.synthetic_land_files import generate
+from enkflow.obs import ObsSet
+from enkflow.obs.obsfile import ObsFile, read_obs_file, write_obs_file
 
 
 @dataclass(frozen=True)
@@ -42,21 +48,12 @@ class DemoSettings:
 
 
 def _state(path: Path) -> np.ndarray:
-    import netCDF4
-
     with netCDF4.Dataset(path) as ds:
         return np.asarray(ds["soil_moisture"][:], dtype=np.float64)
 
 
 def _write_cycle_observations(truth: Path, path: Path, k: int, s: DemoSettings, attrs: dict[str, Any]) -> int:
     """Observe the truth restart ``truth`` at cycle ``k`` into the observation file ``path``; returns n_obs."""
-    import netCDF4
-
-    from enkflow.fsutil import atomic_output
-    from enkflow.models.synthetic_land import sample_observations
-    from enkflow.obs import ObsSet
-    from enkflow.obs.obsfile import ObsFile, write_obs_file
-
     sampled = sample_observations(_state(truth), fraction=s.obs_fraction, std=s.obs_std, seed=s.seed + 1000 * k)
     with netCDF4.Dataset(truth) as ds:
         lon = np.asarray(ds["land_lon"][:])[sampled.state_index]
@@ -72,9 +69,6 @@ def _truth_and_observations(directory: Path, s: DemoSettings, truth_path: Path, 
     """The truth trajectory: the same model, started from the truth (``truth/truth_NNNN.nc``);
     observations of it at each cycle's end (``obs/obs_NNNN.nc``, the attributes of the problem's
     ``obs_path``). Returns the observations per file."""
-    from enkflow.models.demo_model import DemoModel, run_model
-    from enkflow.obs.obsfile import read_obs_file
-
     truth_dir = directory / "truth"
     obs_dir = directory / "obs"
     truth_dir.mkdir(exist_ok=True)
@@ -157,8 +151,6 @@ kind = "local"
 
 def prepare(directory: Path, s: DemoSettings, say: Callable[[str], None]) -> Path:
     """Write the problem, the observations of every cycle and ``experiment.toml``; returns its path."""
-    from enkflow.models.synthetic_land_files import generate
-
     if s.members < 2 or s.cycles < 1:
         raise InputError("the demo needs at least 2 members and 1 cycle", item="members")
     t0 = time.perf_counter()
@@ -172,7 +164,7 @@ def prepare(directory: Path, s: DemoSettings, say: Callable[[str], None]) -> Pat
     return toml
 
 
-def rmse_against_truth(directory: Path, members: int, cycle: int, run: Path | None = None) -> tuple[float, float]:
+def rmse_against_truth(directory: Path, members: int, cycle: int, run: ExperimentDir | None = None) -> tuple[float, float]:
     """(RMSE of the ensemble mean against the truth of ``cycle``, ensemble spread sqrt(mean variance)), field units.
 
     Cycle 0 from the member files; later cycles from the analysis mean and spread that both
@@ -183,50 +175,8 @@ def rmse_against_truth(directory: Path, members: int, cycle: int, run: Path | No
         X = np.stack([_state(directory / "members" / f"member_{m:04d}.nc") for m in range(1, members + 1)], axis=1)
         mean, var = X.mean(axis=1), X.var(axis=1, ddof=1)
     else:
-        cdir = run / "cycles" / f"{cycle:04d}"
-        mean, var = _state(cdir / "analysis_mean.nc"), _state(cdir / "analysis_spread.nc") ** 2
+        cdir = run.cycle(cycle)
+        mean, var = _state(cdir.mean), _state(cdir.spread) ** 2
     return float(np.sqrt(np.mean((mean - t) ** 2))), float(np.sqrt(np.mean(var)))
 
 
-def run_demo(directory: str | Path, settings: DemoSettings = DemoSettings(), *, say: Callable[[str], None] = print) -> dict:
-    """Prepare and run the demo in ``directory`` (emptied first); returns the RMSE per cycle and the report."""
-    from enkflow.experiment.config import load_experiment
-    from enkflow.experiment.driver import Experiment
-    from enkflow.report import load_report, render_report
-
-    d = Path(directory).resolve()
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
-    t0 = time.perf_counter()
-    toml = prepare(d, settings, say)
-    cfg = load_experiment(toml)
-    rmse = {0: rmse_against_truth(d, settings.members, 0)}
-    say(f"cycle 0 (initial ensemble): mean RMSE {rmse[0][0]:.4f}, spread {rmse[0][1]:.4f}")
-
-    if settings.mode == "online":
-        from enkflow.online.launch import OnlineExperiment
-
-        OnlineExperiment(cfg, progress=lambda m: say("  " + m)).run()
-    else:
-        Experiment(cfg, progress=lambda m: say("  " + m)).run()
-    for k in cfg.cycle_numbers:
-        rmse[k] = rmse_against_truth(d, settings.members, k, cfg.expdir)
-    rep = load_report(cfg.expdir)
-    say("")
-    say(render_report(rep))
-    say("")
-    say("analysis RMSE of the ensemble mean against the truth (field units):")
-    for k, (e, sp) in sorted(rmse.items()):
-        say(f"  cycle {k}: RMSE {e:.4f}   spread {sp:.4f}" + ("   (initial)" if k == 0 else ""))
-    say(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; experiment files in {d}")
-    # The run directory is one level down; name it so `enkflow report` gets the right one.
-    say(f"run directory (events, cycles): {cfg.expdir}; timing table again: enkflow report {cfg.expdir}")
-    from enkflow.report import write_html
-
-    truth = str(d / "truth" / "truth_{cycle:04d}.nc")
-    page = write_html(cfg.expdir, truth=truth)
-    say(f"the report page again: enkflow report {d} --html --truth '{truth}'")
-    say(f"report: {page}")
-    return {"rmse": {k: v[0] for k, v in rmse.items()}, "spread": {k: v[1] for k, v in rmse.items()}, "report": rep,
-            "config": toml, "html": page}
