@@ -255,7 +255,9 @@ class BackgroundMeanSpread:
                 stale.unlink(missing_ok=True)
             self._writer = _Writer(self.setup, copy_template(self.setup, self.dir), self.dir / "mean_spread.log")
 
-    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: dict[str, float]) -> None:
+    def write(self, cycle: int, Xa: np.ndarray, row_start: int, diagnostics: object) -> None:
+        """The analysis ``Xa`` (this rank's rows from ``row_start``) of ``cycle`` as its mean and spread files;
+        ``diagnostics`` (the cycle's, as every output sink gets them) are not written here."""
         mean, spread = gather_mean_spread(Xa, self.layout, self.comm)  # on rank 0
         error = None
         if self.comm.rank == 0:
