@@ -10,7 +10,7 @@ import pytest
 
 from enkflow.apps.l96 import L96Setup, NatureRun, Scores, make_step, run
 from enkflow.apps.l96_online import run_online
-from enkflow.config import Method
+from enkflow.config import AdaptiveInflation, Method
 from enkflow.errors import MemberError
 from enkflow.apps.demo import DemoSettings, run_demo
 from enkflow.models import lorenz96 as l96
@@ -47,6 +47,14 @@ def test_lorenz96_through_the_server_scores_as_in_process(method):
     s = L96Setup(method=method, members=6, inflation=1.05, cycles=25, burn_in=5)
     a, b = run(s), run_online(s, runners=2)
     assert (a.rmse_a, a.spread_a, a.rmse_f) == (b.rmse_a, b.spread_a, b.rmse_f)
+
+
+def test_lorenz96_through_the_server_reports_the_adaptive_inflation_as_in_process():
+    """Online, the adaptive field's mean is the estimate (it was reported as 1.0 when online had its own scores)."""
+    s = L96Setup(method=Method.LETKF, members=6, cycles=25, burn_in=5, adaptive=AdaptiveInflation.MIYOSHI2011)
+    a, b = run(s), run_online(s, runners=2)
+    assert (a.rmse_a, a.spread_a, a.rmse_f, a.inflation_mean) == (b.rmse_a, b.spread_a, b.rmse_f, b.inflation_mean)
+    assert b.inflation_mean != 1.0
 
 
 def test_a_model_with_hidden_state_fails_the_statelessness_check():
