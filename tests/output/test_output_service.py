@@ -162,6 +162,8 @@ def test_the_service_closes_when_its_owner_dies(tmp_path: Path) -> None:
     r = RemoteOutput.from_dir(tmp_path / "svc")
     r.add("s", value("s", 1, None), 1)
     r.sync()
+    page = r._hb.path if r._hb is not None else None
+    assert page is not None and page.exists(), "a client on the owner's node watches the service's page"
     owner.kill()
     owner.wait()
     deadline = time.monotonic() + 20
@@ -169,6 +171,7 @@ def test_the_service_closes_when_its_owner_dies(tmp_path: Path) -> None:
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists(), "the service must end with its owner"
     assert not (tmp_path / "svc" / "address").exists()
+    assert not page.exists(), "an orphaned service removes its progress page: nothing is left in /dev/shm"
     with pytest.raises(ServiceLost, match="is gone"):
         r.sync()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s_1.nc"]

@@ -312,8 +312,12 @@ class ServiceLoop:
         """The owner is gone: no client is sent here any more, what is complete is written."""
         self._forget_address()
         self.close()
-        if self.endpoint.startswith("ipc://"):  # nobody else will remove its temporary directory
+        # Nobody else will remove its temporary directory or its progress page's name (clients that
+        # watch the page have it mapped already; no new client comes without the address).
+        if self.endpoint.startswith("ipc://"):
             shutil.rmtree(Path(self.endpoint[6:]).parent, ignore_errors=True)
+        if self.hb is not None:
+            self.hb.unlink()
 
     def _forget_address(self) -> None:
         """No client is sent here any more: remove the address file, unless a new service (of a
