@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import struct
 import subprocess
 import time
@@ -30,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.output.ring import shm_dir, unmap
+from enkflow.output.ring import new_segment, unmap
 
 PAGE = 4096
 ACTIVITY_AT = 64
@@ -54,7 +53,7 @@ class Heartbeat:
     @classmethod
     def create(cls) -> "Heartbeat":
         """A new page in /dev/shm (or the temporary directory); :meth:`unlink` removes its name."""
-        path = shm_dir() / f"enkflow-output-beat-{os.getpid()}-{secrets.token_hex(4)}"
+        path = new_segment("output-beat")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, PAGE)

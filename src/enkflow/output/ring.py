@@ -23,6 +23,7 @@ from __future__ import annotations
 import mmap
 import os
 import platform
+import re
 import secrets
 import struct
 import tempfile
@@ -46,6 +47,29 @@ def shm_dir() -> Path:
     return d if d.is_dir() and os.access(d, os.W_OK) else Path(tempfile.gettempdir())
 
 
+_SEGMENT = re.compile(r"enkflow-output(?:-beat)?-(\d+)-[0-9a-f]{8}")  # group 1: the maker's pid
+
+
+def new_segment(kind: str) -> Path:
+    """The name of a new shared-memory segment of this process (``kind``: ``output`` a ring,
+    ``output-beat`` a progress page), after removing the names of segments whose maker is dead.
+
+    A segment's maker removes its name at the end, and its partner when the maker is killed; a
+    process tree killed at once (kill -9 of a job) leaves names behind, which the next maker on the
+    node removes. A dead maker's segment is no longer opened by name: its partner has it mapped, and
+    no new one is told of it."""
+    d = shm_dir()
+    for p in d.glob("enkflow-output-*"):
+        named = _SEGMENT.fullmatch(p.name)
+        if named and not Path(f"/proc/{named[1]}").exists():
+            try:
+                p.unlink()
+            except OSError:  # removed meanwhile, or another user's
+                pass
+    return d / f"enkflow-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+
 def unmap(mapping: mmap.mmap, owner: object, *views: str) -> None:
     """Close ``mapping`` once ``owner``'s arrays over it (the attributes ``views``) are gone: mmap.close
     refuses while one lives. Where another view still lives (an array in flight), the mapping goes with
@@ -65,7 +89,7 @@ class Ring:
     def __init__(self, nbytes: int) -> None:
         self.size = int(nbytes)
         total = HEADER_BYTES + NOTICE_SLOTS * NOTICE_BYTES + self.size
-        self.path = shm_dir() / f"enkflow-output-{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = new_segment("output")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, total)
