@@ -336,9 +336,9 @@ class Server:
                                     reason=diff or ""))
 
     def _dropped(self, t: Task) -> None:
-        """Every rank forgets what it staged for a task taken back from its runner."""
-        for rank in self.active:
-            self._send(rank, BusMessage(BusOp.DROP, t.id, t.member, t.cycle))
+        """Every rank forgets what it staged for a task taken back from its runner (rank 0's requeue)."""
+        assert self.coordinator is not None  # made right after the Control that calls this
+        self.coordinator.drop(t)
 
     # -- the end ---------------------------------------------------------------------------
 
