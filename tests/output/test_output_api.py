@@ -3,6 +3,7 @@ regions, transports, back-pressure, bad input, checkpointed windows."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from pathlib import Path
@@ -379,15 +380,19 @@ def test_a_writers_error_reaches_the_next_add_not_only_sync(tmp_path: Path, tran
     X = ensemble(6, 1)
     X[0, 0, 0, 0] = np.nan
     out = Output(config(tmp_path, nan="error", transport=transport))
+    # Time 1 first: the error may arrive before any add in the loop sends, and close must still find
+    # an incomplete time (time 0's file is abandoned with its NaN, not reported as incomplete).
+    out.add("t2m", X[0, 1], time=1.0, member=1)
     out.add("t2m", X[0, 0], time=0.0, member=1)
     deadline = time.monotonic() + 30
     with pytest.raises(OutputError, match="member 1: 1 NaN value"):
-        while time.monotonic() < deadline:
-            out.add("t2m", X[0, 1], time=1.0, member=1)  # time 1 is never complete: no sync needed
+        for t in itertools.count(2):  # a new time each add: a piece added twice would abandon its time
+            assert time.monotonic() < deadline, "the writer's error never reached an add"
+            out.add("t2m", X[0, 1], time=float(t), member=1)  # never complete: no sync needed
             time.sleep(0.05)
     assert out._channels[0].heard >= 2  # the welcome and the error
     with pytest.raises(OutputError, match="incomplete output"):
-        out.close()  # times 0 and 1 lack members
+        out.close()  # times 1, 2, ... lack members
 
 
 def test_a_ring_notice_is_the_json_of_the_put_message() -> None:
