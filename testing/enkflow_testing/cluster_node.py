@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from enkflow_testing.cluster_ns import ClusterUnavailable, NodeNamespaces, delete_netns, kill_all, pids_in, sh
+from enkflow_testing.cluster_ns import NETNS_DIR, ClusterUnavailable, NodeNamespaces, delete_netns, kill_all, pids_in, sh
 
 HEAD = "head"  # the node of the cluster's services (SLURM's controller, munge)
 BRIDGE = "br0"
@@ -83,7 +83,8 @@ def make_network(spec: NodeSpec, switch: str) -> None:
 
 def start_keeper(spec: NodeSpec, hidden: list[Path], hosts: Path, tmp_mb: int) -> tuple[subprocess.Popen, int]:
     """Start the node's keeper; returns its launcher process and the keeper's pid (the holder of the namespaces)."""
-    argv = ["ip", "netns", "exec", spec.netns, "unshare", "--uts", "--mount", "--propagation", "private", "--fork",
+    # nsenter, not 'ip netns exec': that would mount a fresh /sys without /sys/fs/cgroup, which slurmd needs.
+    argv = ["nsenter", f"--net={NETNS_DIR / spec.netns}", "--", "unshare", "--uts", "--mount", "--propagation", "private", "--fork",
             "sh", "-c", keeper_script(spec, hidden, hosts, tmp_mb)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout is not None and proc.stderr is not None
@@ -97,7 +98,7 @@ def start_keeper(spec: NodeSpec, hidden: list[Path], hosts: Path, tmp_mb: int) -
 
 @dataclass(kw_only=True)
 class Node:
-    """A live node: spec, keeper pid and namespace identities; ``launcher`` is the ``ip netns exec`` process."""
+    """A live node: spec, keeper pid and namespace identities; ``launcher`` is the ``unshare`` process above the keeper."""
 
     spec: NodeSpec
     launcher: subprocess.Popen

@@ -11,6 +11,7 @@ must run inside a node: the machine's own namespace cannot reach the bridge.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -89,7 +90,7 @@ class ClusterSlurm:
 
     def _start_munge(self) -> None:
         own([self.munge_dir])
-        self.munge_dir.chmod(0o700)
+        self.munge_dir.chmod(0o755)  # munged wants its socket reachable by all
         key = self.munge_dir / "munge.key"
         install_key(key)
         m = self.munge_dir
@@ -109,7 +110,8 @@ class ClusterSlurm:
         self._daemons[node] = self._daemon(node, ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
 
     def _client(self, argv: list[str]) -> str:
-        res = self.cluster.run(HEAD, argv, capture_output=True, text=True, timeout=60)
+        # The cluster passes SLURM_CONF only once start() has returned; the daemons' clients need it now.
+        res = self.cluster.run(HEAD, argv, env={**os.environ, **self.env()}, capture_output=True, text=True, timeout=60)
         return res.stdout
 
     def _states(self) -> dict[str, str]:
@@ -133,10 +135,15 @@ class ClusterSlurm:
         self._wait(lambda: self._states().get(node) == "idle", f"node {node} did not become idle", timeout_s)
 
     def revive(self, node: str) -> None:
-        """Start the node's slurmd again and resume the node in SLURM; returns when it is idle."""
+        """Start the node's slurmd again; returns when SLURM has the node idle.
+
+        The node is first set DOWN, as the controller would after ``SlurmdTimeout``
+        (its jobs died with it): a new slurmd's registration then returns it to
+        service (``ReturnToService=2``), a change that can be waited for.
+        """
+        self._client(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=revived"])
+        self._wait(lambda: "down" in self._states().get(node, ""), f"node {node} was not set down")
         self._start_slurmd(node)
-        self._wait(lambda: not self._states().get(node, "").endswith("*"), f"node {node}'s slurmd did not register")
-        self._client(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
         self.wait_idle(node)
 
     def cancel_all(self) -> None:
