@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import shutil
 import subprocess
@@ -27,12 +28,13 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
-from enkflow_testing.cluster_mpi import write_launcher, mpiexec_prefix
+from enkflow_testing.cluster_mpi import MPIEXEC, mpiexec_prefix, write_launcher
 from enkflow_testing.cluster_node import HEAD, IFACE, Node, NodeSpec, boot, make_switch, private_shared
 from enkflow_testing.cluster_ns import PREFIX, STATE_ROOT, ClusterUnavailable, delete_netns, missing_reason, sweep_stale
 from enkflow_testing.cluster_slurm import ClusterSlurm
 
 _HEAD_INDEX = 254
+_SEQUENCE = itertools.count()
 
 
 class Cluster:
@@ -52,7 +54,7 @@ class Cluster:
                  slurmd_timeout_s: int = 10):
         if not 1 <= n_nodes < _HEAD_INDEX:
             raise ValueError(f"n_nodes must be 1..{_HEAD_INDEX - 1}, not {n_nodes}")
-        self.prefix = f"{PREFIX}{os.getpid()}"
+        self.prefix = f"{PREFIX}{os.getpid()}c{next(_SEQUENCE)}"  # several clusters may live in one process
         self.names = [f"n{k}" for k in range(1, n_nodes + 1)]
         self.specs = {name: NodeSpec(name=name, netns=f"{self.prefix}-{name}", index=k, address=f"{subnet}.{k}")
                       for k, name in [(_HEAD_INDEX, HEAD), *enumerate(self.names, 1)]}
@@ -197,6 +199,11 @@ class Cluster:
     def mpiexec(self, hosts: list[str], n: int, ppn: int | None = None) -> list[str]:
         """The hydra ``mpiexec`` prefix that starts ``n`` ranks on ``hosts`` (node names); run it inside a node."""
         return mpiexec_prefix(self, [self.address(h) for h in hosts], n, ppn)
+
+    @property
+    def mpiexec_bin(self) -> Path:
+        """The mpich wheel's ``mpiexec`` (inside a SLURM job it finds the allocation's nodes by itself)."""
+        return MPIEXEC
 
     def slurm_env(self) -> dict[str, str]:
         """What SLURM's clients need in their environment (``SLURM_CONF``); empty without SLURM."""

@@ -1,6 +1,6 @@
 """Linux namespaces for the emulated cluster: find, kill and sweep what the harness made.
 
-Every network namespace the harness makes is named ``enkc<pid>-<node>``, where
+Every network namespace the harness makes is named ``enkc<pid>c<n>-<node>``, where
 ``<pid>`` is the process that made it; :func:`sweep_stale` removes those whose
 maker is dead (a harness killed before its cleanup ran). A process belongs to
 a node when it shares the node's network, UTS or mount namespace, which is how
@@ -24,7 +24,7 @@ PREFIX = "enkc"
 NETNS_DIR = Path("/run/netns")
 STATE_ROOT = Path("/var/tmp")
 TOOLS = ("ip", "unshare", "nsenter", "mount", "hostname", "env")
-_STALE = re.compile(rf"^{PREFIX}(\d+)-")
+_STALE = re.compile(rf"^{PREFIX}(\d+)c\d+-")
 
 
 class ClusterUnavailable(EnkflowError):
