@@ -63,6 +63,7 @@ class Cluster:
         self.tmp_mb = tmp_mb
         self.state = STATE_ROOT / f"{self.prefix}-state"
         self.nodes: dict[str, Node] = {}
+        self._hidden: list[Path] = []
         self.slurm: ClusterSlurm | None = None
         self._want_slurm = slurm
         self._slurm_args = dict(cpus=cpus_per_node, memory_mb=memory_mb, slurmd_timeout_s=slurmd_timeout_s)

@@ -146,6 +146,31 @@ class ClusterSlurm:
         self._start_slurmd(node)
         self.wait_idle(node)
 
+    def sbatch(self, args: list[str], node: str = HEAD, cwd: Path | None = None) -> str:
+        """Submit a batch job from ``node`` (``sbatch --parsable ARGS``, in ``cwd``); returns its job id."""
+        res = self.cluster.run(node, ["sbatch", "--parsable", *args], cwd=cwd, env={**os.environ, **self.env()},
+                               capture_output=True, text=True, timeout=60)
+        if res.returncode != 0:
+            raise EnkflowError(f"sbatch {' '.join(args)} on {node} failed: {res.stderr.strip()}")
+        return res.stdout.strip().split(";")[0]
+
+    def job_state(self, job: str) -> str:
+        """The job's state (``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``...); ``""`` once SLURM forgot it."""
+        fields = self._client(["scontrol", "show", "job", job, "-o"]).split()
+        return next((f.split("=", 1)[1] for f in fields if f.startswith("JobState=")), "")
+
+    def wait_job(self, job: str, timeout_s: float = 120.0) -> str:
+        """Wait until the job has ended; returns its final state (SLURM keeps it ``MinJobAge`` = 30 s)."""
+        ended: list[str] = []
+
+        def done() -> bool:
+            state = self.job_state(job)
+            ended[:] = [state]
+            return state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED")
+
+        self._wait(done, f"job {job} did not end", timeout_s)
+        return ended[0]
+
     def cancel_all(self) -> None:
         """Cancel every job (before the nodes are killed, so that no job is left in the controller's state)."""
         if HEAD in self.cluster.nodes:

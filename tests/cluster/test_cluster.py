@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -132,20 +131,15 @@ def test_srun_across_two_nodes(cluster: Cluster):
     assert len(hosts) == 2 and len(set(hosts)) == 2 and set(hosts) <= set(NODES)
 
 
-def _wait_gone(c: Cluster, job: str) -> None:
-    while _out(c, "head", ["squeue", "-h", "-j", job]).strip():
-        time.sleep(0.2)
-
-
 @pytest.mark.slurm
 @pytest.mark.mpi
 def test_sbatch_job_lands_on_nodes_and_hydra_spans_its_allocation(cluster: Cluster, shared: Path):
     """mpiexec inside a 2-node batch job starts its ranks on both nodes (hydra uses the allocation)."""
     script = shared / "job.sh"
     script.write_text(f"#!/bin/sh\nhostname > {shared}/batch-host\n{cluster.mpiexec_bin} -n 4 {PY} -c '{_RANKS}'\n")
-    out = _out(cluster, "head", ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=2",
-                                 f"--output={shared}/job.out", str(script)], cwd=shared)
-    _wait_gone(cluster, out.strip())
+    job = cluster.slurm.sbatch(["--nodes=2", "--ntasks-per-node=2", f"--output={shared}/job.out", str(script)],
+                               cwd=shared)
+    assert cluster.slurm.wait_job(job) == "COMPLETED"
     first = (shared / "batch-host").read_text().strip()
     ranks = _ranks((shared / "job.out").read_text())
     assert first in NODES
