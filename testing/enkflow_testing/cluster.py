@@ -30,7 +30,7 @@ from typing import Any, Self
 
 from enkflow_testing.cluster_mpi import MPIEXEC, mpiexec_prefix, write_launcher
 from enkflow_testing.cluster_node import HEAD, IFACE, Node, NodeSpec, boot, make_switch, private_shared
-from enkflow_testing.cluster_ns import PREFIX, STATE_ROOT, ClusterUnavailable, delete_netns, missing_reason, sweep_stale
+from enkflow_testing.cluster_ns import NETNS_DIR, PREFIX, STATE_ROOT, ClusterUnavailable, delete_netns, missing_reason, sweep_stale
 from enkflow_testing.cluster_slurm import ClusterSlurm
 
 _HEAD_INDEX = 254
@@ -120,6 +120,11 @@ class Cluster:
             delete_netns(spec.netns)
         delete_netns(self.switch)
         shutil.rmtree(self.state, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster is on the machine: its namespaces and state folder (empty after :meth:`stop`)."""
+        left = sorted(p.name for p in NETNS_DIR.glob(f"{self.prefix}-*")) if NETNS_DIR.is_dir() else []
+        return left + ([str(self.state)] if self.state.exists() else [])
 
     def __enter__(self) -> Self:
         return self.start()

@@ -18,38 +18,11 @@ from pathlib import Path
 import pytest
 
 from enkflow_testing.cluster import Cluster
-from enkflow_testing.cluster_ns import NETNS_DIR, ClusterUnavailable, missing_reason, sweep_stale
+from enkflow_testing.cluster_ns import NETNS_DIR, missing_reason, sweep_stale
 
 NODES = ["n1", "n2", "n3"]
+CLUSTER = {"n_nodes": len(NODES), "slurm": True, "cpus_per_node": 4}
 PY = sys.executable
-
-
-def _leftovers(c: Cluster) -> list[str]:
-    """What of the cluster is still on the machine (namespaces, state folder)."""
-    left = [p.name for p in NETNS_DIR.glob(f"{c.prefix}-*")] if NETNS_DIR.is_dir() else []
-    return left + ([str(c.state)] if c.state.exists() else [])
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The experiment root every node sees (under /tmp: bound through each node's private /tmp)."""
-    return tmp_path_factory.mktemp("cluster-shared")
-
-
-@pytest.fixture(scope="module")
-def cluster(shared: Path):
-    reason = missing_reason()
-    if reason:
-        pytest.skip(f"emulated cluster unavailable: {reason}")
-    c = Cluster(n_nodes=len(NODES), shared=[shared], slurm=True, cpus_per_node=4)
-    try:
-        c.start()
-    except ClusterUnavailable as exc:
-        pytest.skip(str(exc))
-    print(f"cluster start-up: {c.startup_s}")
-    yield c
-    c.stop()
-    assert not _leftovers(c), f"the cluster left {_leftovers(c)}"
 
 
 def _out(c: Cluster, node: str, argv: list[str], **kw) -> str:
@@ -62,16 +35,19 @@ def test_each_node_has_its_hostname_and_address(cluster: Cluster):
     names = [_out(cluster, n, ["hostname"]).strip() for n in NODES]
     assert names == NODES
     assert _out(cluster, "n2", ["ip", "-4", "-o", "addr", "show", cluster.iface]).split()[3] == "10.77.0.2/24"
+    # A node's own name, and every other node's, resolves to its address on the cluster's network.
+    resolve = "import socket; print(*(socket.gethostbyname(h) for h in [socket.gethostname(), 'n1', 'head']))"
+    assert _out(cluster, "n3", [PY, "-c", resolve]).split() == ["10.77.0.3", "10.77.0.1", "10.77.0.254"]
 
 
-def test_tmp_and_shm_are_private_the_shared_root_is_not(cluster: Cluster, shared: Path):
+def test_tmp_and_shm_are_private_the_shared_root_is_not(cluster: Cluster, cluster_shared: Path):
     for private in ("/tmp", "/dev/shm"):
         _out(cluster, "n1", ["touch", f"{private}/only-on-n1"])
         assert not Path(private, "only-on-n1").exists()  # not on the machine's own
-        assert _out(cluster, "n2", ["ls", private]).split() == _visible(private, shared)
-    _out(cluster, "n1", ["sh", "-c", f"echo from-n1 > {shared}/note"])
-    assert _out(cluster, "n3", ["cat", f"{shared}/note"]) == "from-n1\n"
-    assert (shared / "note").read_text() == "from-n1\n"
+        assert _out(cluster, "n2", ["ls", private]).split() == _visible(private, cluster_shared)
+    _out(cluster, "n1", ["sh", "-c", f"echo from-n1 > {cluster_shared}/note"])
+    assert _out(cluster, "n3", ["cat", f"{cluster_shared}/note"]) == "from-n1\n"
+    assert (cluster_shared / "note").read_text() == "from-n1\n"
 
 
 def _visible(private: str, shared: Path) -> list[str]:
@@ -133,15 +109,15 @@ def test_srun_across_two_nodes(cluster: Cluster):
 
 @pytest.mark.slurm
 @pytest.mark.mpi
-def test_sbatch_job_lands_on_nodes_and_hydra_spans_its_allocation(cluster: Cluster, shared: Path):
+def test_sbatch_job_lands_on_nodes_and_hydra_spans_its_allocation(cluster: Cluster, cluster_shared: Path):
     """mpiexec inside a 2-node batch job starts its ranks on both nodes (hydra uses the allocation)."""
-    script = shared / "job.sh"
-    script.write_text(f"#!/bin/sh\nhostname > {shared}/batch-host\n{cluster.mpiexec_bin} -n 4 {PY} -c '{_RANKS}'\n")
-    job = cluster.slurm.sbatch(["--nodes=2", "--ntasks-per-node=2", f"--output={shared}/job.out", str(script)],
-                               cwd=shared)
+    script = cluster_shared / "job.sh"
+    script.write_text(f"#!/bin/sh\nhostname > {cluster_shared}/batch-host\n{cluster.mpiexec_bin} -n 4 {PY} -c '{_RANKS}'\n")
+    job = cluster.slurm.sbatch(["--nodes=2", "--ntasks-per-node=2", f"--output={cluster_shared}/job.out", str(script)],
+                               cwd=cluster_shared)
     assert cluster.slurm.wait_job(job) == "COMPLETED"
-    first = (shared / "batch-host").read_text().strip()
-    ranks = _ranks((shared / "job.out").read_text())
+    first = (cluster_shared / "batch-host").read_text().strip()
+    ranks = _ranks((cluster_shared / "job.out").read_text())
     assert first in NODES
     assert sorted(ranks) == [0, 1, 2, 3] and {s for _, s in ranks.values()} == {10}
     assert len({h for h, _ in ranks.values()}) == 2
@@ -194,4 +170,4 @@ def test_a_killed_harness_is_swept_and_a_stopped_one_leaves_nothing():
     assert not list(NETNS_DIR.glob(f"{prefix}-*"))
     with Cluster(n_nodes=1) as c:
         keeper = c.node("n1").keeper
-    assert not _leftovers(c) and not _alive(keeper)
+    assert not c.leftovers() and not _alive(keeper)
