@@ -34,12 +34,16 @@ from enkflow_testing.cluster_ns import NETNS_DIR, PREFIX, STATE_ROOT, ClusterUna
 from enkflow_testing.cluster_slurm import ClusterSlurm
 
 _HEAD_INDEX = 254
+_LOGIN_INDEX = 200
 _SEQUENCE = itertools.count()
 
 
 class Cluster:
     """``n_nodes`` emulated nodes ``n1``..``nN`` (addresses ``<subnet>.1``..) and a head node; a context manager.
 
+    ``login_nodes``: that many more nodes ``l1``.. (addresses ``<subnet>.201``..)
+    that SLURM never schedules on: where a launcher can run and be lost
+    without taking SLURM's controller (in ``head``) or a compute node with it.
     ``shared``: folders that must be the same on every node although they lie
     under ``/tmp`` or ``/dev/shm`` (e.g. pytest's ``tmp_path``); everything
     outside those two is shared anyway. ``slurm``: also start SLURM, one
@@ -49,15 +53,18 @@ class Cluster:
     ``startup_s`` holds the measured start-up times (seconds): ``nodes`` and ``slurm``.
     """
 
-    def __init__(self, n_nodes: int = 2, *, shared: list[str | os.PathLike[str]] | None = None, slurm: bool = False,
-                 cpus_per_node: int = 4, memory_mb: int = 2048, tmp_mb: int = 512, subnet: str = "10.77.0",
+    def __init__(self, n_nodes: int = 2, *, login_nodes: int = 0, shared: list[str | os.PathLike[str]] | None = None,
+                 slurm: bool = False, cpus_per_node: int = 4, memory_mb: int = 2048, tmp_mb: int = 512, subnet: str = "10.77.0",
                  slurmd_timeout_s: int = 10):
-        if not 1 <= n_nodes < _HEAD_INDEX:
-            raise ValueError(f"n_nodes must be 1..{_HEAD_INDEX - 1}, not {n_nodes}")
+        if not 1 <= n_nodes < _LOGIN_INDEX or not 0 <= login_nodes < _HEAD_INDEX - _LOGIN_INDEX:
+            raise ValueError(f"n_nodes must be 1..{_LOGIN_INDEX - 1} and login_nodes 0..{_HEAD_INDEX - _LOGIN_INDEX - 1}"
+                             f", not {n_nodes} and {login_nodes}")
         self.prefix = f"{PREFIX}{os.getpid()}c{next(_SEQUENCE)}"  # several clusters may live in one process
         self.names = [f"n{k}" for k in range(1, n_nodes + 1)]
+        self.login_names = [f"l{k}" for k in range(1, login_nodes + 1)]
+        indices = [(_HEAD_INDEX, HEAD), *enumerate(self.names, 1), *enumerate(self.login_names, _LOGIN_INDEX + 1)]
         self.specs = {name: NodeSpec(name=name, netns=f"{self.prefix}-{name}", index=k, address=f"{subnet}.{k}")
-                      for k, name in [(_HEAD_INDEX, HEAD), *enumerate(self.names, 1)]}
+                      for k, name in indices}
         self.switch = f"{self.prefix}-switch"
         self.shared = [Path(p).resolve() for p in shared or []]
         self.tmp_mb = tmp_mb
@@ -187,6 +194,8 @@ class Cluster:
 
     def kill_node(self, node: str) -> None:
         """A node crash: SIGKILL every process of the node (its slurmd too); its ``/dev/shm`` and ``/tmp`` go."""
+        if node == HEAD and self.slurm is not None:
+            raise ValueError("the head node holds SLURM's controller and cannot be killed; lose a login node instead")
         self.node(node).crash()
         del self.nodes[node]
         delete_netns(self._spec(node).netns)
@@ -197,7 +206,7 @@ class Cluster:
             raise RuntimeError(f"node {node} is up; kill_node({node!r}) first")
         self.nodes[node] = boot(self._spec(node), self.switch, self._hidden, self.hosts_file, self.tmp_mb)
         write_launcher(self)
-        if self.slurm is not None:
+        if self.slurm is not None and node in self.names:
             self.slurm.revive(node)
 
     # -- MPI and SLURM ----------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from enkflow_testing.cluster import Cluster
 from enkflow_testing.cluster_ns import NETNS_DIR, missing_reason, sweep_stale
 
 NODES = ["n1", "n2", "n3"]
-CLUSTER = {"n_nodes": len(NODES), "slurm": True, "cpus_per_node": 4}
+CLUSTER = {"n_nodes": len(NODES), "login_nodes": 1, "slurm": True, "cpus_per_node": 4}
 PY = sys.executable
 
 
@@ -137,6 +137,18 @@ def test_kill_node_kills_its_processes_and_memory_revive_brings_it_back(cluster:
     cluster.revive_node("n3")
     assert _out(cluster, "n3", ["ls", "/dev/shm"]) == "" and "scratch" not in _out(cluster, "n3", ["ls", "/tmp"])
     assert _out(cluster, "head", ["srun", "-w", "n3", "hostname"]).strip() == "n3"
+
+
+@pytest.mark.slurm
+def test_a_login_node_submits_but_gets_no_jobs_and_can_be_lost(cluster: Cluster):
+    assert sorted(_out(cluster, "l1", ["sinfo", "-h", "-N", "-o", "%N"]).split()) == NODES
+    assert sorted(_out(cluster, "l1", ["srun", "-N", "3", "hostname"]).split()) == NODES
+    assert cluster.address("l1") == "10.77.0.201"
+    cluster.kill_node("l1")
+    cluster.revive_node("l1")
+    assert _out(cluster, "l1", ["hostname"]).strip() == "l1"
+    with pytest.raises(ValueError, match="controller"):
+        cluster.kill_node("head")
 
 
 def _alive(pid: int) -> bool:
