@@ -180,6 +180,12 @@ def test_a_killed_harness_is_swept_and_a_stopped_one_leaves_nothing():
     child.wait()
     assert sorted(sweep_stale()) == [f"{prefix}-head", f"{prefix}-n1", f"{prefix}-switch"]
     assert not list(NETNS_DIR.glob(f"{prefix}-*"))
+    links = _host_links()
     with Cluster(n_nodes=1) as c:
         keeper = c.node("n1").keeper
+        assert _host_links() == links  # nothing added to the machine's own network namespace
     assert not c.leftovers() and not _alive(keeper)
+
+
+def _host_links() -> list[str]:
+    return sorted(subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout.splitlines())
