@@ -94,7 +94,8 @@ class Cluster:
             self.startup_s["nodes"] = time.perf_counter() - t0
             if self._want_slurm:
                 t0 = time.perf_counter()
-                self.slurm = ClusterSlurm(self, **self._slurm_args).start()
+                self.slurm = ClusterSlurm(self, **self._slurm_args)  # set first: stop() reaps what it started
+                self.slurm.start()
                 self.startup_s["slurm"] = time.perf_counter() - t0
         except BaseException:
             self.stop()
@@ -115,8 +116,7 @@ class Cluster:
     def stop(self) -> None:
         """Remove everything the cluster made: daemons, processes, namespaces, veths, mounts, state folder."""
         atexit.unregister(self.stop)
-        if self.slurm is not None:
-            self.slurm.cancel_all()
+        # No scancel: every job's processes die with the nodes, SLURM's state with the state folder.
         for node in self.nodes.values():
             node.crash()
         self.nodes.clear()

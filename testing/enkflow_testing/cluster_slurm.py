@@ -171,11 +171,6 @@ class ClusterSlurm:
         self._wait(done, f"job {job} did not end", timeout_s)
         return ended[0]
 
-    def cancel_all(self) -> None:
-        """Cancel every job (before the nodes are killed, so that no job is left in the controller's state)."""
-        if HEAD in self.cluster.nodes:
-            self._client(["scancel", "--user=root"])
-
     def reap(self) -> None:
         """Collect the daemons' exit statuses once the cluster has killed every node's processes."""
         for proc in self._daemons.values():
