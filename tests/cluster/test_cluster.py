@@ -178,7 +178,8 @@ def test_a_killed_harness_is_swept_and_a_stopped_one_leaves_nothing():
     assert prefix and list(NETNS_DIR.glob(f"{prefix}-*"))
     child.kill()  # no atexit: its namespaces and keepers stay until a sweep
     child.wait()
-    assert sorted(sweep_stale()) == [f"{prefix}-head", f"{prefix}-n1", f"{prefix}-switch"]
+    # Other dead harnesses' namespaces may be swept too (tests of other worktrees run beside these).
+    assert {f"{prefix}-head", f"{prefix}-n1", f"{prefix}-switch"} <= set(sweep_stale())
     assert not list(NETNS_DIR.glob(f"{prefix}-*"))
     links = _host_links()
     with Cluster(n_nodes=1) as c:
