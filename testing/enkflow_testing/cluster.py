@@ -188,6 +188,10 @@ class Cluster:
         prefix = self.enter(node, kw.pop("cwd", None))
         return subprocess.run([*prefix, *map(str, argv)], env=self.environment(kw.pop("env", None)), **kw)
 
+    def node_path(self, node: str, path: str | os.PathLike[str]) -> Path:
+        """``path`` as the node sees it, readable from this process (``/proc/KEEPER/root/...``): e.g. its /dev/shm."""
+        return Path(f"/proc/{self.node(node).keeper}/root") / Path(path).relative_to("/")
+
     def processes(self, node: str) -> list[int]:
         """Pids of every process in the node's namespaces, its keeper included (empty when it is down)."""
         return self.nodes[node].pids() if node in self.nodes else []

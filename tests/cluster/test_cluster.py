@@ -127,6 +127,7 @@ def test_sbatch_job_lands_on_nodes_and_hydra_spans_its_allocation(cluster: Clust
 def test_kill_node_kills_its_processes_and_memory_revive_brings_it_back(cluster: Cluster):
     sleeper = cluster.popen("n3", ["sleep", "600"])
     _out(cluster, "n3", ["sh", "-c", "echo x > /dev/shm/segment && echo y > /tmp/scratch"])
+    assert [p.name for p in cluster.node_path("n3", "/dev/shm").iterdir()] == ["segment"]
     before = cluster.processes("n3")
     assert sleeper.pid in before and len(before) >= 3  # keeper, slurmd, sleep
     cluster.kill_node("n3")
@@ -135,7 +136,8 @@ def test_kill_node_kills_its_processes_and_memory_revive_brings_it_back(cluster:
     with pytest.raises(RuntimeError, match="down"):
         cluster.run("n3", ["true"])
     cluster.revive_node("n3")
-    assert _out(cluster, "n3", ["ls", "/dev/shm"]) == "" and "scratch" not in _out(cluster, "n3", ["ls", "/tmp"])
+    assert not list(cluster.node_path("n3", "/dev/shm").iterdir())
+    assert not cluster.node_path("n3", "/tmp/scratch").exists()
     assert _out(cluster, "head", ["srun", "-w", "n3", "hostname"]).strip() == "n3"
 
 
