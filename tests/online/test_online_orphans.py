@@ -1,0 +1,105 @@
+"""No process outlives its study (issue 22, item 4).
+
+``kill -9`` of ``enkflow run`` alone during an online study (about 1 s in, the start-up, and at random
+moments): before the launcher's lease, the server and its mean/spread writer stayed alive with
+parent 1, and the rerun crashed six times on ``Address already in use``. Now every process the
+launcher started stops by itself once the lease lapses (``[launcher] lease_timeout``), a rerun that
+comes sooner stops them first, and the rerun's restarts are bitwise those of a fault-free run.
+Afterwards no process of the study and no ``/dev/shm`` segment one of them made is left.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from enkflow.experiment.demo_problem import DemoSettings, prepare
+from enkflow_testing.launcher_kill import StudyProcesses, enkflow_run
+
+LEASE_S = 2.0
+# What a watched process may take to stop by itself: the timeout, a look, the SIGKILL grace of
+# enkflow.jobs.lease.watch_from_environment, and room for a loaded machine. Not a speed check.
+BOUND_S = LEASE_S + LEASE_S / 8 + 15.0 + 10.0
+MEMBERS = 8
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory) -> Path:
+    """The online demo's inputs (8 members, 3 cycles, 3 runners) with a 2-s lease."""
+    d = tmp_path_factory.mktemp("orphans") / "problem"
+    toml = prepare(d, DemoSettings(members=MEMBERS, cycles=3, mode="online", runners=3), lambda m: None)
+    text = toml.read_text().replace('kind = "local"\n', f'kind = "local"\nlease_timeout = {LEASE_S}\n')
+    assert f"lease_timeout = {LEASE_S}" in text
+    toml.write_text(text)
+    return d
+
+
+def _copy(problem: Path, to: Path) -> Path:
+    shutil.copytree(problem, to)
+    return to / "experiment.toml"
+
+
+def _restarts(d: Path) -> list[bytes]:
+    return [(d / "members" / f"member_{m:04d}.nc").read_bytes() for m in range(1, MEMBERS + 1)]
+
+
+def _run_to_end(toml: Path, study: StudyProcesses) -> str:
+    log = toml.parent / "rerun.log"
+    rc = study.follow(enkflow_run(toml, log))
+    text = log.read_text()
+    assert rc == 0, text
+    assert "Traceback" not in text, text
+    return text
+
+
+@pytest.fixture(scope="module")
+def reference(problem, tmp_path_factory) -> list[bytes]:
+    toml = _copy(problem, tmp_path_factory.mktemp("orphans") / "reference")
+    study = StudyProcesses()
+    try:
+        _run_to_end(toml, study)
+        return _restarts(toml.parent)
+    finally:
+        study.kill_all()
+
+
+def _kill_trial(problem: Path, where: Path, delay_s: float, *, wait: bool) -> tuple[StudyProcesses, str]:
+    """kill -9 of the launcher ``delay_s`` in; with ``wait``, its processes must stop by themselves
+    before the rerun; without, the rerun comes at once and must stop them. Returns the study and the
+    rerun's stderr."""
+    toml = _copy(problem, where)
+    study = StudyProcesses()
+    try:
+        launcher = enkflow_run(toml, where / "killed.log")
+        if study.follow(launcher, for_s=delay_s) is None:
+            study.look(launcher)
+            launcher.kill()
+            launcher.wait()
+        if wait:
+            left = study.wait_gone(BOUND_S)
+            assert not left, f"still running after the lease lapsed: {[p.cmdline() for p in left]}"
+        said = _run_to_end(toml, study)
+        assert not study.wait_gone(BOUND_S), "a process of the rerun outlived it"
+        assert study.segments() == [], "shared-memory segments of the study's processes are left"
+        return study, said
+    finally:
+        study.kill_all()
+
+
+def test_a_killed_launchers_processes_stop_by_themselves_and_the_rerun_is_bitwise(problem, reference, tmp_path):
+    """The reported defect: kill -9 about 1 s in (the server starting); then at a random moment."""
+    rng = np.random.default_rng()
+    for n, delay in enumerate([1.0, float(rng.uniform(0.3, 3.0))]):
+        study, _ = _kill_trial(problem, tmp_path / f"t{n}", delay, wait=True)
+        assert _restarts(tmp_path / f"t{n}") == reference, f"kill at {delay:.2f} s: the restarts differ"
+
+
+def test_a_rerun_right_after_the_kill_stops_what_the_killed_launcher_left(problem, reference, tmp_path):
+    rng = np.random.default_rng()
+    delay = float(rng.uniform(0.8, 2.5))
+    study, said = _kill_trial(problem, tmp_path / "t", delay, wait=False)
+    assert _restarts(tmp_path / "t") == reference, f"kill at {delay:.2f} s: the restarts differ"
+    assert "Address already in use" not in said
