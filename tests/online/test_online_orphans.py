@@ -1,4 +1,4 @@
-"""No process outlives its study (issue 22, item 4).
+"""No process outlives its study (issue 22, item 4), online and offline.
 
 ``kill -9`` of ``enkflow run`` alone during an online study (about 1 s in, the start-up, and at random
 moments): before the launcher's lease, the server and its mean/spread writer stayed alive with
@@ -26,15 +26,18 @@ BOUND_S = LEASE_S + LEASE_S / 8 + 15.0 + 10.0
 MEMBERS = 8
 
 
-@pytest.fixture(scope="module")
-def problem(tmp_path_factory) -> Path:
-    """The online demo's inputs (8 members, 3 cycles, 3 runners) with a 2-s lease."""
-    d = tmp_path_factory.mktemp("orphans") / "problem"
-    toml = prepare(d, DemoSettings(members=MEMBERS, cycles=3, mode="online", runners=3), lambda m: None)
+def _prepare(d: Path, mode: str) -> Path:
+    """The demo's inputs (8 members, 3 cycles; online: 3 runners) with a 2-s lease, in ``d``."""
+    toml = prepare(d, DemoSettings(members=MEMBERS, cycles=3, mode=mode, runners=3), lambda m: None)
     text = toml.read_text().replace('kind = "local"\n', f'kind = "local"\nlease_timeout = {LEASE_S}\n')
     assert f"lease_timeout = {LEASE_S}" in text
     toml.write_text(text)
     return d
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory) -> Path:
+    return _prepare(tmp_path_factory.mktemp("orphans") / "problem", "online")
 
 
 def _copy(problem: Path, to: Path) -> Path:
@@ -55,15 +58,19 @@ def _run_to_end(toml: Path, study: StudyProcesses) -> str:
     return text
 
 
-@pytest.fixture(scope="module")
-def reference(problem, tmp_path_factory) -> list[bytes]:
-    toml = _copy(problem, tmp_path_factory.mktemp("orphans") / "reference")
+def _fault_free(problem: Path, where: Path) -> list[bytes]:
+    toml = _copy(problem, where)
     study = StudyProcesses()
     try:
         _run_to_end(toml, study)
         return _restarts(toml.parent)
     finally:
         study.kill_all()
+
+
+@pytest.fixture(scope="module")
+def reference(problem, tmp_path_factory) -> list[bytes]:
+    return _fault_free(problem, tmp_path_factory.mktemp("orphans") / "reference")
 
 
 def _kill_trial(problem: Path, where: Path, delay_s: float, *, wait: bool) -> tuple[StudyProcesses, str]:
@@ -103,3 +110,12 @@ def test_a_rerun_right_after_the_kill_stops_what_the_killed_launcher_left(proble
     study, said = _kill_trial(problem, tmp_path / "t", delay, wait=False)
     assert _restarts(tmp_path / "t") == reference, f"kill at {delay:.2f} s: the restarts differ"
     assert "Address already in use" not in said
+
+
+def test_offline_a_killed_launchers_pilots_stop_by_themselves_and_the_rerun_is_bitwise(tmp_path):
+    """Offline: the pilots (and the analysis they run) stop on the lapsed lease, their task put back."""
+    problem = _prepare(tmp_path / "problem", "offline")
+    reference = _fault_free(problem, tmp_path / "reference")
+    delay = float(np.random.default_rng().uniform(0.5, 3.0))
+    _kill_trial(problem, tmp_path / "t", delay, wait=True)
+    assert _restarts(tmp_path / "t") == reference, f"kill at {delay:.2f} s: the restarts differ"

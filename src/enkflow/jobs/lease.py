@@ -153,13 +153,21 @@ def _terminate_self(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _register(directory: Path, holder: str, role: str) -> Path:
-    """This process's record in ``directory/procs`` (removed at a normal exit)."""
+def _register(directory: Path, holder: str, role: str) -> None:
+    """This process's record in ``directory/procs``, removed at a normal exit, and at a SIGTERM that
+    would end the process at once (no handler of its own): a rerun on another node need not wait
+    for a record whose process is gone."""
     path = directory / PROCS_DIR / f"{hostname()}-{os.getpid()}.json"
     write_json_atomic(path, {"host": hostname(), "pid": os.getpid(), "ctime": psutil.Process().create_time(),
                              "holder": holder, "role": role}, durable=False)
     atexit.register(lambda: path.unlink(missing_ok=True))
-    return path
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def die(signum: int, frame: object) -> None:
+            path.unlink(missing_ok=True)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, die)
 
 
 _watching = False  # one watcher per process
