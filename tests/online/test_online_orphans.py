@@ -15,8 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 
+from enkflow.errors import BindError
 from enkflow.experiment.demo_problem import DemoSettings, prepare
+from enkflow.online.sockets import bind
 from enkflow_testing.launcher_kill import StudyProcesses, enkflow_run
 
 LEASE_S = 2.0
@@ -118,3 +121,24 @@ def test_offline_a_killed_launchers_pilots_stop_by_themselves_and_the_rerun_is_b
     delay = float(np.random.default_rng().uniform(0.5, 3.0))
     _kill_trial(problem, tmp_path / "t", delay, wait=True)
     assert _restarts(tmp_path / "t") == reference, f"kill at {delay:.2f} s: the restarts differ"
+
+
+def test_a_taken_port_is_one_clear_error_naming_the_address_and_the_experiment(problem, tmp_path):
+    """Another program holds the control port: the study stops at once with what to do, not after six
+    restarts of the server with a traceback each."""
+    ctx = zmq.Context.instance()
+    holder = bind(ctx, zmq.ROUTER, "127.0.0.1")
+    try:
+        port = int(holder.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        with pytest.raises(BindError, match=f"tcp://127.0.0.1:{port}.*Address already in use.*enkflow run"):
+            bind(ctx, zmq.ROUTER, "127.0.0.1", port=port)
+        toml = _copy(problem, tmp_path / "t")
+        toml.write_text(toml.read_text().replace("[online]\n", f"[online]\nport = {port}\n"))
+        study = StudyProcesses()
+        rc = study.follow(enkflow_run(toml, tmp_path / "t.log"))
+        said = (tmp_path / "t.log").read_text()
+        assert rc != 0 and "Traceback" not in said and "crashed" not in said, said
+        assert f"cannot listen on tcp://127.0.0.1:{port} for experiment {tmp_path / 't' / 'run'}" in said, said
+        assert not study.wait_gone(BOUND_S)
+    finally:
+        holder.close(0)

@@ -158,8 +158,12 @@ def _register(directory: Path, holder: str, role: str) -> None:
     would end the process at once (no handler of its own): a rerun on another node need not wait
     for a record whose process is gone."""
     path = directory / PROCS_DIR / f"{hostname()}-{os.getpid()}.json"
-    write_json_atomic(path, {"host": hostname(), "pid": os.getpid(), "ctime": psutil.Process().create_time(),
-                             "holder": holder, "role": role}, durable=False)
+    try:
+        write_json_atomic(path, {"host": hostname(), "pid": os.getpid(), "ctime": psutil.Process().create_time(),
+                                 "holder": holder, "role": role}, durable=False)
+    except EnkflowError as exc:  # a rerun then cannot wait for this process; the watch itself still works
+        print(f"enkflow {role}: cannot register under the launcher's lease: {exc}", file=sys.stderr, flush=True)
+        return
     atexit.register(lambda: path.unlink(missing_ok=True))
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def die(signum: int, frame: object) -> None:
