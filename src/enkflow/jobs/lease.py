@@ -3,7 +3,7 @@
 The launcher (:class:`LeaseHolder`) rewrites ``EXPDIR/lease/lease.json`` every ``period_s`` seconds
 with its own id and a counter it increases by one each time. The file is on the experiment's
 (shared) storage, so a job on any node reads it. A process the launcher started finds the lease in
-its environment (:data:`LEASE_VARIABLES`) and watches it (:func:`watch_from_environment`): the lease
+its environment (:class:`LeaseVariable`) and watches it (:func:`watch_from_environment`): the lease
 *lapses* when the counter has not moved for ``timeout_s`` seconds of the watcher's own monotonic
 clock, or at once when the file names another launcher (a rerun took over) or says the launcher
 ended. No wall clock is compared with another node's, so clock skew cannot make a lease lapse or
