@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from enkflow_testing.cluster import Cluster
 
 TOML = "experiment.toml"
+LEASE_S = 5.0  # [launcher] lease_timeout: what a lost launcher leaves stops within about 20 s
 
 
 class Mode(StrEnum):
@@ -55,7 +56,7 @@ def offline_toml(demo: str, python: str, *, slurm: bool, model_sleep: float = 0.
     if not slurm:
         return head + _tables(jobs=jobs, launcher={"kind": "local"})
     return head + _tables(analysis_task={"launcher": f"{Path(python).parent / 'mpiexec'} -n 2"}, jobs={**jobs, "cpus_per_job": 2},
-                          launcher={"kind": "slurm", "nodes": 2})
+                          launcher={"kind": "slurm", "nodes": 2, "lease_timeout": LEASE_S})
 
 
 def online_toml(demo: str, python: str, *, slurm: bool) -> str:
@@ -67,7 +68,7 @@ def online_toml(demo: str, python: str, *, slurm: bool) -> str:
     online: dict[str, object] = {"runner": runner, "runners": 2, "ranks": 2, "heartbeat": 0.5, "heartbeat_timeout": 3.0}
     if not slurm:
         return head + _tables(launcher={"kind": "local"}, online=online)
-    return head + _tables(launcher={"kind": "slurm"}, online={**online, "nodes": 2, "bind": "*", "rank_timeout": 3.0})
+    return head + _tables(launcher={"kind": "slurm", "lease_timeout": LEASE_S}, online={**online, "nodes": 2, "bind": "*", "rank_timeout": 3.0})
 
 
 def fresh_copy(pristine: Path, study: Path, toml: str) -> None:
