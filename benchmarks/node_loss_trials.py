@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 from enkflow_testing.cluster import Cluster  # noqa: E402
 from enkflow_testing.node_loss import NodeLossTrials, Scenario, TrialResult  # noqa: E402
 
-COLUMNS = ("scenario", "trials", "injected", "completed", "bitwise", "left procs", "left shm", "recomputed",
+COLUMNS = ("scenario", "trials", "injected", "on target", "completed", "bitwise", "left procs", "left shm", "recomputed",
            "in flight", "rec<=flight", "wall s")
 
 
@@ -58,16 +58,16 @@ def _stats(xs: list[float], fmt: str = "{:.1f}") -> str:
 
 def table_row(scenario: str, rs: list[TrialResult]) -> list[str]:
     done = [r for r in rs if r.injected]
-    return [scenario, str(len(rs)), str(len(done)), str(sum(r.completed for r in rs)), str(sum(r.equal for r in rs)),
+    return [scenario, str(len(rs)), str(len(done)), str(sum(r.on_target for r in done)), str(sum(r.completed for r in rs)), str(sum(r.equal for r in rs)),
             str(sum(bool(r.left_processes) for r in rs)), str(sum(bool(r.left_shm) for r in rs)),
             _stats([r.recomputed for r in done], "{:g}"), _stats([r.in_flight for r in done], "{:g}"),
             str(sum(r.recomputed <= r.in_flight for r in done)), _stats([r.seconds for r in rs])]
 
 
-def print_table(rows: list[list[str]]) -> None:
+def print_table(rows: list[list[str]], flush: bool = False) -> None:
     widths = [max(len(x) for x in col) for col in zip(COLUMNS, *rows)]
     for row in (COLUMNS, *rows):
-        print("| " + " | ".join(x.ljust(w) for x, w in zip(row, widths)) + " |")
+        print("| " + " | ".join(x.ljust(w) for x, w in zip(row, widths)) + " |", flush=flush)
 
 
 def main() -> int:
@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--cycles", type=int, default=2)
     ap.add_argument("--slurmd-timeout", type=int, default=3, help="s until SLURM finds a lost node not responding")
-    ap.add_argument("--grace", type=float, default=25.0, help="s the study's leftovers may take to go after its run")
+    ap.add_argument("--grace", type=float, default=12.0, help="s the study's leftovers may take to go after its run")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="s one enkflow run may take (then: a hang)")
     ap.add_argument("--root", type=Path, default=Path("/var/tmp"), help="parent of the experiment root (shared)")
     a = ap.parse_args()
@@ -104,6 +104,7 @@ def main() -> int:
                 print(_line(r), flush=True)
                 if a.keep and not r.ok:
                     shutil.copytree(trials.study, root / f"failed-{s.value}-{n}", symlinks=True)
+            print_table([table_row(s.value, results[s.value])], flush=True)
     rows = [table_row(s, rs) for s, rs in results.items()]
     print(f"\n{a.trials} trials per scenario, seed {a.seed}, {a.nodes} nodes + 2 login nodes, "
           f"{a.members} members x {a.cycles} cycles; {time.monotonic() - t_start:.0f} s in all")

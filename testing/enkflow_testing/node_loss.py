@@ -27,7 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enkflow_testing.analysis_barrier import AnalysisBarrier
+from enkflow_testing.analysis_barrier import AnalysisBarrier, Phase, phase
 from enkflow_testing.node_loss_study import (TOML, Mode, events, fresh_copy, offline_toml, online_toml, outputs, prepare,
                                              shm_segments, study_pids, study_processes)
 
@@ -74,6 +74,7 @@ class TrialResult:
     at_s: float = 0.0  # planned moment, seconds after the start
     fault: str = ""  # what was done
     injected: bool = False
+    on_target: bool = True  # analysis scenarios: the kill came in the phase the scenario names
     completed: bool = False  # the (last) enkflow run exited 0
     rc: list[int | None] = field(default_factory=list)  # exit status of each enkflow run
     equal: bool = False
@@ -185,6 +186,8 @@ class NodeLossTrials:
             fault = Fault(self, p, t0 + r.at_s, killed)
             fault.inject(scenario)
             r.fault, r.injected, r.in_flight = fault.what, fault.injected, fault.in_flight
+            wanted = {Scenario.OFFLINE_ANALYSIS_BEFORE: Phase.BEFORE_COMMIT, Scenario.OFFLINE_ANALYSIS_AFTER: Phase.COMMITTED}
+            r.on_target = scenario not in wanted or fault.phase is wanted[scenario]
             r.rc.append(self._wait(p))
             if scenario.loses_launcher and r.injected:
                 again = SPARE_LOGIN if LAUNCHER_NODE in killed else LAUNCHER_NODE
@@ -248,6 +251,7 @@ class Fault:
         self.t, self.run, self.at, self.killed = trials, run, at, killed
         self.what, self.injected, self.in_flight = "", False, 0
         self.mode = Mode.OFFLINE
+        self.phase: Phase | None = None  # analysis scenarios: where the update stood at the kill
 
     def _until(self, ready: Callable[[], object], deadline: float | None = None) -> object:
         """Poll ``ready`` until it gives something true; None when the run ended (or ``deadline`` passed)."""
@@ -316,26 +320,27 @@ class Fault:
         return (set(up.values()) - self._server_nodes()) & set(self.t.c.nodes)
 
     def _analysis(self, *, after: bool) -> None:
-        """Lose a node of a random cycle's analysis before its write-ahead-log commit (rank 0's node, at a
-        random moment of the analysis, at the latest when it is held at the commit) or right after it
-        (the node of a random rank, while rank 0 is held there)."""
+        """Lose a node of a random cycle's analysis: before its write-ahead-log commit (rank 0's node, at a
+        random moment in the first 80 % of the fault-free analysis's time, its phase checked at the kill) or
+        right after it (the node of a random rank, while rank 0 is held at its first member write)."""
         cycle = self.t.rng.randint(1, self.t.cycles)
-        delay = self.t.rng.random() * self.t.refs[Mode.OFFLINE].analysis_s.get(cycle, 1.0)
-        barrier = AnalysisBarrier(self.t.c, self.t.study, self.t.members, cycle, before=not after)
+        delay = self.t.rng.random() * 0.8 * self.t.refs[Mode.OFFLINE].analysis_s.get(cycle, 1.0)
+        barrier = AnalysisBarrier(self.t.c, self.t.study, self.t.members, cycle)
         try:
-            ranks = self._until(barrier.attach)
+            ranks = self._until(barrier.attach if after else barrier.ranks_nodes)
             if not isinstance(ranks, dict) or 0 not in ranks:
                 self.what = f"cycle {cycle}: the run ended before its analysis ran"
                 return None
             if after:
-                held = self._until(barrier.stopped, time.monotonic() + self.t.run_timeout_s)
-                if not held:
+                if not self._until(barrier.stopped, time.monotonic() + self.t.run_timeout_s):
                     self.what = f"cycle {cycle}: the analysis was not held after its commit {barrier.note}"
                     return None
-                victim, where = self.t.rng.choice(sorted(ranks)), "after its commit"
+                victim = self.t.rng.choice(sorted(ranks))
             else:
-                held = self._until(barrier.stopped, time.monotonic() + delay)
-                victim, where = 0, "held at its commit" if held else f"{delay:.2f} s into it"
-            self._kill_node(ranks[victim], f"cycle {cycle} analysis rank {victim}'s node, {where} {barrier.note}".strip())
+                self._until(lambda: False, time.monotonic() + delay)
+                victim = 0
+            where = phase(self.t.study, barrier.files, cycle)
+            self._kill_node(ranks[victim], f"cycle {cycle} analysis rank {victim}'s node, {where}")
+            self.phase = where
         finally:
             barrier.release()

@@ -25,7 +25,11 @@ if TYPE_CHECKING:
     from enkflow_testing.cluster import Cluster
 
 TOML = "experiment.toml"
-LEASE_S = 5.0  # [launcher] lease_timeout: what a lost launcher leaves stops within about 20 s
+# [launcher] settings of the studies on SLURM. lease_timeout: what a lost launcher leaves stops within
+# about 20 s. --no-requeue: a job whose node was lost ends (NODE_FAIL) instead of going back to the queue,
+# where SLURM holds a requeued batch job for about 2 minutes while the driver counts it as covering the
+# cycle's tasks (seen: a pilot lost during the analysis kept the cycle waiting 150 s).
+SLURM_SETTINGS = {"lease_timeout": 5.0, "extra": ["--no-requeue"]}
 
 
 class Mode(StrEnum):
@@ -56,7 +60,7 @@ def offline_toml(demo: str, python: str, *, slurm: bool, model_sleep: float = 0.
     if not slurm:
         return head + _tables(jobs=jobs, launcher={"kind": "local"})
     return head + _tables(analysis_task={"launcher": f"{Path(python).parent / 'mpiexec'} -n 2"}, jobs={**jobs, "cpus_per_job": 2},
-                          launcher={"kind": "slurm", "nodes": 2, "lease_timeout": LEASE_S})
+                          launcher={"kind": "slurm", "nodes": 2, **SLURM_SETTINGS})
 
 
 def online_toml(demo: str, python: str, *, slurm: bool) -> str:
@@ -68,7 +72,7 @@ def online_toml(demo: str, python: str, *, slurm: bool) -> str:
     online: dict[str, object] = {"runner": runner, "runners": 2, "ranks": 2, "heartbeat": 0.5, "heartbeat_timeout": 3.0}
     if not slurm:
         return head + _tables(launcher={"kind": "local"}, online=online)
-    return head + _tables(launcher={"kind": "slurm", "lease_timeout": LEASE_S}, online={**online, "nodes": 2, "bind": "*", "rank_timeout": 3.0})
+    return head + _tables(launcher={"kind": "slurm", **SLURM_SETTINGS}, online={**online, "nodes": 2, "bind": "*", "rank_timeout": 3.0})
 
 
 def fresh_copy(pristine: Path, study: Path, toml: str) -> None:
