@@ -13,6 +13,7 @@ the last cycle the final analysis is written back into the restart files
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -32,6 +33,7 @@ from enkflow.io import EnsembleFiles
 from enkflow.jobs.events import EventLog
 from enkflow.obs.obsfile import ObsSettings
 from enkflow.obs.space import CycleObservations
+from enkflow.online.bus import RankLost
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
 from enkflow.online.scheduler import SchedulerConfig
@@ -161,6 +163,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tupl
 def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: str | None = None) -> ServerConfig:
     o, odir = cfg.online, cfg.dir.online
     return ServerConfig(token=token, bind=o.bind, port=port, heartbeat_s=o.heartbeat, heartbeat_timeout_s=o.heartbeat_timeout,
+                        rank_timeout_s=o.rank_timeout,
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
                         checkpoint_dir=odir.checkpoints, curve_secret_key=curve_secret,
                         address_file=odir.address, stateless_check=o.stateless_check,
@@ -216,9 +219,13 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     return diag
 
 
+RANK_LOST_RC = 75  # a server rank or its node was lost (EX_TEMPFAIL): the launcher restarts the server
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m enkflow.online.experiment EXPDIR``: exit 0 when the study is complete, 65 for an error
-    that a restart cannot fix (written to ``EXPDIR/online/status.json``), other codes for a crash."""
+    that a restart cannot fix (written to ``EXPDIR/online/status.json``), 75 when a server rank was lost,
+    other codes for a crash."""
     args = sys.argv[1:] if argv is None else argv
     expdir = ExperimentDir(Path(args[0]))
     comm = get_comm()
@@ -235,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             write_json_atomic(status, body)
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
         return DETERMINISTIC_ERROR_RC
+    except RankLost as exc:
+        print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Not through MPI_Finalize, which may wait for the lost rank: mpiexec ends the other ranks.
+        os._exit(RANK_LOST_RC)
     except EnkflowError as exc:
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
         return 1
