@@ -67,7 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from enkflow_testing.faults import ensemble_key, kill_tree, strace_path, wait_gone
+from enkflow_testing.faults import kill_tree, strace_path, wait_gone, wal_logs
 
 SCENARIOS = ("runner-kill", "runner-stop", "server-before-ckpt", "server-after-ckpt", "server-analysis", "join-leave",
              "rank-kill", "rank-stop")
@@ -325,10 +325,9 @@ rank_timeout = {self.rank_timeout:g}
     def _member_paths(self) -> list[Path]:
         return [self.root / "members" / f"member_{m:04d}.nc" for m in range(1, self.members + 1)]
 
-    def _clean_shm(self) -> None:
-        """Write-ahead logs of the trial's ensemble left in /dev/shm by a server killed in its final update."""
-        key = ensemble_key([str(p) for p in self._member_paths()])
-        for p in Path("/dev/shm").glob(f"enkflow-wal-{key}-*"):
+    def _clean_wal(self) -> None:
+        """Write-ahead logs of the trial's ensemble left by a server killed in its final update."""
+        for p in wal_logs(self._member_paths()):
             try:
                 p.unlink()
             except OSError:
@@ -340,7 +339,7 @@ rank_timeout = {self.rank_timeout:g}
             if left:
                 self.say(f"  (killed {len(left)} leftover processes of the previous trial)")
             shutil.rmtree(self.root)
-        self._clean_shm()
+        self._clean_wal()
         shutil.copytree(self.base, self.root, symlinks=True)
 
     def _start(self) -> subprocess.Popen:
