@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from enum import StrEnum
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.output.archive import listed_cycles
 from enkflow.output.archive_background import ArchiveFailure
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
-from enkflow.parallel import Comm, get_comm
+from enkflow.parallel import Comm, get_comm, node_names
 from enkflow.state import StateLayout
 
 
@@ -199,7 +200,8 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     stats = None
     if ao.statistics_for("online"):
         # One writer for the whole study: the ranks add their rows each cycle and go on.
-        stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings())
+        stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings(),
+                               across_nodes=len(set(node_names(comm))) > 1)
         problem.step.stats = stats
     try:
         server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
@@ -227,8 +229,19 @@ def main(argv: list[str] | None = None) -> int:
     that a restart cannot fix (written to ``EXPDIR/online/status.json``), 75 when a server rank was lost,
     other codes for a crash."""
     args = sys.argv[1:] if argv is None else argv
-    expdir = ExperimentDir(Path(args[0]))
     comm = get_comm()
+    rc = _serve(ExperimentDir(Path(args[0])), comm)
+    if rc != 0 and comm.size > 1:
+        # Not through MPI_Finalize, which waits for every rank, and the others may wait in a collective
+        # for this one: a rank that leaves without it makes mpiexec end them all.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _serve(expdir: ExperimentDir, comm: Comm) -> int:
+    """The server's run on this rank, and its exit status (see :func:`main`)."""
     status = expdir.online.status
     try:
         cfg = experiment_from_json(read_json(expdir.config), file=str(expdir.config))
@@ -242,13 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             write_json_atomic(status, body)
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
         return DETERMINISTIC_ERROR_RC
-    except RankLost as exc:
-        print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        # Not through MPI_Finalize, which may wait for the lost rank: mpiexec ends the other ranks.
-        os._exit(RANK_LOST_RC)
     except EnkflowError as exc:
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
+        return RANK_LOST_RC if isinstance(exc, RankLost) else 1
+    except Exception:  # noqa: BLE001 - a defect: its traceback, then the exit that ends every rank
+        traceback.print_exc()
         return 1
     if comm.rank == 0:
         write_json_atomic(status, {"state": ServerStatus.DONE})

@@ -23,7 +23,6 @@ checkpoints are written by a background thread (:mod:`enkflow.online.checkpoint`
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from enkflow.online.server_config import ServerConfig
 from enkflow.online.sockets import Incarnation, bind
 from enkflow.online.store import MemoryStore
 from enkflow.online.wire import credential
-from enkflow.parallel import Comm, SerialComm
+from enkflow.parallel import Comm, SerialComm, node_names
 
 __all__ = ["ForecastObserver", "Problem", "Server", "ServerConfig"]
 
@@ -130,7 +129,7 @@ class Server:
     def _open_sockets(self, events: EventLog | None) -> None:
         """Collective: every rank's data socket, rank 0's control socket, the bus; the address file."""
         ctx: zmq.Context = zmq.Context.instance()
-        self.nodes: list[str] = [str(n) for n in self.comm.allgather_obj(socket.gethostname())]  # each rank's
+        self.nodes = node_names(self.comm)
         data = bind(ctx, zmq.ROUTER, self.cfg.bind, curve_secret_key=self.cfg.curve_secret_key)
         # Every rank logs what its data socket refuses.
         self.data = DataPlane(data, self.store, self.me, log=events, ckpt=self.ckpt, report=self._report,
@@ -197,6 +196,7 @@ class Server:
         try:
             start = recover(cycles, self.store, self.cfg.checkpoint_dir, initial=self.p.initial, say=self._say)
             self._emit("online_start", cycles=start.cycles, members=self.p.n_members, ranks=self.size, address=self.address,
+                       nodes=self.nodes,
                        resumed=start.cycles != list(cycles), recovered_forecasts=sorted(start.forecasts))
             if self.cfg.stateless_check and start.cycles and start.cycles[0] == cycles[0] and not start.forecasts:
                 self.probe.arm(1)
