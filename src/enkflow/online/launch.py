@@ -171,7 +171,7 @@ class OnlineExperiment:
         logs.mkdir(exist_ok=True)
         spec = JobSpec(name="enkflow-server", argv=self._server_argv(), cpus=self.o.ranks, time_limit_s=self.cfg.jobs.time_limit,
                        log=logs / f"server-{self.server_restarts}.log", env=self._env(), ntasks=self.o.ranks,
-                       nodes=self.o.nodes)
+                       nodes=self.o.nodes, requeue=False)
         jid = self.launcher.submit(spec)
         self.events.emit("server_start", job=jid, restart=self.server_restarts, ranks=self.o.ranks)
         return jid
@@ -194,7 +194,8 @@ class OnlineExperiment:
         k = self.runner_starts
         self.runner_starts += 1
         spec = JobSpec(name=f"enkflow-runner-{k}", argv=self._runner_argv(k, address), cpus=1,
-                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log", env=self._env())
+                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log", env=self._env(),
+                       requeue=False)
         jid = self.launcher.submit(spec)
         self.events.emit("runner_start", job=jid, runner=k)
         return jid
