@@ -130,4 +130,7 @@ void ekf_msg_free(ekf_msg *m);
 
 double ekf_now(void);
 
+/* --- lease.c: stop once the launcher's lease lapses (only under `enkflow run`; once per process) -- */
+void ekf_lease_watch(void);
+
 #endif

@@ -182,6 +182,7 @@ int enkflow_read_token_file(const char *path, char *buf, size_t size, char *errb
 
 int enkflow_runner_create(enkflow_runner **out, const char *address, const char *token) {
     if (!out) return ENKFLOW_EINVAL;
+    ekf_lease_watch();
     enkflow_runner *r = calloc(1, sizeof *r);
     *out = r;
     if (!r) return ENKFLOW_ENOMEM;

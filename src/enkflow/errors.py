@@ -34,6 +34,37 @@ class ConfigError(EnkflowError, ValueError):
         super().__init__(f"{message} ({', '.join(where)})" if where else message)
 
 
+class BindError(EnkflowError):
+    """A socket cannot listen on ``address``: names it, the experiment (when known) and what to do.
+
+    A process of an earlier run still holding the address is the usual cause; a rerun of
+    ``enkflow run`` stops such processes first (docs/online.md), so this error means another
+    program holds it, or the address is not one of this host's.
+    """
+
+    def __init__(self, reason: str, *, address: str, experiment: str | None = None, remedy: str = ""):
+        self.reason, self.address, self.experiment, self.remedy = reason, address, experiment, remedy
+        of = f" for experiment {experiment}" if experiment else ""
+        super().__init__(f"cannot listen on {address}{of}: {reason}" + (f"; {remedy}" if remedy else ""))
+
+    @classmethod
+    def from_errno(cls, code: int, reason: str, *, address: str, key: str) -> "BindError":
+        """The error for a failed bind with errno ``code``; ``key`` is the setting that chose the address."""
+        if code == errno.EADDRINUSE:
+            remedy = (f"another process listens there (a server of this experiment that an earlier `enkflow run` "
+                      f"left running: rerun `enkflow run`, which stops it; or another program): stop it, or "
+                      f"choose another address ({key}; port 0 takes any free one)")
+        elif code == errno.EADDRNOTAVAIL:
+            remedy = f"this host has no such interface: set {key} to one of its addresses"
+        else:
+            remedy = f"check {key}"
+        return cls(reason, address=address, remedy=remedy)
+
+    def of_experiment(self, experiment: str) -> "BindError":
+        """The same error, naming the experiment directory ``experiment``."""
+        return BindError(self.reason, address=self.address, experiment=experiment, remedy=self.remedy)
+
+
 class InputError(EnkflowError, ValueError):
     """Bad numerical input: NaN/Inf, wrong shape, non-positive error variance...
 

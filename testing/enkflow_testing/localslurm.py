@@ -35,9 +35,35 @@ from typing import Self
 import psutil
 
 from enkflow.errors import EnkflowError
+from enkflow_testing.munge import install_key, munge_ok, own, start_munged
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 _MUNGE_DIRS = ["/run/munge", "/var/log/munge", "/var/lib/munge", "/etc/munge"]
+
+# Settings every SLURM of the harness shares (the one-node one and the emulated cluster's).
+DAEMON_SETTINGS = [
+    "AuthType=auth/munge",
+    "CredType=cred/munge",
+    "ProctrackType=proctrack/linuxproc",
+    "TaskPlugin=task/none",
+    "SchedulerType=sched/backfill",
+    # Schedule within a second of a change: the experiments measure queue waits.
+    "SchedulerParameters=bf_interval=1,sched_min_interval=100000",
+    "PriorityType=priority/basic",
+    "SelectType=select/cons_tres",
+    "SelectTypeParameters=CR_Core",
+    "SlurmUser=root",
+    "SlurmdUser=root",
+    "ReturnToService=2",
+    "MpiDefault=none",
+    "JobAcctGatherType=jobacct_gather/none",
+    "AccountingStorageType=accounting_storage/none",
+    "SlurmdParameters=config_overrides",
+    "KillWait=5",
+    "MinJobAge=30",
+    "InactiveLimit=0",
+    "MessageTimeout=20",
+]
 
 
 def missing_reason() -> str | None:
@@ -70,17 +96,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def _munge_ok() -> bool:
-    try:
-        enc = subprocess.run(["munge", "-n"], capture_output=True, timeout=10)
-        if enc.returncode != 0:
-            return False
-        dec = subprocess.run(["unmunge"], input=enc.stdout, capture_output=True, timeout=10)
-        return dec.returncode == 0
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return False
 
 
 class LocalSlurm:
@@ -123,27 +138,7 @@ class LocalSlurm:
             f"SlurmctldHost={self.host}",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={d_port}",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SchedulerType=sched/backfill",
-            # Schedule within a second of a change: the experiments measure queue waits.
-            "SchedulerParameters=bf_interval=1,sched_min_interval=100000",
-            "PriorityType=priority/basic",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "ReturnToService=2",
-            "MpiDefault=none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "SlurmdParameters=config_overrides",
-            "KillWait=5",
-            "MinJobAge=30",
-            "InactiveLimit=0",
-            "MessageTimeout=20",
+            *DAEMON_SETTINGS,
             f"StateSaveLocation={d}/state",
             f"SlurmdSpoolDir={d}/spool",
             f"SlurmctldPidFile={d}/slurmctld.pid",
@@ -156,24 +151,11 @@ class LocalSlurm:
         ])
 
     def _start_munge(self) -> None:
-        if _munge_ok():
+        if munge_ok():
             return
-        key = Path("/etc/munge/munge.key")
-        for p in _MUNGE_DIRS:
-            Path(p).mkdir(parents=True, exist_ok=True)
-            shutil.chown(p, "munge", "munge")
-        if not key.exists():
-            key.write_bytes(os.urandom(1024))
-        shutil.chown(key, "munge", "munge")
-        key.chmod(0o400)
-        proc = subprocess.Popen(["runuser", "-u", "munge", "--", "munged", "--foreground"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-        self._procs.append(proc)
-        for _ in range(50):
-            if _munge_ok():
-                return
-            time.sleep(0.1)
-        raise EnkflowError("munged did not start (checked with 'munge -n | unmunge')")
+        own(_MUNGE_DIRS)
+        install_key(Path("/etc/munge/munge.key"))
+        self._procs.append(start_munged())
 
     def start(self) -> "LocalSlurm":
         """Start the daemons and wait until the node is idle (at most 60 s)."""

@@ -11,6 +11,7 @@ it (a cycle directory, a checkpoint directory), never the configuration::
       output_service/                  the offline study's output service (address, token)
       archive/staging/  archive/archiver.log
       online/                          the online server (OnlineDir)
+      lease/lease.json  lease/procs/   the launcher's lease and the processes under it (enkflow.jobs.lease)
       slurm/                           a launcher's own files (batch scripts), named by its kind
 """
 
@@ -146,6 +147,11 @@ class ExperimentDir:
     def restarts_list(self) -> Path:
         """The restarts the cycles advance, one per line, member 1 first (for external analysis programs)."""
         return self.root / "restarts.txt"
+
+    @property
+    def lease(self) -> Path:
+        """The launcher's lease and its processes' records (:mod:`enkflow.jobs.lease`)."""
+        return self.root / "lease"
 
     @property
     def lock(self) -> Path:

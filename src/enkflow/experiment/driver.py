@@ -34,6 +34,7 @@ from enkflow.experiment.cycling import run_cycles
 from enkflow.experiment.directory import CycleDir
 from enkflow.experiment.from_archive import restore_offline
 from enkflow.experiment.lock import DriverLock
+from enkflow.experiment.run_lease import RunLease
 from enkflow.experiment.output_setup import background_archiver
 from enkflow.experiment.state import ExperimentState
 from enkflow.experiment.study_output import StudyOutput
@@ -153,6 +154,7 @@ class Experiment:
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _retry_failed: bool = field(default=False, init=False, repr=False)
     _output: StudyOutput | None = field(default=None, init=False, repr=False)  # while the cycles run
+    _lease: RunLease | None = field(default=None, init=False, repr=False)  # the jobs' lease, while run() runs
 
     def __post_init__(self) -> None:
         self.dir = self.cfg.dir
@@ -181,9 +183,11 @@ class Experiment:
         ``from_archive`` first restores the restarts archived after that cycle
         (checksums verified before anything is written) and continues from the next
         cycle (:mod:`enkflow.experiment.from_archive`).
-        Holds the experiment directory's lock throughout (:class:`DriverLock`).
+        Holds the experiment directory's lock throughout (:class:`DriverLock`), and the run's lease
+        (:class:`~enkflow.experiment.run_lease.RunLease`), under which every job runs.
         """
-        with DriverLock(self.dir.lock):
+        self._lease = RunLease(self.dir, self.cfg.launcher.lease_timeout, self.events, self._say)
+        with DriverLock(self.dir.lock), self._lease:
             if from_archive is not None:
                 restore_offline(self.cfg, from_archive, self.events, progress=self.progress)
             return self._run(retry_failed=retry_failed, accept_restarts=accept_restarts)
@@ -385,6 +389,8 @@ class Experiment:
             spec = pj.spec
             if pj.role is JobRole.ANALYSIS:
                 spec = dataclasses.replace(spec, after=tuple(member_ids))
+            if self._lease is not None:
+                spec = dataclasses.replace(spec, env=spec.env | self._lease.env)
             t = time.time()
             jid = self.launcher.submit(spec)
             if pj.role is JobRole.MEMBER:

@@ -6,6 +6,7 @@ from pydantic import Field
 
 from enkflow.config import Strict
 from enkflow.jobs.launchers import LauncherKind
+from enkflow.jobs.lease import DEFAULT_TIMEOUT_S
 
 
 class LauncherSection(Strict):
@@ -19,3 +20,6 @@ class LauncherSection(Strict):
     extra: list[str] = Field(default_factory=list, description="slurm: more sbatch options")
     signal_margin: int = Field(default=30, ge=1, description="slurm: SIGTERM this many seconds before the time limit")
     python: str | None = Field(default=None, description="python running workers (default: this one)")
+    lease_timeout: float = Field(default=DEFAULT_TIMEOUT_S, ge=1.0,
+                                 description="seconds without a renewal of the launcher's lease after which the "
+                                             "processes it started stop by themselves (docs/jobs.md)")

@@ -9,7 +9,8 @@ GMD 2020, fig. 3). It
   worker leaves no orphan model writing a restart;
 * keeps a heartbeat file so that others can tell a dead worker on another
   host (:func:`is_stale`), and requeues stale claims it finds;
-* on its time limit or SIGTERM stops the running child and puts the task
+* on its time limit, SIGTERM or a lapsed lease on its launcher
+  (:mod:`enkflow.jobs.lease`) stops the running child and puts the task
   back at the front of the list;
 * confirms a member only after the model exited 0 and its restart was
   committed: the done-marker (``done/task_NNN.json``) is written atomically
@@ -39,6 +40,7 @@ from enkflow.errors import EnkflowError
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
 from enkflow.jobs.launchers import JOB_ID_VARIABLES
+from enkflow.jobs.lease import watch_from_environment
 from enkflow.jobs.process import process_alive
 from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, Unchanged, done_marker, logs_dir
@@ -443,6 +445,8 @@ def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = Non
     w = Worker(Path(cycle_dir), wid, job_id=job, threads=threads, only=only, time_limit_s=time_limit_s)
     signal.signal(signal.SIGTERM, lambda signum, frame: w.request_stop("sigterm"))
     signal.signal(signal.SIGINT, lambda signum, frame: w.request_stop("sigint"))
+    # A lapsed lease stops the pilot as SLURM's time limit does: its task is put back, resumable.
+    watch_from_environment(f"pilot {wid}", on_lapse=lambda reason: w.request_stop("lease"))
     return w.run()
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
-from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, FileFormatError, MemberError
+from enkflow.errors import DETERMINISTIC_ERROR_RC, BindError, ConfigError, EnkflowError, FileFormatError, MemberError
 from enkflow.experiment.config import ExperimentConfig, experiment_from_json
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import NoOutput, OutputSink
@@ -32,6 +32,7 @@ from enkflow.experiment.output_setup import background_archiver, mean_spread_set
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.io import EnsembleFiles
 from enkflow.jobs.events import EventLog
+from enkflow.jobs.lease import watch_from_environment
 from enkflow.obs.obsfile import ObsSettings
 from enkflow.obs.space import CycleObservations
 from enkflow.online.bus import RankLost
@@ -204,7 +205,10 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
                                across_nodes=len(set(node_names(comm))) > 1)
         problem.step.stats = stats
     try:
-        server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
+        try:
+            server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
+        except BindError as exc:
+            raise exc.of_experiment(str(cfg.expdir)) from None
         diag = server.run(cfg.cycle_numbers)
         sink.wait()  # the last cycle's mean and spread files
         if isinstance(sink, ArchivingOutput):
@@ -230,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     other codes for a crash."""
     args = sys.argv[1:] if argv is None else argv
     comm = get_comm()
+    # Started by `enkflow run`: stop (SIGTERM, as a cancel) once its lease lapses. Under `enkflow serve`: no lease.
+    watch_from_environment(f"server rank {comm.rank}")
     rc = _serve(ExperimentDir(Path(args[0])), comm)
     if rc != 0 and comm.size > 1:
         # Not through MPI_Finalize, which waits for every rank, and the others may wait in a collective
@@ -246,7 +252,7 @@ def _serve(expdir: ExperimentDir, comm: Comm) -> int:
     try:
         cfg = experiment_from_json(read_json(expdir.config), file=str(expdir.config))
         serve_experiment(cfg, comm=comm, progress=lambda m: print(m, flush=True))
-    except (MemberError, ConfigError, FileFormatError, ArchiveFailure) as exc:
+    except (MemberError, ConfigError, FileFormatError, ArchiveFailure, BindError) as exc:
         if comm.rank == 0:
             body = {"state": ServerStatus.FAILED, "error": str(exc)}
             if isinstance(exc, MemberError):

@@ -7,7 +7,10 @@ The supervisor replaces a runner that exits before the study is over and
 restarts a crashed server, which resumes from its checkpoints (up to
 ``max_server_restarts`` times). The server's verdict is
 ``EXPDIR/online/status.json``: done, or failed with the error (a member that
-failed ``max_failures`` times, bad input), which is not retried.
+failed ``max_failures`` times, bad input), which is not retried. The server and
+the runners run under the run's lease (:mod:`enkflow.experiment.run_lease`):
+killed, this launcher leaves nothing running for longer than the lease's
+timeout, and a rerun first waits for what an earlier run left.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from enkflow.experiment.directory import OnlineDir
 from enkflow.experiment.driver import make_launcher
 from enkflow.experiment.from_archive import archive_checker, archive_root, drop_later, report_restored
 from enkflow.experiment.lock import DriverLock
+from enkflow.experiment.run_lease import RunLease
 from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import log_tail, newest
@@ -92,6 +96,7 @@ class OnlineExperiment:
         self.server_restarts = 0
         self.runner_starts = 0
         self.output_service = None
+        self.lease = RunLease(self.xdir, cfg.launcher.lease_timeout, self.events, self._say)
 
     def _say(self, msg: str) -> None:
         if self.progress is not None:
@@ -111,7 +116,7 @@ class OnlineExperiment:
         """Run the study to the end; returns the server's status. Holds the experiment's lock."""
         cfg = self.cfg
         self.xdir.root.mkdir(parents=True, exist_ok=True)
-        with DriverLock(self.xdir.lock):
+        with DriverLock(self.xdir.lock), self.lease:
             self.check()
             self.odir.path.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.xdir.config, cfg.to_json())
@@ -179,7 +184,7 @@ class OnlineExperiment:
     def _env(self) -> dict[str, str]:
         env = dict(self.cfg.model.env) if self.cfg.model is not None else {}
         env.setdefault("PYTHONUNBUFFERED", "1")
-        return env
+        return env | self.lease.env
 
     def _runner_argv(self, k: int, address: str) -> list[str]:
         curve = self.odir.curve_public.read_text().strip() if self.o.curve else ""

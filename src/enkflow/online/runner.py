@@ -40,6 +40,7 @@ import numpy as np
 import zmq
 
 from enkflow.errors import EnkflowError, InputError
+from enkflow.jobs.lease import watch_from_environment
 from enkflow.online.connection import Connection, ServerError, ServerLost, configure
 from enkflow.online.fields import Field, Ownership
 from enkflow.online.wire import Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
@@ -396,8 +397,10 @@ def run_runner_process(runner: Runner, body: Callable[[], int], *, name: str,
     """``body()`` as the work of a runner process, its exit status returned. SIGTERM unwinds out of the
     model or the exchange (SystemExit is no model error: no FAIL is sent); an exception is printed
     as ``NAME: error: ...`` and FAILs the member held; either way ``before_close()`` runs, then the
-    runner says BYE (a second SIGTERM must not cut it short)."""
+    runner says BYE (a second SIGTERM must not cut it short). A runner that ``enkflow run`` started
+    watches its lease (:mod:`enkflow.jobs.lease`): once it lapses, SIGTERM."""
     previous = signal.signal(signal.SIGTERM, _leave)
+    watch_from_environment(name)
     try:
         return body()
     except Exception as exc:

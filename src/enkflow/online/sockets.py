@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from enkflow.errors import BindError
 from enkflow.online.wire import Header, Kind, encode_json
 
 
@@ -26,7 +27,8 @@ class Incarnation:
 def bind(ctx: zmq.Context, kind: int, host: str, *, port: int = 0, max_message: int = -1,
          curve_secret_key: str | None = None) -> zmq.Socket:
     """A socket of ``kind`` bound to ``host`` (``port`` 0: any free port); ``max_message`` in bytes
-    (-1: no limit); ``curve_secret_key`` (Z85) makes it a CURVE server."""
+    (-1: no limit); ``curve_secret_key`` (Z85) makes it a CURVE server. Raises
+    :class:`~enkflow.errors.BindError` naming the address when it cannot listen there."""
     s = ctx.socket(kind)
     s.setsockopt(zmq.LINGER, 0)
     s.setsockopt(zmq.MAXMSGSIZE, max_message)
@@ -34,10 +36,15 @@ def bind(ctx: zmq.Context, kind: int, host: str, *, port: int = 0, max_message: 
     if curve_secret_key:
         s.curve_server = True
         s.curve_secretkey = curve_secret_key.encode()
-    if port:
-        s.bind(f"tcp://{host}:{port}")
-    else:
-        s.bind_to_random_port(f"tcp://{host}")
+    address = f"tcp://{host}:{port or '*'}"
+    try:
+        if port:
+            s.bind(address)
+        else:
+            s.bind_to_random_port(f"tcp://{host}")
+    except zmq.ZMQError as exc:
+        s.close(0)
+        raise BindError.from_errno(exc.errno, exc.strerror, address=address, key="[online] bind and port") from None
     return s
 
 

@@ -50,22 +50,30 @@ def shm_dir() -> Path:
 _SEGMENT = re.compile(r"enkflow-output(?:-beat)?-(\d+)-[0-9a-f]{8}")  # group 1: the maker's pid
 
 
-def new_segment(kind: str) -> Path:
-    """The name of a new shared-memory segment of this process (``kind``: ``output`` a ring,
-    ``output-beat`` a progress page), after removing the names of segments whose maker is dead.
+def remove_dead_segments() -> list[Path]:
+    """Remove the names of this node's segments whose maker is dead; returns them.
 
     A segment's maker removes its name at the end, and its partner when the maker is killed; a
-    process tree killed at once (kill -9 of a job) leaves names behind, which the next maker on the
-    node removes. A dead maker's segment is no longer opened by name: its partner has it mapped, and
-    no new one is told of it."""
-    d = shm_dir()
-    for p in d.glob("enkflow-output-*"):
+    process tree killed at once (kill -9 of a job, a lapsed lease) leaves names behind, which the
+    next maker on the node, or the end or rerun of a study, removes. A dead maker's segment is no
+    longer opened by name: its partner has it mapped, and no new one is told of it."""
+    removed = []
+    for p in shm_dir().glob("enkflow-output-*"):
         named = _SEGMENT.fullmatch(p.name)
         if named and not Path(f"/proc/{named[1]}").exists():
             try:
                 p.unlink()
+                removed.append(p)
             except OSError:  # removed meanwhile, or another user's
                 pass
+    return removed
+
+
+def new_segment(kind: str) -> Path:
+    """The name of a new shared-memory segment of this process (``kind``: ``output`` a ring,
+    ``output-beat`` a progress page), after :func:`remove_dead_segments`."""
+    remove_dead_segments()
+    d = shm_dir()
     return d / f"enkflow-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
 
 

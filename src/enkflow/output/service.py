@@ -40,6 +40,7 @@ from typing import Any
 
 import zmq
 
+from enkflow.errors import BindError
 from enkflow.fsutil import write_bytes_atomic
 from enkflow.jobs.files import log_tail
 from enkflow.netaddr import advertised
@@ -93,6 +94,10 @@ def main() -> int:
         write_bytes_atomic(Path(spec["dir"]) / "address", (address + "\n").encode())
     except Exception as exc:
         svc.close()
+        if isinstance(exc, zmq.ZMQError):
+            # The directory is the study's (EXPDIR/output_service): the error names the experiment.
+            exc = BindError.from_errno(exc.errno, exc.strerror, address=spec["endpoint"],
+                                       key="the service's transport").of_experiment(str(Path(spec["dir"]).parent))
         print(f"enkflow.output.service: cannot bind {spec['endpoint']}: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"READY {address}", flush=True)
