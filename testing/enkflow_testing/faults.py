@@ -355,6 +355,14 @@ def ensemble_key(paths: Sequence[str | Path]) -> str:
     return hashlib.sha1("\n".join(os.path.abspath(p) for p in paths).encode()).hexdigest()[:16]
 
 
+def wal_logs(paths: Sequence[str | Path]) -> list[Path]:
+    """The write-ahead logs of the ensemble of member files ``paths``, in their default place
+    (``.enkflow-wal/`` beside the first) and in ``/dev/shm`` (where a configuration may put them)."""
+    key = ensemble_key(paths)
+    places = (Path(os.path.abspath(paths[0])).parent / ".enkflow-wal", Path("/dev/shm"))
+    return sorted(p for d in places for p in d.glob(f"enkflow-wal-{key}-*"))
+
+
 def _sub_pid(s: str, pid: int, token: str) -> str:
     return re.sub(rf"(?<!\d){pid}(?!\d)", token, s)
 
@@ -661,21 +669,20 @@ class FaultHarness:
             self.say(f"  (killed {len(left)} leftover processes of {root.name})")
         if root.exists():
             shutil.rmtree(root)
-        self._clean_shm(root)
+        self._clean_wal(root)
         return write_builtin_experiment(root, self.synth, members=self.members, cycles=self.cycles,
                                         workers=self.workers, analysis_launcher=launcher, python=self.python)
 
-    def _shm_logs(self, root: Path) -> list[Path]:
+    def _wal_logs(self, root: Path) -> list[Path]:
         from enkflow_testing.experiments import restart_paths
 
-        key = ensemble_key([str(p) for p in restart_paths(root, self.members)])
-        return sorted(Path("/dev/shm").glob(f"enkflow-wal-{key}-*"))
+        return wal_logs(restart_paths(root, self.members))
 
-    def _clean_shm(self, root: Path) -> None:
-        """Remove write-ahead logs this trial directory's ensemble left in /dev/shm (a committed
+    def _clean_wal(self, root: Path) -> None:
+        """Remove write-ahead logs this trial directory's ensemble left (a committed
         update's log is consumed by recovery; an uncommitted one would be removed as stale by the
         next update, but the next trial may not get that far before a kill)."""
-        for p in self._shm_logs(root):
+        for p in self._wal_logs(root):
             try:
                 p.unlink()
             except OSError:
@@ -764,9 +771,9 @@ class FaultHarness:
             res.outcome, res.detail = self._compare(root)
         if left:
             res.detail = (res.detail + "; " if res.detail else "") + f"{len(left)} processes left running"
-        logs = self._shm_logs(root)
+        logs = self._wal_logs(root)
         if logs:  # a finished experiment should leave no write-ahead log behind (tier space)
-            res.detail = (res.detail + "; " if res.detail else "") + f"{len(logs)} WAL logs left in /dev/shm"
+            res.detail = (res.detail + "; " if res.detail else "") + f"{len(logs)} WAL logs left: {logs[0]}"
         res.seconds = time.perf_counter() - t0
         if res.outcome != "equal" and self.keep_failed:
             dest = self.work / "failed" / f"{res.n:03d}-{res.kind}"

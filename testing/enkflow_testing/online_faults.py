@@ -30,6 +30,10 @@ Scenarios (:data:`SCENARIOS`); the victims' process IDs come from the events (th
     SIGKILL the server inside cycle *K*'s analysis, at one of the system calls of
     :data:`ANALYSIS_POINTS` (random): strace attaches to the server and delivers SIGKILL on
     entering that call (the kernel skips it), like ``faults.py`` does for the offline analysis.
+``rank-kill``, ``rank-stop`` (a server of ``ranks`` > 1)
+    SIGKILL (mpiexec ends the other ranks) or SIGSTOP (a hung rank, or a node gone without a word:
+    rank 0 hears no heartbeat on the bus for ``rank_timeout``) the server's last rank during cycle
+    *K*'s forecasts, as ``server-before-ckpt`` times its kill; the server must stop and restart.
 ``join-leave``
     During cycle *K* (not the last) an extra runner is started by hand (the ``[online] runner``
     command); once it has joined (in cycle K or K + 1: it takes a second or two to start), the runner
@@ -63,9 +67,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from enkflow_testing.faults import ensemble_key, kill_tree, strace_path, wait_gone
+from enkflow_testing.faults import kill_tree, strace_path, wait_gone, wal_logs
 
-SCENARIOS = ("runner-kill", "runner-stop", "server-before-ckpt", "server-after-ckpt", "server-analysis", "join-leave")
+SCENARIOS = ("runner-kill", "runner-stop", "server-before-ckpt", "server-after-ckpt", "server-analysis", "join-leave",
+             "rank-kill", "rank-stop")
 
 #: Kill points inside cycle K's analysis for ``server-analysis``: (system call, path, ``when``
 #: choices, the cycles it exists in). Paths: ``{obs}`` the cycle's observation file, ``{run}`` the
@@ -222,6 +227,19 @@ def _signal(pid: int | None, sig: int, must_contain: str) -> bool:
         return False
 
 
+def _server_rank(root: Path, rank: int) -> int | None:
+    """The PID of the server process of rank ``rank`` of the experiment in ``root`` (MPI's PMI_RANK)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and f"enkflow.online.experiment {root}" in _cmdline(int(d.name)):
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"PMI_RANK={rank}".encode() in env:
+                return int(d.name)
+    return None
+
+
 def _stopped(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
@@ -234,17 +252,20 @@ class OnlineFaultHarness:
 
     ``sleep`` is the runner's idle seconds per forecast; ``heartbeat``/``heartbeat_timeout``/
     ``due_floor`` the ``[online]`` settings (short, so that a lost runner is noticed fast; the due
-    date must stay well above a forecast's duration, or slow forecasts are redone as "late").
+    date must stay well above a forecast's duration, or slow forecasts are redone as "late");
+    ``ranks``/``rank_timeout`` the server's (the ``rank-*`` scenarios need ``ranks`` > 1).
     """
 
     def __init__(self, work: str | Path, *, members: int = 8, cycles: int = 3, runners: int = 3, sleep: float = 0.3,
                  heartbeat: float = 0.2, heartbeat_timeout: float = 1.0, due_floor: float = 5.0,
-                 env: dict[str, str] | None = None, python: str | None = None, run_timeout: float = 150.0,
+                 ranks: int = 1, rank_timeout: float = 10.0, env: dict[str, str] | None = None,
+                 python: str | None = None, run_timeout: float = 150.0,
                  keep_failed: bool = True, say: Callable[[str], None] | None = None):
         self.work = Path(work).resolve()
         self.work.mkdir(parents=True, exist_ok=True)
         self.members, self.cycles, self.runners, self.sleep = members, cycles, runners, sleep
         self.heartbeat, self.heartbeat_timeout, self.due_floor = heartbeat, heartbeat_timeout, due_floor
+        self.ranks, self.rank_timeout = ranks, rank_timeout
         self.env = dict(os.environ if env is None else env)
         self.env.setdefault("OMP_NUM_THREADS", "1")
         self.env.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -265,7 +286,7 @@ class OnlineFaultHarness:
 
         stamp = self.base / ".complete"
         key = f"{self.members} {self.cycles} {self.runners} {self.sleep} {self.heartbeat} {self.heartbeat_timeout} " \
-              f"{self.due_floor} {self.python}"
+              f"{self.due_floor} {self.python} {self.ranks} {self.rank_timeout}"
         if stamp.exists() and stamp.read_text() == key:
             return
         if self.base.exists():
@@ -283,6 +304,8 @@ runners = {self.runners}
 heartbeat = {self.heartbeat:g}
 heartbeat_timeout = {self.heartbeat_timeout:g}
 due_floor = {self.due_floor:g}
+ranks = {self.ranks}
+rank_timeout = {self.rank_timeout:g}
 """
         toml.write_text(text)
         stamp.write_text(key)
@@ -302,10 +325,9 @@ due_floor = {self.due_floor:g}
     def _member_paths(self) -> list[Path]:
         return [self.root / "members" / f"member_{m:04d}.nc" for m in range(1, self.members + 1)]
 
-    def _clean_shm(self) -> None:
-        """Write-ahead logs of the trial's ensemble left in /dev/shm by a server killed in its final update."""
-        key = ensemble_key([str(p) for p in self._member_paths()])
-        for p in Path("/dev/shm").glob(f"enkflow-wal-{key}-*"):
+    def _clean_wal(self) -> None:
+        """Write-ahead logs of the trial's ensemble left by a server killed in its final update."""
+        for p in wal_logs(self._member_paths()):
             try:
                 p.unlink()
             except OSError:
@@ -317,7 +339,7 @@ due_floor = {self.due_floor:g}
             if left:
                 self.say(f"  (killed {len(left)} leftover processes of the previous trial)")
             shutil.rmtree(self.root)
-        self._clean_shm()
+        self._clean_wal()
         shutil.copytree(self.base, self.root, symlinks=True)
 
     def _start(self) -> subprocess.Popen:
@@ -416,6 +438,8 @@ due_floor = {self.due_floor:g}
                 ctx.server_after_ckpt()
             elif scenario == "server-analysis":
                 ctx.server_analysis(point)
+            elif scenario in ("rank-kill", "rank-stop"):
+                ctx.rank_fault(signal.SIGKILL if scenario == "rank-kill" else signal.SIGSTOP)
             else:
                 ctx.join_leave()
             res.rc = self._wait_run(proc, deadline)
@@ -541,6 +565,26 @@ class _Trial:
         self._kill_server(pid)
         done = sorted(m for c, m in self.snapshot if c == r.cycle)
         r.hit = f"SIGKILL server {pid}; checkpointed forecasts of cycle {r.cycle}: {done or 'none'}"
+
+    def rank_fault(self, sig: int) -> None:
+        """``sig`` to the server's last rank during cycle K's forecasts; the whole server goes (rank 0's
+        tasks are the interrupted ones)."""
+        r, h = self.res, self.h
+        frac = self.rng.uniform(0.0, 0.8)
+        r.where = f"cycle {r.cycle}, {frac:.2f} x sleep after its first assignment"
+        pid = self.server_pid()
+        e = self.wait(lambda e: e.get("event") == "task_assign" and e.get("cycle") == r.cycle)
+        victim = _server_rank(h.root, h.ranks - 1)
+        if pid is None or e is None or victim is None:
+            return self.missed("the cycle never started")
+        self.sleep_until(float(e["t"]) + frac * h.sleep)
+        self.t_fault = time.time()
+        if not _signal(victim, sig, "enkflow.online.experiment"):
+            return self.missed("the server rank is gone")
+        self._snapshot()
+        self.victim_server = pid
+        self.stopped = victim if sig == signal.SIGSTOP else None
+        r.hit = f"{signal.Signals(sig).name} server rank {h.ranks - 1} ({victim}) of server {pid}"
 
     def server_after_ckpt(self) -> None:
         r, h = self.res, self.h
@@ -668,8 +712,8 @@ class _Trial:
         if self.timer is not None:
             self.timer.cancel()
             self.timer.join()
-        if self.stopped is not None and _stopped(self.stopped) and "enkflow.online.models" in _cmdline(self.stopped):
-            self.notes.append("the stopped runner outlived the run")
+        if self.stopped is not None and _stopped(self.stopped) and "enkflow.online." in _cmdline(self.stopped):
+            self.notes.append("the stopped process outlived the run")
             os.kill(self.stopped, signal.SIGKILL)
         if self.strace is not None and self.strace.poll() is None:
             self.strace.terminate()

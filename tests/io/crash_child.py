@@ -1,6 +1,6 @@
 """Child of test_crash.py: open (finishing any interrupted update), report, then update.
 
-usage: crash_child.py FILES_DIR LOG_DIR
+usage: crash_child.py FILES_DIR LOG_DIR (``default``: no ``log_dir``, the default place)
 Prints ``state old|new|mixed`` after opening (what the files hold once recovery has run), then
 ``go`` just before the safe update and ``done <seconds> <log_seconds>`` after it. With a third
 argument ``pause``, it prints ``committed`` right after the commit marker is written and then stops
@@ -28,7 +28,7 @@ def main() -> None:
     paths = sorted(str(p) for p in d.glob("member_*.nc"))
     masked = "masked" in d.name
     lay = StateLayout.from_file(paths[0], ["var0", "var1"], mask=land_mask_config() if masked else None)
-    cfg = IOConfig(chunk_kb=64, safe_update=SafeUpdateConfig(log_dir=log_dir))
+    cfg = IOConfig(chunk_kb=64, safe_update=SafeUpdateConfig(log_dir=None if log_dir == "default" else log_dir))
     if len(sys.argv) > 3 and sys.argv[3] == "pause":
         from enkflow.io import wal
 

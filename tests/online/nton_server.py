@@ -1,7 +1,8 @@
 """A server (any number of MPI ranks) for the N-to-M tests: three fields of three dtypes, two of them
 assimilated, one carried; writes the final ensemble of every field to OUT.npz from rank 0.
 
-Usage: [mpiexec -n P] python nton_server.py DIR MIN_RUNNERS  (DIR/token is read; DIR/address is written)
+Usage: [mpiexec -n P] python nton_server.py DIR MIN_RUNNERS [BIND]  (DIR/token is read; DIR/address is
+written, and DIR/bus, the ranks' bus address, with several ranks)
 """
 
 import sys
@@ -59,7 +60,10 @@ def main() -> None:
     problem = Problem(FIELDS, N_MEMBERS, initial, lambda c: 2, Obs(), AnalysisStep(flt))
     server = Server(problem, ServerConfig(token=(d / "token").read_text().strip(), heartbeat_s=0.2,
                                           heartbeat_timeout_s=20, address_file=d / "address",
-                                          min_runners=min_runners), comm=comm)
+                                          min_runners=min_runners, bind=sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"),
+                    comm=comm)
+    if comm.rank == 0 and server.bus is not None:
+        (d / "bus").write_text(server.bus.address)
     server.run([1, 2, 3])
     parts = comm.allgather_obj([p.copy() for p in server.store.parts])
     if comm.rank == 0:

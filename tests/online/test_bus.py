@@ -17,5 +17,5 @@ def test_a_bus_message_is_the_op_task_member_cycle_sender_record_then_its_reason
 def test_the_operations_keep_their_numbers_and_only_reports_go_to_rank_0():
     assert [(op.name, op.value) for op in BusOp] == [
         ("REGISTER", 0), ("PART_DONE", 1), ("PART_REJECT", 2), ("ACCEPT", 3), ("DROP", 4), ("END_FORECAST", 5),
-        ("STOP", 6), ("COMPARE", 7), ("SAME", 8), ("DIFFER", 9)]
+        ("STOP", 6), ("COMPARE", 7), ("SAME", 8), ("DIFFER", 9), ("BEAT", 10)]
     assert {op for op in BusOp if op.is_report} == {BusOp.PART_DONE, BusOp.PART_REJECT, BusOp.SAME, BusOp.DIFFER}

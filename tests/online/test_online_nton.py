@@ -1,39 +1,19 @@
 """N-to-M: MPI runners expose uneven slices of several fields (three dtypes, one carried); the server
 ranks receive exactly the elements they own. The result is bitwise the one of 1 server rank and 1 runner rank."""
 
-import secrets
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from nton_study import run_study, script
 
-HERE = Path(__file__).parent
 
-
-def _study(tmp: Path, mpiexec: str, env: dict, server_ranks: int, runner_ranks: list[int]) -> dict:
-    tmp.mkdir()
-    (tmp / "token").write_text(secrets.token_hex(16))
-
-    def cmd(script: str, n: int, *extra: str) -> list[str]:
-        base = [sys.executable, str(HERE / script), str(tmp), *extra]
+def _study(tmp, mpiexec: str, env: dict, server_ranks: int, runner_ranks: list[int]) -> dict:
+    def cmd(name: str, n: int, *extra: str) -> list[str]:
+        base = script(name, tmp, *extra)
         return [mpiexec, "-n", str(n), *base] if n > 1 else base
 
-    def start(argv: list[str], log: str) -> subprocess.Popen:
-        return subprocess.Popen(argv, env=env, stdout=open(tmp / log, "wb"), stderr=subprocess.STDOUT)
-
-    def logs() -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp.glob("*.log")))
-
     # The server hands out members once every runner has joined, so that each takes part.
-    server = start(cmd("nton_server.py", server_ranks, str(len(runner_ranks))), "server.log")
-    runners = [start(cmd("nton_runner.py", n, str(i)), f"runner{i}.log") for i, n in enumerate(runner_ranks)]
-    assert server.wait(timeout=120) == 0, logs()
-    for r in runners:
-        assert r.wait(timeout=60) == 0, logs()
-    with np.load(tmp / "out.npz") as z:
-        return {k: z[k] for k in z.files}
+    return run_study(tmp, env, cmd("nton_server.py", server_ranks, str(len(runner_ranks))),
+                     [cmd("nton_runner.py", n, str(i)) for i, n in enumerate(runner_ranks)])
 
 
 @pytest.mark.mpi

@@ -46,7 +46,7 @@ def add_parser(bench_subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--threads", type=int, default=None, help="I/O threads per I/O task")
     p.add_argument("--format", choices=["nc4", "cdf2", "cdf5"], default="nc4")
     p.add_argument("--dir", default=None, help="where to create the files (default: a temporary directory under the current one)")
-    p.add_argument("--log-dir", default=None, help="crash-safe update log directory (default /dev/shm if room)")
+    p.add_argument("--log-dir", default=None, help="crash-safe update log directory (default .enkflow-wal/ beside the files)")
     p.add_argument("--repeat", type=int, default=3, help="warm-cache repetitions (median reported)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache measurements")
     p.add_argument("--keep", action="store_true", help="keep the generated files")

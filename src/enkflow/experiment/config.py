@@ -174,7 +174,13 @@ class OnlineSection(Strict):
     min_runners: int = Field(default=1, ge=1, description="hand out no member before this many runners joined "
                                                           "(with `enkflow serve` and runners started elsewhere)")
     ranks: int = Field(default=1, ge=1, description="MPI ranks of the server (started with mpiexec when > 1)")
-    bind: str = Field(default="127.0.0.1", description="interface the server listens on (loopback by default)")
+    nodes: int = Field(default=1, ge=1, description="nodes of the server's job (SLURM), its ranks spread over them; "
+                                                    "needs bind reachable from other nodes")
+    bind: str = Field(default="127.0.0.1", description="where the server listens: loopback by default; an address, an "
+                                                       "interface name (eth0) or \"*\" (every interface, advertised with "
+                                                       "the node's address) for runners or ranks on other nodes")
+    rank_timeout: float = Field(default=10.0, gt=0, description="a server rank silent this long on the ranks' bus "
+                                                                 "(its node lost) stops the server, which is restarted")
     port: int = Field(default=0, ge=0, le=65535, description="control port; 0 picks a free one")
     steps: int | None = Field(default=None, ge=1, description="model steps per cycle sent to runners; default round(forecast_length)")
     carried: list[str] = Field(default_factory=list, description="restart variables runners need back but the analysis "
@@ -199,8 +205,10 @@ class OnlineSection(Strict):
 
     @model_validator(mode="after")
     def _times(self) -> "OnlineSection":
-        if self.heartbeat_timeout <= 2 * self.heartbeat:
-            raise ValueError("heartbeat_timeout must exceed twice the heartbeat period")
+        if self.heartbeat_timeout <= 2 * self.heartbeat or self.rank_timeout <= 2 * self.heartbeat:
+            raise ValueError("heartbeat_timeout and rank_timeout must exceed twice the heartbeat period")
+        if self.nodes > self.ranks:
+            raise ValueError(f"nodes ({self.nodes}) must not exceed ranks ({self.ranks}): every node runs a rank")
         return self
 
 

@@ -7,7 +7,8 @@ Example::
     threads = 2             # I/O threads per I/O task; default see IOConfig
     [io.safe_update]
     enabled = true
-    log_dir = "/dev/shm"    # default: /dev/shm when it has room, else beside the member files
+    log_dir = "/dev/shm"    # default: .enkflow-wal/ beside the member files (every node sees it);
+                            # /dev/shm is faster but lost with its node (one-node runs only)
     durable = false         # true: fsync log and files (survives power loss; costs disk time)
 """
 
@@ -22,7 +23,8 @@ class SafeUpdateConfig(Strict):
     """Crash-safe update (write-ahead log, commit marker, idempotent redo); see docs/io.md."""
 
     enabled: bool = Field(default=True, description="turn off only where another copy of the files exists")
-    log_dir: str | None = Field(default=None, description="directory of the log files; default /dev/shm if it has room, else beside the files")
+    log_dir: str | None = Field(default=None, description="directory of the log files; default .enkflow-wal/ beside the "
+                                   "member files, seen by every node; /dev/shm is faster but lost with its node")
     durable: bool = Field(default=False, description="fsync logs, marker and files: survive power loss, not only process kills")
 
 

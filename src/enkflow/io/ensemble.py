@@ -326,11 +326,7 @@ class EnsembleFiles:
         sizes = self._log_sizes()
         if self._wal is None:
             cfg = self.config.safe_update
-            if cfg.log_dir is not None:
-                d = Path(cfg.log_dir)
-            else:
-                shm = None if cfg.durable else wal.default_log_dir(sum(sizes))
-                d = shm if shm is not None else Path(os.path.abspath(self.paths[0])).parent / ".enkflow-wal"
+            d = Path(cfg.log_dir) if cfg.log_dir is not None else wal.default_log_dir(self.paths[0])
             self._wal = wal.WriteAheadLog(d, f"{wal.ensemble_key(self.paths)}-g{self.group}", durable=cfg.durable)
             # The log holds a copy of the state on a memory tier: free it even if close() is
             # never called (at garbage collection or interpreter exit).

@@ -3,7 +3,8 @@
 Protocol of one update (see docs/io.md):
 
 1. *log*: every byte range about to change is written, with its final content, to log files
-   on a fast tier (default ``/dev/shm``: survives any process kill, costs one memory copy).
+   (default ``.enkflow-wal/`` beside the member files, which every node sees; ``/dev/shm``, an
+   explicit choice, is faster but lost with its node).
    Each record carries a CRC-32 of every one of its bytes (:func:`checksum`).
 2. *commit*: a small JSON marker listing the files, the log files and every record is written
    beside the first member file, atomically (temporary file + ``rename``).
@@ -73,16 +74,11 @@ def marker_path(paths: list[str]) -> Path:
     return first.parent / f"{MARKER_PREFIX}{ensemble_key(paths)}.json"
 
 
-def default_log_dir(need_bytes: int) -> Path | None:
-    """``/dev/shm`` when it exists, is writable and has room; else ``None`` (use the files' dir)."""
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-    except OSError:
-        return None
-    if not os.access(shm, os.W_OK) or st.f_bavail * st.f_frsize < 1.1 * need_bytes + (64 << 20):
-        return None
-    return shm
+def default_log_dir(first_file: str) -> Path:
+    """The log directory when ``[io.safe_update] log_dir`` is unset: ``.enkflow-wal/`` beside the first
+    member file, a place every node that can open the files sees, so a rerun on another node after a
+    node loss finishes a committed update (``/dev/shm`` is faster but node-local: an explicit choice)."""
+    return Path(os.path.abspath(first_file)).parent / ".enkflow-wal"
 
 
 class LogSink:

@@ -25,7 +25,10 @@ class JobSpec:
 
     ``after`` lists job IDs that must have finished (any exit status) before
     this job may start. ``nodes`` and ``ntasks`` matter to SLURM only (a
-    multi-task analysis launched with ``srun`` or ``mpiexec`` inside the job).
+    multi-task analysis launched with ``srun`` or ``mpiexec`` inside the job),
+    as does ``requeue``: False when the caller replaces a job whose node failed
+    itself, at once and with its current arguments (SLURM would start the same
+    command again, after a delay).
     """
 
     name: str
@@ -37,6 +40,7 @@ class JobSpec:
     after: Sequence[str] = ()
     nodes: int = 1
     ntasks: int = 1
+    requeue: bool = True
 
 
 class Launcher(Protocol):

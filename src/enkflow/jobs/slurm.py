@@ -95,6 +95,8 @@ class SlurmLauncher:
             argv.append(f"--account={self.account}")
         if spec.after:
             argv.append("--dependency=afterany:" + ":".join(spec.after))
+        if not spec.requeue:
+            argv.append("--no-requeue")
         argv += self.extra
         argv.append(str(script))
         out = self._run(argv).strip()

@@ -105,8 +105,8 @@ class DataPlane:
             lo = self.store.ranges[p.field][0]
             col = self.store.column(p.field, member)
             col[p.offset - lo:p.offset - lo + p.count] = np.frombuffer(p.frame.buffer, dtype=col.dtype)
-        for tid in [tid for tid, s in self.staged.items() if s.member == member]:
-            del self.staged[tid]
+        # The member's other staged tasks stay: the statelessness check's repeated run may have arrived
+        # before this order and is compared next; a stale one gets rank 0's DROP when it reports.
         if self._ckpt is not None:
             self._ckpt.forecast(cycle, member, [self.store.column(k, member) for k in range(len(self.fields))])
 

@@ -13,7 +13,9 @@ the last cycle the final analysis is written back into the restart files
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from enum import StrEnum
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from enkflow.jobs.events import EventLog
 from enkflow.jobs.lease import watch_from_environment
 from enkflow.obs.obsfile import ObsSettings
 from enkflow.obs.space import CycleObservations
+from enkflow.online.bus import RankLost
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
 from enkflow.online.scheduler import SchedulerConfig
@@ -42,7 +45,7 @@ from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.output.archive import listed_cycles
 from enkflow.output.archive_background import ArchiveFailure
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
-from enkflow.parallel import Comm, get_comm
+from enkflow.parallel import Comm, get_comm, node_names
 from enkflow.state import StateLayout
 
 
@@ -162,6 +165,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tupl
 def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: str | None = None) -> ServerConfig:
     o, odir = cfg.online, cfg.dir.online
     return ServerConfig(token=token, bind=o.bind, port=port, heartbeat_s=o.heartbeat, heartbeat_timeout_s=o.heartbeat_timeout,
+                        rank_timeout_s=o.rank_timeout,
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
                         checkpoint_dir=odir.checkpoints, curve_secret_key=curve_secret,
                         address_file=odir.address, stateless_check=o.stateless_check,
@@ -197,7 +201,8 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     stats = None
     if ao.statistics_for("online"):
         # One writer for the whole study: the ranks add their rows each cycle and go on.
-        stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings())
+        stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings(),
+                               across_nodes=len(set(node_names(comm))) > 1)
         problem.step.stats = stats
     try:
         try:
@@ -220,14 +225,29 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     return diag
 
 
+RANK_LOST_RC = 75  # a server rank or its node was lost (EX_TEMPFAIL): the launcher restarts the server
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m enkflow.online.experiment EXPDIR``: exit 0 when the study is complete, 65 for an error
-    that a restart cannot fix (written to ``EXPDIR/online/status.json``), other codes for a crash."""
+    that a restart cannot fix (written to ``EXPDIR/online/status.json``), 75 when a server rank was lost,
+    other codes for a crash."""
     args = sys.argv[1:] if argv is None else argv
-    expdir = ExperimentDir(Path(args[0]))
     comm = get_comm()
     # Started by `enkflow run`: stop (SIGTERM, as a cancel) once its lease lapses. Under `enkflow serve`: no lease.
     watch_from_environment(f"server rank {comm.rank}")
+    rc = _serve(ExperimentDir(Path(args[0])), comm)
+    if rc != 0 and comm.size > 1:
+        # Not through MPI_Finalize, which waits for every rank, and the others may wait in a collective
+        # for this one: a rank that leaves without it makes mpiexec end them all.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _serve(expdir: ExperimentDir, comm: Comm) -> int:
+    """The server's run on this rank, and its exit status (see :func:`main`)."""
     status = expdir.online.status
     try:
         cfg = experiment_from_json(read_json(expdir.config), file=str(expdir.config))
@@ -243,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         return DETERMINISTIC_ERROR_RC
     except EnkflowError as exc:
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
+        return RANK_LOST_RC if isinstance(exc, RankLost) else 1
+    except Exception:  # noqa: BLE001 - a defect: its traceback, then the exit that ends every rank
+        traceback.print_exc()
         return 1
     if comm.rank == 0:
         write_json_atomic(status, {"state": ServerStatus.DONE})

@@ -40,6 +40,7 @@ from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
+from enkflow.netaddr import probe_host
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.output import archive as _archive
@@ -48,9 +49,9 @@ from enkflow.state import StateLayout
 from enkflow.tokens import secret_file
 
 
-def _free_port(host: str) -> int:
+def _free_port(bind: str) -> int:
     with socket.socket() as s:
-        s.bind((host if host not in ("*", "0.0.0.0") else "", 0))
+        s.bind((probe_host(bind), 0))
         return int(s.getsockname()[1])
 
 
@@ -174,7 +175,8 @@ class OnlineExperiment:
         logs = self.odir.logs
         logs.mkdir(exist_ok=True)
         spec = JobSpec(name="enkflow-server", argv=self._server_argv(), cpus=self.o.ranks, time_limit_s=self.cfg.jobs.time_limit,
-                       log=logs / f"server-{self.server_restarts}.log", env=self._env(), ntasks=self.o.ranks)
+                       log=logs / f"server-{self.server_restarts}.log", env=self._env(), ntasks=self.o.ranks,
+                       nodes=self.o.nodes, requeue=False)
         jid = self.launcher.submit(spec)
         self.events.emit("server_start", job=jid, restart=self.server_restarts, ranks=self.o.ranks)
         return jid
@@ -197,7 +199,8 @@ class OnlineExperiment:
         k = self.runner_starts
         self.runner_starts += 1
         spec = JobSpec(name=f"enkflow-runner-{k}", argv=self._runner_argv(k, address), cpus=1,
-                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log", env=self._env())
+                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log", env=self._env(),
+                       requeue=False)
         jid = self.launcher.submit(spec)
         self.events.emit("runner_start", job=jid, runner=k)
         return jid

@@ -31,13 +31,14 @@ from typing import Protocol
 import numpy as np
 import zmq
 
-from enkflow.errors import EnkflowError
+from enkflow.errors import ConfigError, EnkflowError
 from enkflow.experiment.cycling import ObservationSpace, run_cycles
 from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.fsutil import write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.online import checkpoint as ckpt
-from enkflow.online.bus import Bus, BusMessage, BusOp
+from enkflow.netaddr import WILDCARDS, advertised, is_loopback, node_address
+from enkflow.online.bus import Bus, BusMessage, BusOp, BusSettings, RankLost
 from enkflow.online.control import Control
 from enkflow.online.coordination import Coordinator
 from enkflow.online.data_plane import DataPlane
@@ -46,10 +47,10 @@ from enkflow.online.probe import StatelessProbe
 from enkflow.online.recovery import recover
 from enkflow.online.scheduler import Scheduler, Task
 from enkflow.online.server_config import ServerConfig
-from enkflow.online.sockets import Incarnation, advertised, bind
+from enkflow.online.sockets import Incarnation, bind
 from enkflow.online.store import MemoryStore
 from enkflow.online.wire import credential
-from enkflow.parallel import Comm, SerialComm
+from enkflow.parallel import Comm, SerialComm, node_names
 
 __all__ = ["ForecastObserver", "Problem", "Server", "ServerConfig"]
 
@@ -128,6 +129,7 @@ class Server:
     def _open_sockets(self, events: EventLog | None) -> None:
         """Collective: every rank's data socket, rank 0's control socket, the bus; the address file."""
         ctx: zmq.Context = zmq.Context.instance()
+        self.nodes = node_names(self.comm)
         data = bind(ctx, zmq.ROUTER, self.cfg.bind, curve_secret_key=self.cfg.curve_secret_key)
         # Every rank logs what its data socket refuses.
         self.data = DataPlane(data, self.store, self.me, log=events, ckpt=self.ckpt, report=self._report,
@@ -150,11 +152,23 @@ class Server:
             self.coordinator = Coordinator(self.control, self.probe, self.active, self.p.n_members, send=self._send,
                                            emit=self._emit, say=self._say)
         self.runners = self.control.runners if self.control is not None else {}
-        self.bus = Bus.open(ctx, self.comm, self.me.cred, self._emit)
+        self.bus = Bus.open(ctx, self.comm, self.me.cred, self._emit, self._bus_settings())
         self.address = self.comm.bcast(address, root=0)
         self.comm.barrier()
         if self.rank == 0 and self.cfg.address_file is not None:
             write_bytes_atomic(self.cfg.address_file, (self.address + "\n").encode())
+
+    def _bus_settings(self) -> BusSettings:
+        """The bus on loopback when every rank runs on rank 0's node, else on rank 0's node's address
+        that the others reach. Ranks on several nodes need a server reachable from other nodes."""
+        host = "127.0.0.1"
+        if len(set(self.nodes)) > 1:
+            if is_loopback(self.cfg.bind):
+                raise ConfigError(f"the server's ranks run on nodes {sorted(set(self.nodes))} but listen on loopback "
+                                  f"({self.cfg.bind}), which runners on other nodes cannot reach: set [online] bind = "
+                                  '"*" (every interface) or the name of the interface the nodes share', key="online.bind")
+            host = node_address() if self.cfg.bind in WILDCARDS else self.cfg.bind
+        return BusSettings(host, self.cfg.heartbeat_s, self.cfg.rank_timeout_s, self.cfg.curve_secret_key)
 
     def close(self) -> None:
         # Time for the last replies (STOP, the ERROR that ended a study) to leave on a loaded machine;
@@ -182,6 +196,7 @@ class Server:
         try:
             start = recover(cycles, self.store, self.cfg.checkpoint_dir, initial=self.p.initial, say=self._say)
             self._emit("online_start", cycles=start.cycles, members=self.p.n_members, ranks=self.size, address=self.address,
+                       nodes=self.nodes,
                        resumed=start.cycles != list(cycles), recovered_forecasts=sorted(start.forecasts))
             if self.cfg.stateless_check and start.cycles and start.cycles[0] == cycles[0] and not start.forecasts:
                 self.probe.arm(1)
@@ -262,6 +277,8 @@ class Server:
             if s is not None:
                 poller.register(s, zmq.POLLIN)
         last_check = 0.0
+        if self.bus is not None:
+            self.bus.rearm()
         control.dispatch()
         while not control.sched.complete:
             ready = dict(poller.poll(200))
@@ -277,6 +294,8 @@ class Server:
             if now - last_check > 0.2:
                 last_check = now
                 control.check_liveness(now)
+                if self.bus is not None:
+                    self._watch(self.bus, now)
             control.dispatch()
 
     def _count_tasks(self, done: set[int], probe: int | None, control: Control) -> None:
@@ -295,8 +314,10 @@ class Server:
         poller = zmq.Poller()
         poller.register(self.data.socket, zmq.POLLIN)
         poller.register(bus.socket, zmq.POLLIN)
+        bus.rearm()
         while True:
-            ready = dict(poller.poll(1000))
+            ready = dict(poller.poll(int(1000 * bus.beat_s)))
+            self._watch(bus, time.monotonic())
             if self.data.socket in ready:
                 self.data.receive()
             if bus.socket in ready:
@@ -310,6 +331,16 @@ class Server:
                 self._on_order(msg)
 
     # -- the bus: reports to rank 0, its orders to every rank -----------------------------
+
+    def _watch(self, bus: Bus, now: float) -> None:
+        """Heartbeats to the peers; a peer silent too long stops this rank (:class:`RankLost`)."""
+        bus.beat(now)
+        lost = bus.silent(now)
+        if lost:
+            who = ", ".join(f"rank {r} (node {self.nodes[r]})" for r in lost)
+            self._emit("server_rank_lost", cycle=self.cycle, ranks=lost, nodes=[self.nodes[r] for r in lost])
+            raise RankLost(f"server rank {self.rank}: {who} silent on the bus for {bus.timeout_s:g} s ([online] "
+                           "rank_timeout); the server stops, to be restarted from its checkpoints")
 
     def _send(self, rank: int, msg: BusMessage) -> None:
         """``msg`` to rank ``rank``; one to this rank itself (rank 0) is handled at once."""

@@ -12,8 +12,11 @@ from enkflow.online.scheduler import SchedulerConfig
 class ServerConfig:
     """Where and how the server listens; times in seconds.
 
-    ``bind`` is the interface (loopback unless set), ``port`` the control port
-    (0: any free port; the address is written to ``address_file``).
+    ``bind`` is the interface: loopback unless set; an address, an interface name
+    (``eth0``) or ``*`` / ``0.0.0.0`` (every interface, advertised with an address of
+    the node's interface: :func:`enkflow.netaddr.advertised`); ``port`` the control port
+    (0: any free port; the address is written to ``address_file``). ``rank_timeout_s``:
+    a server rank silent this long on the ranks' bus (a lost node) stops the server.
     ``curve_secret_key`` (Z85) turns on ZeroMQ CURVE encryption; runners then
     need the matching public key. ``stateless_check``: in the first cycle of a new
     study member 1 runs twice and the two forecasts must agree bit for bit (a
@@ -29,6 +32,7 @@ class ServerConfig:
     port: int = 0
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
+    rank_timeout_s: float = 10.0
     scheduler: SchedulerConfig = SchedulerConfig()
     checkpoint_dir: Path | None = None
     curve_secret_key: str | None = None

@@ -1,11 +1,11 @@
-"""The server's ZeroMQ sockets: binding, the address runners are told, the ERROR reply, the incarnation.
+"""The server's ZeroMQ sockets: binding, the ERROR reply, the incarnation (the address runners are told:
+:func:`enkflow.netaddr.advertised`).
 
 Every server socket is a ROUTER: a reply names the peer by its identity frame.
 """
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import zmq
@@ -22,14 +22,6 @@ class Incarnation:
 
     cred: bytes
     epoch: int
-
-
-def advertised(endpoint: str) -> str:
-    """An address runners can connect to (a wildcard bind is advertised with this host's name)."""
-    host, _, port = endpoint.rpartition(":")
-    if host in ("tcp://0.0.0.0", "tcp://*", "tcp://[::]"):
-        return f"tcp://{socket.gethostname()}:{port}"
-    return endpoint
 
 
 def bind(ctx: zmq.Context, kind: int, host: str, *, port: int = 0, max_message: int = -1,

@@ -31,7 +31,6 @@ import logging
 import os
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ import zmq
 from enkflow.errors import BindError
 from enkflow.fsutil import write_bytes_atomic
 from enkflow.jobs.files import log_tail
+from enkflow.netaddr import advertised
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
@@ -89,9 +89,7 @@ def main() -> int:
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
     try:
         sock.bind(spec["endpoint"])
-        address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        if address.startswith("tcp://0.0.0.0:"):
-            address = address.replace("0.0.0.0", socket.getfqdn(), 1)
+        address = advertised(sock.getsockopt(zmq.LAST_ENDPOINT).decode())  # a wildcard: this node's address
         svc.address = address
         write_bytes_atomic(Path(spec["dir"]) / "address", (address + "\n").encode())
     except Exception as exc:

@@ -24,6 +24,7 @@ from typing import Any
 
 from enkflow.errors import EnkflowError
 from enkflow.jobs.files import log_tail
+from enkflow.netaddr import advertised
 from enkflow.output.config import OutputConfig
 from enkflow.output.connection_watch import ConnectionWatch
 from enkflow.output.heartbeat import Heartbeat, Silence, process_state
@@ -107,9 +108,7 @@ class WriterProcess:
             proc.wait(timeout=START_TIMEOUT_S)
             raise OutputError(f"output writer {self.index} did not start (exit {proc.returncode}):\n"
                               f"{log_tail(logf, 20)}")
-        endpoint = line.split(" ", 1)[1]
-        if endpoint.startswith("tcp://0.0.0.0:"):  # bound on every interface: others reach it by name
-            endpoint = endpoint.replace("0.0.0.0", socket.getfqdn(), 1)
+        endpoint = advertised(line.split(" ", 1)[1])  # bound on every interface: others reach this node's address
         return WriterAddress(endpoint, proc.pid, socket.gethostname(), str(self.hb.path))
 
     @classmethod

@@ -1,6 +1,6 @@
 """The only place that touches MPI: a communicator and the row-block decomposition."""
 
 from enkflow.parallel.blocks import RowBlocks
-from enkflow.parallel.comm import Comm, Request, SerialComm, get_comm
+from enkflow.parallel.comm import Comm, Request, SerialComm, get_comm, node_names
 
-__all__ = ["Comm", "Request", "RowBlocks", "SerialComm", "get_comm"]
+__all__ = ["Comm", "Request", "RowBlocks", "SerialComm", "get_comm", "node_names"]

@@ -7,6 +7,7 @@ its few collective methods, so serial, threaded and MPI runs share one code path
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -206,6 +207,11 @@ _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LO
 def launched_by_mpiexec() -> bool:
     """True when an MPI launcher started this process (avoids importing MPI otherwise)."""
     return any(k in os.environ for k in _MPI_ENV)
+
+
+def node_names(comm: Comm) -> list[str]:
+    """Collective: the host name of every rank's node, by rank."""
+    return [str(n) for n in comm.allgather_obj(socket.gethostname())]
 
 
 def get_comm(force_serial: bool = False) -> Comm:
