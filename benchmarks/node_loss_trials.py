@@ -38,12 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 from enkflow_testing.cluster import Cluster  # noqa: E402
 from enkflow_testing.node_loss import NodeLossTrials, Scenario, TrialResult  # noqa: E402
 
-COLUMNS = ("scenario", "trials", "injected", "on target", "completed", "bitwise", "left procs", "left shm", "recomputed",
+REDRAWS = 3  # a trial whose run ended before its moment is drawn again at most this often
+COLUMNS = ("scenario", "trials", "redrawn", "injected", "on target", "completed", "bitwise", "left procs", "left shm", "left wal", "recomputed",
            "in flight", "rec<=flight", "wall s")
 
 
 def _line(r: TrialResult) -> str:
-    left = "".join(f" LEFT {k}: {v}" for k, v in (("procs", r.left_processes), ("shm", r.left_shm)) if v)
+    left = "".join(f" LEFT {k}: {v}" for k, v in (("procs", r.left_processes), ("shm", r.left_shm),
+                                                   ("wal", r.left_wal)) if v)
     return (f"{r.scenario} #{r.n}: at {r.at_s:.1f} s, {r.fault or '-'}; rc {r.rc}, "
             f"{'bitwise equal' if r.equal else 'NOT EQUAL' if r.completed else 'NOT COMPLETED'}, recomputed "
             f"{r.recomputed} (in flight {r.in_flight}), {r.seconds:.1f} s{left}"
@@ -56,10 +58,11 @@ def _stats(xs: list[float], fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}, {fmt.format(max(xs))}]"
 
 
-def table_row(scenario: str, rs: list[TrialResult]) -> list[str]:
+def table_row(scenario: str, rs: list[TrialResult], redrawn: int) -> list[str]:
     done = [r for r in rs if r.injected]
-    return [scenario, str(len(rs)), str(len(done)), str(sum(r.on_target for r in done)), str(sum(r.completed for r in rs)), str(sum(r.equal for r in rs)),
+    return [scenario, str(len(rs)), str(redrawn), str(len(done)), str(sum(r.on_target for r in done)), str(sum(r.completed for r in rs)), str(sum(r.equal for r in rs)),
             str(sum(bool(r.left_processes) for r in rs)), str(sum(bool(r.left_shm) for r in rs)),
+            str(sum(bool(r.left_wal) for r in rs)),
             _stats([r.recomputed for r in done], "{:g}"), _stats([r.in_flight for r in done], "{:g}"),
             str(sum(r.recomputed <= r.in_flight for r in done)), _stats([r.seconds for r in rs])]
 
@@ -89,6 +92,7 @@ def main() -> int:
     root = a.root / f"enk-node-loss-{os.getpid()}"
     root.mkdir(parents=True)
     results: dict[str, list[TrialResult]] = {s.value: [] for s in scenarios}
+    redrawn = {s.value: 0 for s in scenarios}
     t_start = time.monotonic()
     with Cluster(n_nodes=a.nodes, login_nodes=2, slurm=True, cpus_per_node=1, slurmd_timeout_s=a.slurmd_timeout) as c:
         startup = dict(c.startup_s)
@@ -100,12 +104,18 @@ def main() -> int:
             print(f"{s.value}: fault-free run {ref.seconds:.1f} s, {ref.forecasts} forecasts", flush=True)
             for n in range(1, a.trials + 1):
                 r = trials.trial(s, n)
+                for _ in range(REDRAWS):  # the run ended before the moment: draw it again, and say so
+                    if r.injected:
+                        break
+                    print(_line(r) + " (redrawn)", flush=True)
+                    redrawn[s.value] += 1
+                    r = trials.trial(s, n)
                 results[s.value].append(r)
                 print(_line(r), flush=True)
                 if a.keep and not r.ok:
                     shutil.copytree(trials.study, root / f"failed-{s.value}-{n}", symlinks=True)
-            print_table([table_row(s.value, results[s.value])], flush=True)
-    rows = [table_row(s, rs) for s, rs in results.items()]
+            print_table([table_row(s.value, results[s.value], redrawn[s.value])], flush=True)
+    rows = [table_row(s, rs, redrawn[s]) for s, rs in results.items()]
     print(f"\n{a.trials} trials per scenario, seed {a.seed}, {a.nodes} nodes + 2 login nodes, "
           f"{a.members} members x {a.cycles} cycles; {time.monotonic() - t_start:.0f} s in all")
     print_table(rows)

@@ -80,6 +80,7 @@ class TrialResult:
     equal: bool = False
     left_processes: dict[str, list[str]] = field(default_factory=dict)
     left_shm: dict[str, list[str]] = field(default_factory=dict)
+    left_wal: list[str] = field(default_factory=list)  # write-ahead logs, commit markers beside the members
     gone_after_s: float = 0.0  # how long the study's leftovers took to go (0: none at the run's end)
     recomputed: int = 0
     in_flight: int = 0
@@ -88,7 +89,7 @@ class TrialResult:
 
     @property
     def ok(self) -> bool:
-        return self.completed and self.equal and not self.left_processes and not self.left_shm
+        return self.completed and self.equal and not (self.left_processes or self.left_shm or self.left_wal)
 
     def row(self) -> dict:
         return {**asdict(self), "ok": self.ok}
@@ -100,16 +101,18 @@ def _forecasts(evs: list[dict], mode: Mode) -> int:
     return sum(e.get("event") == "task_assign" for e in evs)
 
 
-def in_flight(evs: list[dict], mode: Mode) -> int:
-    """Forecasts started and not finished in the events ``evs``."""
+def in_flight(evs: list[dict], mode: Mode, host: str | None = None) -> int:
+    """Forecasts started and not finished in the events ``evs`` (only those running on ``host`` if given:
+    offline a pilot's ``worker`` is ``HOST-PID``, online a runner is ``HOST:PID``)."""
     if mode is Mode.OFFLINE:
-        started = [(e.get("worker"), e.get("cycle"), e.get("task")) for e in evs
-                   if e.get("event") == "task_start" and e.get("member") is not None]
+        started = {(e.get("worker"), e.get("cycle"), e.get("task")): str(e.get("worker")).rsplit("-", 1)[0]
+                   for e in evs if e.get("event") == "task_start" and e.get("member") is not None}
         ended = {(e.get("worker"), e.get("cycle"), e.get("task")) for e in evs if e.get("event") == "task_end"}
     else:
-        started = [(e.get("pid"), e.get("task")) for e in evs if e.get("event") == "task_assign"]
+        started = {(e.get("pid"), e.get("task")): str(e.get("runner")).rsplit(":", 1)[0]
+                   for e in evs if e.get("event") == "task_assign"}
         ended = {(e.get("pid"), e.get("task")) for e in evs if e.get("event") in ("task_done", "stateless_check")}
-    return sum(k not in ended for k in started)
+    return sum(k not in ended and host in (None, h) for k, h in started.items())
 
 
 class NodeLossTrials:
@@ -213,14 +216,16 @@ class NodeLossTrials:
         return log.read_text(errors="replace")[-600:] if log.exists() else ""
 
     def _leftovers(self, r: TrialResult) -> None:
-        """What the study left on the live nodes, waiting up to ``grace_s`` for it to go."""
+        """What the study left: processes on the live nodes (waiting up to ``grace_s`` for them to go), then
+        the live nodes' ``/dev/shm`` names, and write-ahead logs or commit markers beside the members."""
         t0 = time.monotonic()
-        while True:
-            r.left_processes, r.left_shm = study_processes(self.c, self.study), shm_segments(self.c)
-            if not (r.left_processes or r.left_shm) or time.monotonic() - t0 > self.grace_s:
-                break
+        while (procs := study_processes(self.c, self.study)) and time.monotonic() - t0 < self.grace_s:
             time.sleep(0.5)
-        r.gone_after_s = time.monotonic() - t0
+        r.left_processes, r.gone_after_s = procs, time.monotonic() - t0
+        r.left_shm = shm_segments(self.c)
+        members = self.study / "members"
+        r.left_wal = sorted(str(p.relative_to(members)) for p in [*members.glob(".enkflow-update-*"),
+                                                                   *members.glob(".enkflow-wal/*")])
 
     def _cleanup(self, killed: set[str]) -> None:
         """Kill what the study left, cancel every job, clear every /dev/shm, revive the lost nodes."""
@@ -265,12 +270,14 @@ class Fault:
     def _sleep_until_moment(self) -> bool:
         return self._until(lambda: time.monotonic() >= self.at) is not None
 
-    def _kill_node(self, node: str, why: str) -> None:
+    def _kill_node(self, node: str, why: str, *, only_its_forecasts: bool = False) -> None:
+        """Lose ``node``; in flight: every unfinished forecast, or only those running on it (a node of
+        runners or pilots: the others go on)."""
         evs = events(self.t.study)
         self.t.c.kill_node(node)
         self.killed.add(node)
         self.what, self.injected = f"{why}: {node}", True
-        self.in_flight = in_flight(evs, self.mode)
+        self.in_flight = in_flight(evs, self.mode, node if only_its_forecasts else None)
 
     def inject(self, scenario: Scenario) -> None:
         self.mode = scenario.mode
@@ -292,7 +299,8 @@ class Fault:
         if not nodes:
             self.what = "the run ended before a victim ran"
             return None
-        return self._kill_node(self.t.rng.choice(sorted(nodes)), scenario.value.split("-", 1)[1])
+        return self._kill_node(self.t.rng.choice(sorted(nodes)), scenario.value.split("-", 1)[1],
+                               only_its_forecasts=scenario is not Scenario.ONLINE_SERVER_NODE)
 
     def _pilot_nodes(self) -> set[str]:
         """Nodes of the pilots running now (a pilot's batch step: where its members run)."""
