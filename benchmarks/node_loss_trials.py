@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -88,6 +89,7 @@ def main() -> int:
     ap.add_argument("--run-timeout", type=float, default=300.0, help="s one enkflow run may take (then: a hang)")
     ap.add_argument("--root", type=Path, default=Path("/var/tmp"), help="parent of the experiment root (shared)")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still removes its cluster
     scenarios = list(Scenario) if a.scenario == "all" else [Scenario(a.scenario)]
     root = a.root / f"enk-node-loss-{os.getpid()}"
     root.mkdir(parents=True)

@@ -25,11 +25,8 @@ if TYPE_CHECKING:
     from enkflow_testing.cluster import Cluster
 
 TOML = "experiment.toml"
-# [launcher] settings of the studies on SLURM. lease_timeout: what a lost launcher leaves stops within
-# about 20 s. --no-requeue: a job whose node was lost ends (NODE_FAIL) instead of going back to the queue,
-# where SLURM holds a requeued batch job for about 2 minutes while the driver counts it as covering the
-# cycle's tasks (seen: a pilot lost during the analysis kept the cycle waiting 150 s).
-SLURM_SETTINGS = {"lease_timeout": 5.0, "extra": ["--no-requeue"]}
+# [launcher] settings of the studies on SLURM: what a lost launcher leaves stops within about 20 s.
+SLURM_SETTINGS = {"lease_timeout": 5.0}
 
 
 class Mode(StrEnum):
