@@ -21,6 +21,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from enkflow_testing.online_faults import nc_content
+
 if TYPE_CHECKING:
     from enkflow_testing.cluster import Cluster
 
@@ -77,13 +79,6 @@ def fresh_copy(pristine: Path, study: Path, toml: str) -> None:
     shutil.rmtree(study, ignore_errors=True)
     shutil.copytree(pristine, study)
     (study / TOML).write_text(toml)
-
-
-def nc_content(path: Path) -> bytes:
-    """A NetCDF file's content without the time-stamped ``history`` attribute (see online_faults.nc_content)."""
-    from enkflow_testing.online_faults import nc_content as content
-
-    return content(path)
 
 
 def outputs(study: Path) -> dict[str, bytes]:

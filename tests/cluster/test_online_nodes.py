@@ -13,7 +13,8 @@ import shutil
 import sys
 
 import pytest
-from online_study import MEMBERS, events, logs, online_toml, outputs, run_here
+from enkflow_testing.node_loss_study import events, outputs
+from online_study import MEMBERS, logs, online_toml, run_here
 
 # The harness (enkflow_testing.cluster, tests/cluster/conftest.py) comes with the cluster branch.
 pytest.importorskip("enkflow_testing.cluster", reason="the emulated cluster harness is not in this checkout")
