@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from enkflow_testing.analysis_barrier import AnalysisBarrier, Phase, phase
+from enkflow_testing.cluster_ns import ClusterUnavailable, delete_netns
 from enkflow_testing.node_loss_study import (TOML, Mode, events, fresh_copy, offline_toml, online_toml, outputs, prepare,
                                              shm_segments, study_pids, study_processes)
 
@@ -245,8 +246,22 @@ class NodeLossTrials:
             for name in names:
                 self.c.node_path(node, "/dev/shm").joinpath(name).unlink(missing_ok=True)
         for node in sorted(killed):
-            self.c.revive_node(node)
+            self._revive(node)
         killed.clear()
+
+    def _revive(self, node: str, attempts: int = 3) -> None:
+        """Revive a lost node; a failed set-up (seen once under load: ``ip addr add`` failing without a
+        message) is removed and made again."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.c.revive_node(node)
+                return
+            except ClusterUnavailable as exc:
+                self.say(f"reviving {node} failed (attempt {attempt}): {exc}")
+                delete_netns(self.c.specs[node].netns)
+                if attempt == attempts:
+                    raise
+                time.sleep(1.0)
 
 
 class Fault:
