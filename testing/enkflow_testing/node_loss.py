@@ -9,8 +9,9 @@ nodes (processes naming the study folder, ``/dev/shm`` names), waiting up to ``g
 removes them, cancels every SLURM job and revives the lost node.
 
 ``recomputed``: forecasts started beyond the fault-free run's (offline ``task_start`` of a member, online
-``task_assign``); ``in_flight``: forecasts started and not finished at the fault (from the events as they
-were then); the target is ``recomputed <= in_flight``.
+``task_assign``); ``in_flight``: forecasts started before the fault and not finished, read from the
+events right after it (a node of runners or pilots: only those on that node); the target is
+``recomputed <= in_flight``.
 """
 
 from __future__ import annotations
@@ -102,18 +103,24 @@ def _forecasts(evs: list[dict], mode: Mode) -> int:
     return sum(e.get("event") == "task_assign" for e in evs)
 
 
-def in_flight(evs: list[dict], mode: Mode, host: str | None = None) -> int:
-    """Forecasts started and not finished in the events ``evs`` (only those running on ``host`` if given:
-    offline a pilot's ``worker`` is ``HOST-PID``, online a runner is ``HOST:PID``)."""
+def in_flight(evs: list[dict], mode: Mode, t_fault: float, host: str | None = None) -> int:
+    """Forecasts started by the time ``t_fault`` (epoch seconds) and not finished in the events ``evs``, read
+    after the fault (only those running on ``host`` if given: offline a pilot's ``worker`` is ``HOST-PID``,
+    online a runner is ``HOST:PID``). Online, the statelessness check's repeat run of a member ends with
+    ``stateless_check`` instead of ``task_done``."""
     if mode is Mode.OFFLINE:
         started = {(e.get("worker"), e.get("cycle"), e.get("task")): str(e.get("worker")).rsplit("-", 1)[0]
-                   for e in evs if e.get("event") == "task_start" and e.get("member") is not None}
+                   for e in evs if e.get("event") == "task_start" and e.get("member") is not None and e["t"] <= t_fault}
         ended = {(e.get("worker"), e.get("cycle"), e.get("task")) for e in evs if e.get("event") == "task_end"}
-    else:
-        started = {(e.get("pid"), e.get("task")): str(e.get("runner")).rsplit(":", 1)[0]
-                   for e in evs if e.get("event") == "task_assign"}
-        ended = {(e.get("pid"), e.get("task")) for e in evs if e.get("event") in ("task_done", "stateless_check")}
-    return sum(k not in ended and host in (None, h) for k, h in started.items())
+        return sum(k not in ended and host in (None, h) for k, h in started.items())
+    assigns = [e for e in evs if e.get("event") == "task_assign"]
+    ended = {(e.get("pid"), e.get("task")) for e in evs if e.get("event") == "task_done"}
+    for check in (e for e in evs if e.get("event") == "stateless_check"):
+        runs = [a for a in assigns if (a.get("pid"), a.get("cycle"), a.get("member")) ==
+                (check.get("pid"), check.get("cycle"), check.get("member")) and a["t"] <= check["t"]]
+        ended |= {(runs[-1].get("pid"), runs[-1].get("task"))} if runs else set()
+    return sum((a.get("pid"), a.get("task")) not in ended and a["t"] <= t_fault
+               and host in (None, str(a.get("runner")).rsplit(":", 1)[0]) for a in assigns)
 
 
 class NodeLossTrials:
@@ -288,11 +295,17 @@ class Fault:
     def _kill_node(self, node: str, why: str, *, only_its_forecasts: bool = False) -> None:
         """Lose ``node``; in flight: every unfinished forecast, or only those running on it (a node of
         runners or pilots: the others go on)."""
-        evs = events(self.t.study)
         self.t.c.kill_node(node)
         self.killed.add(node)
         self.what, self.injected = f"{why}: {node}", True
-        self.in_flight = in_flight(evs, self.mode, node if only_its_forecasts else None)
+        self._count_in_flight(node if only_its_forecasts else None)
+
+    def _count_in_flight(self, host: str | None) -> None:
+        """The forecasts in flight at the fault just made, from the events a moment later (an event of the
+        last instants before the fault may still be on its way to the file)."""
+        t_fault = time.time()
+        time.sleep(0.3)
+        self.in_flight = in_flight(events(self.t.study), self.mode, t_fault, host)
 
     def inject(self, scenario: Scenario) -> None:
         self.mode = scenario.mode
@@ -302,9 +315,9 @@ class Fault:
             self.what = "the run ended before the moment"
             return None
         if scenario.loses_launcher and scenario is not Scenario.ONLINE_LAUNCHER_NODE:
-            evs = events(self.t.study)
             os.kill(self.run.pid, signal.SIGKILL)
-            self.what, self.injected, self.in_flight = "kill -9 enkflow run", True, in_flight(evs, self.mode)
+            self.what, self.injected = "kill -9 enkflow run", True
+            self._count_in_flight(None)
             return None
         if scenario is Scenario.ONLINE_LAUNCHER_NODE:
             return self._kill_node(LAUNCHER_NODE, "launcher's node")
