@@ -40,8 +40,8 @@ from enkflow_testing.cluster import Cluster  # noqa: E402
 from enkflow_testing.node_loss import NodeLossTrials, Scenario, TrialResult  # noqa: E402
 
 REDRAWS = 3  # a trial whose run ended before its moment is drawn again at most this often
-COLUMNS = ("scenario", "trials", "redrawn", "injected", "on target", "completed", "bitwise", "left procs", "left shm", "left wal", "recomputed",
-           "in flight", "rec<=flight", "wall s")
+COLUMNS = ("scenario", "trials", "redrawn", "injected", "on target", "completed", "bitwise", "left procs", "left shm",
+           "left wal", "recomputed", "in flight", "rec<=flight", "wall s")
 
 
 def _line(r: TrialResult) -> str:
@@ -61,11 +61,12 @@ def _stats(xs: list[float], fmt: str = "{:.1f}") -> str:
 
 def table_row(scenario: str, rs: list[TrialResult], redrawn: int) -> list[str]:
     done = [r for r in rs if r.injected]
-    return [scenario, str(len(rs)), str(redrawn), str(len(done)), str(sum(r.on_target for r in done)), str(sum(r.completed for r in rs)), str(sum(r.equal for r in rs)),
-            str(sum(bool(r.left_processes) for r in rs)), str(sum(bool(r.left_shm) for r in rs)),
-            str(sum(bool(r.left_wal) for r in rs)),
-            _stats([r.recomputed for r in done], "{:g}"), _stats([r.in_flight for r in done], "{:g}"),
-            str(sum(r.recomputed <= r.in_flight for r in done)), _stats([r.seconds for r in rs])]
+    counts = [len(rs), redrawn, len(done), sum(r.on_target for r in done), sum(r.completed for r in rs),
+              sum(r.equal for r in rs), sum(bool(r.left_processes) for r in rs), sum(bool(r.left_shm) for r in rs),
+              sum(bool(r.left_wal) for r in rs)]
+    return [scenario, *map(str, counts), _stats([r.recomputed for r in done], "{:g}"),
+            _stats([r.in_flight for r in done], "{:g}"), str(sum(r.recomputed <= r.in_flight for r in done)),
+            _stats([r.seconds for r in rs])]
 
 
 def print_table(rows: list[list[str]], flush: bool = False) -> None:

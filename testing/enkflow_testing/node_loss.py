@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 from enkflow_testing.analysis_barrier import AnalysisBarrier, Phase, phase
 from enkflow_testing.cluster_ns import ClusterUnavailable, delete_netns
-from enkflow_testing.node_loss_study import (TOML, Mode, events, fresh_copy, offline_toml, online_toml, outputs, prepare,
-                                             shm_segments, study_pids, study_processes)
+from enkflow_testing.node_loss_study import (TOML, Mode, events, fresh_copy, offline_toml, online_toml, outputs,
+                                             prepare, shm_segments, study_pids, study_processes)
 
 if TYPE_CHECKING:
     from enkflow_testing.cluster import Cluster
@@ -56,6 +56,10 @@ class Scenario(StrEnum):
     @property
     def loses_launcher(self) -> bool:
         return self in (Scenario.ONLINE_LAUNCHER_NODE, Scenario.ONLINE_KILL_RUN, Scenario.OFFLINE_KILL_RUN)
+
+
+#: The phase of the analysis's update an analysis scenario means to lose its node in.
+TARGET_PHASE = {Scenario.OFFLINE_ANALYSIS_BEFORE: Phase.BEFORE_COMMIT, Scenario.OFFLINE_ANALYSIS_AFTER: Phase.COMMITTED}
 
 
 @dataclass
@@ -197,8 +201,7 @@ class NodeLossTrials:
             fault = Fault(self, p, t0 + r.at_s, killed)
             fault.inject(scenario)
             r.fault, r.injected, r.in_flight = fault.what, fault.injected, fault.in_flight
-            wanted = {Scenario.OFFLINE_ANALYSIS_BEFORE: Phase.BEFORE_COMMIT, Scenario.OFFLINE_ANALYSIS_AFTER: Phase.COMMITTED}
-            r.on_target = scenario not in wanted or fault.phase is wanted[scenario]
+            r.on_target = scenario not in TARGET_PHASE or fault.phase is TARGET_PHASE[scenario]
             r.rc.append(self._wait(p))
             if scenario.loses_launcher and r.injected:
                 again = SPARE_LOGIN if LAUNCHER_NODE in killed else LAUNCHER_NODE

@@ -6,8 +6,9 @@ Offline, the study runs dynamic pilot jobs of 2 nodes each (``[launcher] nodes =
 and the built-in analysis runs as 2 MPI ranks on both nodes with the mpich wheel's ``mpiexec -n 2``, whose
 hydra proxies start under ``srun`` in the pilot's allocation. (``srun --mpi=pmi2`` directly hung in 1 of
 3 runs: Slurm 22.05's pmi2 plugin rejects some of MPICH's long PMI-2 ``put`` requests, "value not
-properly terminated", and the ranks wait for ever; plain ``srun`` would start 2 serial analyses.) Online, the 2-rank server is one SLURM job on 2 nodes (``[online] nodes = 2``) listening on
-each node's interface (``bind = "*"``), and the runners are SLURM jobs of their own.
+properly terminated", and the ranks wait for ever; plain ``srun`` would start 2 serial analyses.)
+Online, the 2-rank server is one SLURM job on 2 nodes (``[online] nodes = 2``) listening on each node's
+interface (``bind = "*"``), and the runners are SLURM jobs of their own.
 
 A study always runs in the same folder (the analysis mean files name their template's path), copied
 afresh from a pristine one before each run.
@@ -40,7 +41,8 @@ def prepare(pristine: Path, mode: Mode, *, members: int, cycles: int) -> str:
     """Write the demo problem (tiny synthetic land, LETKF) into ``pristine``; returns its ``experiment.toml`` text."""
     from enkflow.experiment.demo_problem import DemoSettings, prepare as demo_prepare
 
-    return demo_prepare(pristine, DemoSettings(members=members, cycles=cycles, mode=str(mode)), lambda _m: None).read_text()
+    settings = DemoSettings(members=members, cycles=cycles, mode=str(mode))
+    return demo_prepare(pristine, settings, lambda _m: None).read_text()
 
 
 def _tables(**tables: dict[str, object]) -> str:
@@ -49,17 +51,15 @@ def _tables(**tables: dict[str, object]) -> str:
                    for name, body in tables.items())
 
 
-def offline_toml(demo: str, python: str, *, slurm: bool, model_sleep: float = 0.0) -> str:
+def offline_toml(demo: str, python: str, *, slurm: bool) -> str:
     """The demo's offline ``experiment.toml`` with 2 pilots: local processes, or SLURM jobs of 2 nodes whose
-    analysis runs as 2 ranks on both (``python``'s ``mpiexec``). ``model_sleep``: seconds each forecast idles."""
+    analysis runs as 2 ranks on both (``python``'s ``mpiexec``)."""
     head = demo[:demo.index("\n[jobs]")]
-    if model_sleep:
-        head = head.replace("--cycle {cycle}", f"--cycle {{cycle}} --sleep {model_sleep:g}")
     jobs: dict[str, object] = {"strategy": "dynamic", "poll": 0.1, "workers": 2, "heartbeat": 0.5, "lease": 5.0}
     if not slurm:
         return head + _tables(jobs=jobs, launcher={"kind": "local"})
-    return head + _tables(analysis_task={"launcher": f"{Path(python).parent / 'mpiexec'} -n 2"}, jobs={**jobs, "cpus_per_job": 2},
-                          launcher={"kind": "slurm", "nodes": 2, **SLURM_SETTINGS})
+    return head + _tables(analysis_task={"launcher": f"{Path(python).parent / 'mpiexec'} -n 2"},
+                          jobs={**jobs, "cpus_per_job": 2}, launcher={"kind": "slurm", "nodes": 2, **SLURM_SETTINGS})
 
 
 def online_toml(demo: str, python: str, *, slurm: bool) -> str:
@@ -71,7 +71,8 @@ def online_toml(demo: str, python: str, *, slurm: bool) -> str:
     online: dict[str, object] = {"runner": runner, "runners": 2, "ranks": 2, "heartbeat": 0.5, "heartbeat_timeout": 3.0}
     if not slurm:
         return head + _tables(launcher={"kind": "local"}, online=online)
-    return head + _tables(launcher={"kind": "slurm", **SLURM_SETTINGS}, online={**online, "nodes": 2, "bind": "*", "rank_timeout": 3.0})
+    return head + _tables(launcher={"kind": "slurm", **SLURM_SETTINGS},
+                          online={**online, "nodes": 2, "bind": "*", "rank_timeout": 3.0})
 
 
 def fresh_copy(pristine: Path, study: Path, toml: str) -> None:
