@@ -45,6 +45,7 @@ from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
+from enkflow.parallel.program import find_program
 from enkflow.state import StateLayout
 from enkflow.tokens import secret_file
 
@@ -167,7 +168,9 @@ class OnlineExperiment:
         py = self.o.python or self.cfg.launcher.python or sys.executable
         argv = [py, "-m", "enkflow.online.experiment", str(self.cfg.expdir)]
         if self.o.ranks > 1:
-            argv = shlex.split(self.o.mpiexec) + ["-n", str(self.o.ranks)] + argv
+            mpiexec = shlex.split(self.o.mpiexec)
+            mpiexec[0] = find_program(mpiexec[0]) or mpiexec[0]  # a venv used without activating it
+            argv = mpiexec + ["-n", str(self.o.ranks)] + argv
         return argv
 
     def _start_server(self) -> str:
