@@ -110,3 +110,16 @@ def test_at_a_clean_end_the_launcher_drops_its_records_but_those_of_live_process
     forget_ended(tmp_path, "launcher")
     assert sorted((tmp_path / PROCS_DIR).iterdir()) == sorted([mine, other])
     assert isinstance(records(tmp_path)[0], LeasedProcess)
+
+
+def test_a_runner_built_on_the_documented_api_watches_the_lease(tmp_path):
+    lease = LeaseHolder(tmp_path, timeout_s=60.0)
+    code = ("import glob, sys; from enkflow.online.runner import Runner; r = Runner('tcp://127.0.0.1:9', 'token'); "
+            "print(len(glob.glob(sys.argv[1] + '/procs/*.json')))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=os.environ | lease.env,
+                             capture_output=True, text=True, check=True).stdout
+    finally:
+        lease.close()
+    assert out.strip() == "1"
+    assert not list((tmp_path / PROCS_DIR).iterdir())  # removed at its exit

@@ -40,7 +40,7 @@ from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
-from enkflow.netaddr import probe_host
+from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.output import archive as _archive
@@ -158,7 +158,7 @@ class OnlineExperiment:
             return None
         tcp = LAUNCHERS[self.cfg.launcher.kind].spans_hosts  # runners on other hosts
         svc = OutputService.start(self.cfg.output, self.xdir.output_service, transport="tcp" if tcp else "ipc",
-                                  bind="0.0.0.0" if tcp else "127.0.0.1", base_dir=self.cfg.base_dir)
+                                  bind=reaching_other_nodes(self.o.bind) if tcp else "127.0.0.1", base_dir=self.cfg.base_dir)
         self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
         return svc
 
