@@ -18,7 +18,6 @@ import time
 import pytest
 from online_study import MEMBERS, events, logs, online_toml, outputs, run_here
 
-pytest.importorskip("enkflow_testing.cluster", reason="the emulated cluster harness is not in this checkout")
 pytestmark = pytest.mark.slow  # about 65 s: SLURM takes 30-40 s to declare the node down
 
 # A spare node for the restarted server; SLURM declares a silent node down after about 3 x 5 s.

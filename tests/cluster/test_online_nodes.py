@@ -12,11 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 
-import pytest
 from online_study import MEMBERS, events, logs, online_toml, outputs, run_here
-
-# The harness (enkflow_testing.cluster, tests/cluster/conftest.py) comes with the cluster branch.
-pytest.importorskip("enkflow_testing.cluster", reason="the emulated cluster harness is not in this checkout")
 
 CLUSTER = {"n_nodes": 4, "slurm": True, "cpus_per_node": 1}
 
