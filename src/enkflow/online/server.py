@@ -122,6 +122,7 @@ class Server:
         self.stats: dict[str, float] = {}
         self.diagnostics: dict[int, dict[str, float]] = {}
         self.probe = StatelessProbe(self.store, self._emit)
+        self.bus: Bus | None = None
         self._open_sockets(events)
 
     # -- sockets ------------------------------------------------------------------------
@@ -133,7 +134,7 @@ class Server:
         data = bind(ctx, zmq.ROUTER, self.cfg.bind, curve_secret_key=self.cfg.curve_secret_key)
         # Every rank logs what its data socket refuses.
         self.data = DataPlane(data, self.store, self.me, log=events, ckpt=self.ckpt, report=self._report,
-                              state_for=self.probe.state_for)
+                              state_for=self.probe.state_for, keep_alive=self._beat)
         mine = advertised(data.getsockopt_string(zmq.LAST_ENDPOINT))
         self.data_addresses = [str(a) for a in self.comm.allgather_obj(mine)]
         self.control: Control | None = None
@@ -251,6 +252,9 @@ class Server:
         if self.observer is not None:
             self.observer.forecast_started(k)
         self.cycle = k
+        # Every rank starts the phase's heartbeat clocks together: rank-local work after the analysis's
+        # last collective (a slow rank's checkpoint copy) must not count as silence.
+        self.comm.barrier()
         self.data.start_cycle(k)
         self.stats = {"transfer_s": 0.0}
         t0 = time.perf_counter()
@@ -286,9 +290,8 @@ class Server:
                 control.receive()
             if self.data.socket in ready:
                 self.data.receive()
-            if self.bus is not None and self.bus.socket in ready:
-                msg = self.bus.receive_report()
-                if msg is not None:
+            if self.bus is not None:
+                for msg in self.bus.pending():  # all of them: a backlog would look like silence
                     coordinator.on_report(msg)
             now = time.monotonic()
             if now - last_check > 0.2:
@@ -317,18 +320,15 @@ class Server:
         bus.rearm()
         while True:
             ready = dict(poller.poll(int(1000 * bus.beat_s)))
-            self._watch(bus, time.monotonic())
             if self.data.socket in ready:
                 self.data.receive()
-            if bus.socket in ready:
-                msg = bus.receive_order()
-                if msg is None:
-                    continue
+            for msg in bus.pending():  # before judging silence: what is queued was heard
                 if msg.op is BusOp.END_FORECAST and msg.cycle == self.cycle:
                     return
                 if msg.op is BusOp.STOP:
                     raise EnkflowError(msg.reason or "the server stopped")
                 self._on_order(msg)
+            self._watch(bus, time.monotonic())
 
     # -- the bus: reports to rank 0, its orders to every rank -----------------------------
 
@@ -341,6 +341,11 @@ class Server:
             self._emit("server_rank_lost", cycle=self.cycle, ranks=lost, nodes=[self.nodes[r] for r in lost])
             raise RankLost(f"server rank {self.rank}: {who} silent on the bus for {bus.timeout_s:g} s ([online] "
                            "rank_timeout); the server stops, to be restarted from its checkpoints")
+
+    def _beat(self) -> None:
+        """Heartbeats while this rank waits (for its analysis checkpoint) inside a forecast phase."""
+        if self.bus is not None:
+            self.bus.beat(time.monotonic())
 
     def _send(self, rank: int, msg: BusMessage) -> None:
         """``msg`` to rank ``rank``; one to this rank itself (rank 0) is handled at once."""
