@@ -57,7 +57,12 @@ class BusOp(IntEnum):
 
 
 class RankLost(EnkflowError):
-    """A server rank (or its node) is gone: the server stops, to be restarted from its checkpoints."""
+    """Server ranks ``ranks`` (on nodes ``nodes``, where known) are gone: the server stops, to be
+    restarted from its checkpoints."""
+
+    def __init__(self, message: str, *, ranks: list[int], nodes: list[str]):
+        super().__init__(message)
+        self.ranks, self.nodes = ranks, nodes
 
 
 @dataclass(frozen=True)
@@ -118,9 +123,10 @@ class Bus:
 
     @classmethod
     def open(cls, ctx: zmq.Context, comm: Comm, cred: bytes, emit: Callable[..., None],
-             settings: BusSettings) -> Bus | None:
+             settings: BusSettings, nodes: list[str]) -> Bus | None:
         """Collective: rank 0 binds, the other ranks connect and register; ``emit`` (rank 0) logs what
-        is refused. Raises :class:`RankLost` on rank 0 when a rank does not register in time."""
+        is refused; ``nodes``: every rank's node. Raises :class:`RankLost` on rank 0 when a rank does
+        not register in time."""
         if comm.size == 1:
             return None
         key = settings.curve_secret_key
@@ -146,7 +152,8 @@ class Bus:
                 missing = sorted(set(range(1, comm.size)) - registered)
                 sock.close(linger=0)
                 raise RankLost(f"server ranks {missing} did not reach rank 0's bus at {address} within "
-                               f"{settings.timeout_s:g} s ([online] rank_timeout; [online] bind: an address they reach)")
+                               f"{settings.timeout_s:g} s ([online] rank_timeout; [online] bind: an address they reach)",
+                               ranks=missing, nodes=[nodes[r] for r in missing])
             msg = bus.receive_report()
             if msg is not None and msg.op is BusOp.REGISTER:
                 registered.add(msg.rank)

@@ -95,6 +95,7 @@ class OnlineExperiment:
         self.launcher = launcher
         self.events = EventLog(self.xdir.events)
         self.server_restarts = 0
+        self.rank_losses = 0  # server ends with a rank lost (of server_restarts + 1)
         self.runner_starts = 0
         self.output_service = None
         self.lease = RunLease(self.xdir, cfg.launcher.lease_timeout, self.events, self._say)
@@ -173,7 +174,41 @@ class OnlineExperiment:
             argv = mpiexec + ["-n", str(self.o.ranks)] + argv
         return argv
 
+    def _server_ended(self) -> dict | None:
+        """The server's job ended: its status when the study is complete; raises for what a restart
+        cannot fix, and when the server ended ``max_server_restarts + 1`` times, crashed or with a
+        rank lost (both count: a node lost again and again stops the study); None: restart it."""
+        status = read_json(self.odir.status) or {}
+        state = status.get("state")
+        if state == ServerStatus.DONE:
+            self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
+            return status
+        if state == ServerStatus.FAILED:
+            self.events.emit("experiment_fail", reason=status.get("error"))
+            if status.get("member") is not None:
+                raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
+            raise EnkflowError(f"the server stopped: {status.get('error')}")
+        lost = state == ServerStatus.RANK_LOST
+        self.rank_losses += lost
+        ends = self.server_restarts + 1
+        if self.server_restarts >= self.o.max_server_restarts:
+            raise EnkflowError(f"the server ended {ends} times, {self.rank_losses} of them with a server rank lost and "
+                               f"{ends - self.rank_losses} crashed (online.max_server_restarts = "
+                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
+        self.server_restarts += 1
+        if lost:
+            ranks, nodes = list(status.get("ranks", [])), list(status.get("nodes", []))
+            self.events.emit("server_crash", restart=self.server_restarts, cause="rank_lost", ranks=ranks, nodes=nodes)
+            who = ", ".join(f"rank {r} (node {n})" for r, n in zip(ranks, nodes)) or "a rank"
+            self._say(f"server {who} lost: {status.get('error')}; restarting the server from its checkpoints "
+                      f"({self.server_restarts} of online.max_server_restarts = {self.o.max_server_restarts})")
+        else:
+            self.events.emit("server_crash", restart=self.server_restarts, cause="crash")
+            self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
+        return None
+
     def _start_server(self) -> str:
+        self.odir.status.unlink(missing_ok=True)  # the verdict of this server, not of the one before
         self.odir.address.unlink(missing_ok=True)
         logs = self.odir.logs
         logs.mkdir(exist_ok=True)
@@ -228,21 +263,9 @@ class OnlineExperiment:
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
                 if st[server] is JobState.FINISHED:
-                    status = read_json(self.odir.status)
-                    if status is not None and status.get("state") == ServerStatus.DONE:
-                        self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
+                    status = self._server_ended()
+                    if status is not None:
                         return status
-                    if status is not None and status.get("state") == ServerStatus.FAILED:
-                        self.events.emit("experiment_fail", reason=status.get("error"))
-                        if status.get("member") is not None:
-                            raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
-                        raise EnkflowError(f"the server stopped: {status.get('error')}")
-                    if self.server_restarts >= self.o.max_server_restarts:
-                        raise EnkflowError(f"the server crashed {self.server_restarts + 1} times (online.max_server_restarts = "
-                                           f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
-                    self.server_restarts += 1
-                    self.events.emit("server_crash", restart=self.server_restarts)
-                    self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
                     server = self._start_server()
                     new = self._wait_address(server)
                     if new and new != address and runners:
