@@ -41,6 +41,7 @@ from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
 from enkflow.online.scheduler import SchedulerConfig
 from enkflow.online.server import Problem, Server, ServerConfig
+from enkflow.online.sockets import bus_host
 from enkflow.online.store import MemoryStore
 from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.output.archive import listed_cycles
@@ -203,8 +204,11 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     stats = None
     if ao.statistics_for("online"):
         # One writer for the whole study: the ranks add their rows each cycle and go on.
+        # Ranks on several nodes reach rank 0's writer where they reach its bus: on the interface of
+        # [online] bind (never every interface), and with CURVE (output.writer_process).
+        nodes = node_names(comm)
         stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings(),
-                               across_nodes=len(set(node_names(comm))) > 1)
+                               tcp_bind=bus_host(cfg.online.bind, nodes) if len(set(nodes)) > 1 else None)
         problem.step.stats = stats
     try:
         try:
