@@ -4,7 +4,8 @@ a bind that cannot serve ranks on several nodes is refused, and a lost rank is r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -15,6 +16,7 @@ from enkflow.experiment.directory import ExperimentDir
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.online.experiment import DETERMINISTIC_ERROR_RC, ServerStatus, _serve
 from enkflow.online.launch import OnlineExperiment
+from enkflow.online.liveness import AliveWatch, SilentRank
 from enkflow.online.sockets import bus_host
 
 
@@ -42,17 +44,42 @@ def test_one_nodes_address_as_bind_is_refused_for_ranks_on_several_nodes() -> No
     assert bus_host("eth0", ["n1", "n2"]) == "eth0"
 
 
-def test_a_lost_rank_is_reported_by_rank_and_node_and_counts_as_a_restart(tmp_path) -> None:
+def test_a_rank_whose_alive_file_stands_still_is_silent_by_the_watchers_clock(tmp_path) -> None:
+    watch = AliveWatch(tmp_path, limit_s=60.0, every_s=0.0)
+    quiet, busy = tmp_path / "rank_0001", tmp_path / "rank_0000"
+    quiet.write_text("n2")
+    busy.write_text("n1")
+    assert watch.silent(0.0) == []
+    for t in (30, 59, 91):
+        os.utime(busy, ns=(t, t))  # renewed (mtimes from another node's clock: only their changes count)
+        if t == 30:
+            os.utime(quiet, ns=(t, t))
+        assert watch.silent(float(t)) == ([SilentRank(1, "n2")] if t == 91 else [])
+
+
+@dataclass
+class Cancels:
+    cancelled: list[str] = field(default_factory=list)
+
+    def cancel(self, jobs: list[str]) -> None:
+        self.cancelled += jobs
+
+
+def test_the_launcher_cancels_a_server_with_a_silent_rank_and_restarts_it_as_a_lost_rank(tmp_path) -> None:
     toml = prepare(tmp_path, DemoSettings(members=3, cycles=1, mode="online"), lambda m: None)
     said: list[str] = []
     run = OnlineExperiment(load_experiment(toml), progress=said.append)
-    run.odir.path.mkdir(parents=True)
-    lost = {"state": ServerStatus.RANK_LOST, "error": "silent", "ranks": [1], "nodes": ["n2"]}
-    write_json_atomic(run.odir.status, lost)
-    assert run._server_ended() is None  # restart it
-    assert "rank 1 (node n2) lost" in said[-1]
+    run.alive = AliveWatch(run.odir.alive, limit_s=-1.0, every_s=0.0)  # silent as soon as seen twice unchanged
+    run.odir.alive.mkdir(parents=True)
+    (run.odir.alive / "rank_0001").write_text("n2")
+    run.launcher = Cancels()
+    run._cancel_silent("job-1")  # first seen
+    run._cancel_silent("job-1")  # unchanged: silent
+    assert run.launcher.cancelled == ["job-1"]
+    assert run._server_ended() is None and "rank 1 (node n2) lost" in said[-1]  # restart it
     crash = [json.loads(line) for line in run.xdir.events.read_text().splitlines()][-1]
     assert crash["event"] == "server_crash" and crash["cause"] == "rank_lost" and crash["nodes"] == ["n2"]
     run.server_restarts = run.o.max_server_restarts
+    write_json_atomic(run.odir.status, {"state": ServerStatus.RANK_LOST, "error": "silent", "ranks": [1], "nodes": ["n2"]})
     with pytest.raises(EnkflowError, match="2 of them with a server rank lost"):
         run._server_ended()

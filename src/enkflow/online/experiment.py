@@ -39,6 +39,7 @@ from enkflow.obs.space import CycleObservations
 from enkflow.online.bus import RankLost
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
+from enkflow.online.liveness import AliveFile, alive_period
 from enkflow.online.scheduler import SchedulerConfig
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.sockets import bus_host
@@ -260,8 +261,11 @@ def _serve(expdir: ExperimentDir, comm: Comm) -> int:
     when this rank exits. A rank that finds another lost records that too, for the supervisor."""
     status = expdir.online.status
     where = f"server rank {comm.rank} (node {socket.gethostname()}): " if comm.size > 1 else ""
+    alive = None
     try:
         cfg = experiment_from_json(read_json(expdir.config), file=str(expdir.config))
+        if comm.size > 1:  # a node silent inside the analysis: the launcher sees this file stop changing
+            alive = AliveFile(expdir.online.alive, comm.rank, socket.gethostname(), alive_period(cfg.online.rank_timeout))
         serve_experiment(cfg, comm=comm, progress=lambda m: print(m, flush=True))
     except (MemberError, ConfigError, FileFormatError, ArchiveFailure, BindError) as exc:
         of = "" if isinstance(exc, BindError) else f" (experiment {expdir.root})"  # a BindError names it
@@ -283,6 +287,9 @@ def _serve(expdir: ExperimentDir, comm: Comm) -> int:
     except Exception:  # noqa: BLE001 - a defect: its traceback, then the exit that ends every rank
         traceback.print_exc()
         return 1
+    finally:
+        if alive is not None:
+            alive.close()
     if comm.rank == 0:
         write_json_atomic(status, {"state": ServerStatus.DONE})
     return 0

@@ -43,6 +43,7 @@ from enkflow.jobs.protect import place
 from enkflow.netaddr import probe_host
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
+from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
 from enkflow.parallel.program import find_program
@@ -96,6 +97,7 @@ class OnlineExperiment:
         self.events = EventLog(self.xdir.events)
         self.server_restarts = 0
         self.rank_losses = 0  # server ends with a rank lost (of server_restarts + 1)
+        self.alive = AliveWatch(self.odir.alive, alive_limit(self.o.rank_timeout), alive_period(self.o.rank_timeout))
         self.runner_starts = 0
         self.output_service = None
         self.lease = RunLease(self.xdir, cfg.launcher.lease_timeout, self.events, self._say)
@@ -174,6 +176,22 @@ class OnlineExperiment:
             argv = mpiexec + ["-n", str(self.o.ranks)] + argv
         return argv
 
+    def _cancel_silent(self, server: str) -> None:
+        """Cancel the running server when a rank of it went silent (its alive file stood still: a node
+        lost inside the analysis, where the bus is not watched), its status saying so as when a rank
+        notices a lost rank on the bus; the server's end is then handled as any."""
+        silent = self.alive.silent(time.monotonic())
+        if not silent:
+            return
+        self.launcher.cancel([server])
+        self.alive.reset()  # judged once
+        limit = self.alive.limit_s
+        who = ", ".join(f"rank {s.rank} (node {s.node})" for s in silent)
+        write_json_atomic(self.odir.status, {
+            "state": ServerStatus.RANK_LOST, "ranks": [s.rank for s in silent], "nodes": [s.node for s in silent],
+            "error": f"server {who} gave no sign of life for {limit:g} s (twice [online] rank_timeout); the launcher "
+                     "cancelled the server"})
+
     def _server_ended(self) -> dict | None:
         """The server's job ended: its status when the study is complete; raises for what a restart
         cannot fix, and when the server ended ``max_server_restarts + 1`` times, crashed or with a
@@ -209,6 +227,7 @@ class OnlineExperiment:
 
     def _start_server(self) -> str:
         self.odir.status.unlink(missing_ok=True)  # the verdict of this server, not of the one before
+        self.alive.reset()
         self.odir.address.unlink(missing_ok=True)
         logs = self.odir.logs
         logs.mkdir(exist_ok=True)
@@ -262,6 +281,8 @@ class OnlineExperiment:
                     runners = [self._start_runner(address) for _ in range(self.o.runners)]
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
+                if st[server] is not JobState.FINISHED:
+                    self._cancel_silent(server)
                 if st[server] is JobState.FINISHED:
                     status = self._server_ended()
                     if status is not None:
