@@ -43,8 +43,10 @@ class AliveFile:
                 pass  # the file system is gone from this node: the launcher sees the file stop changing
 
     def close(self) -> None:
+        """Stop renewing and remove the file (this rank ended: nothing for the launcher to watch)."""
         self._stop.set()
         self._thread.join()
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass
