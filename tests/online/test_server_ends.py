@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,7 +17,7 @@ from enkflow.experiment.directory import ExperimentDir
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.online.experiment import DETERMINISTIC_ERROR_RC, ServerStatus, _serve
 from enkflow.online.launch import OnlineExperiment
-from enkflow.online.liveness import AliveWatch, SilentRank
+from enkflow.online.liveness import AliveFile, AliveWatch, SilentRank
 from enkflow.online.sockets import bus_host
 
 
@@ -42,6 +43,17 @@ def test_one_nodes_address_as_bind_is_refused_for_ranks_on_several_nodes() -> No
         bus_host("127.0.0.1", ["n1", "n2"])
     assert bus_host("10.0.0.1", ["n1", "n1"]) == "127.0.0.1"
     assert bus_host("eth0", ["n1", "n2"]) == "eth0"
+
+
+def test_a_rank_renews_its_alive_file_and_removes_it_at_its_end(tmp_path) -> None:
+    alive = AliveFile(tmp_path, 3, "n4", period_s=0.01)
+    path = tmp_path / "rank_0003"
+    first = path.stat().st_mtime_ns
+    while path.stat().st_mtime_ns == first:  # renewed by its thread (never: the suite's timeout)
+        time.sleep(0.01)
+    assert path.read_text() == "n4"
+    alive.close()
+    assert not path.exists()
 
 
 def test_a_rank_whose_alive_file_stands_still_is_silent_by_the_watchers_clock(tmp_path) -> None:
