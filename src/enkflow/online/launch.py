@@ -52,8 +52,13 @@ from enkflow.tokens import secret_file
 
 
 def _free_port(bind: str) -> int:
+    """A port free at ``bind`` on this host; 0 (the server picks one) where ``bind`` is not an address
+    of this host: the server runs on another node, which says whether it can listen there."""
     with socket.socket() as s:
-        s.bind((probe_host(bind), 0))
+        try:
+            s.bind((probe_host(bind), 0))
+        except OSError:
+            return 0
         return int(s.getsockname()[1])
 
 
