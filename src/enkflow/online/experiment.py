@@ -13,7 +13,6 @@ the last cycle the final analysis is written back into the restart files
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import traceback
@@ -48,7 +47,7 @@ from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.output.archive import listed_cycles
 from enkflow.output.archive_background import ArchiveFailure
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
-from enkflow.parallel import Comm, get_comm, node_names
+from enkflow.parallel import Comm, get_comm, leave, node_names
 from enkflow.state import StateLayout
 
 
@@ -247,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0 and comm.size > 1:
         # Not through MPI_Finalize, which waits for every rank, and the others may wait in a collective
         # for this one: a rank that leaves without it makes mpiexec end them all.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        leave(rc)
     return rc
 
 
