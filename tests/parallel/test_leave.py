@@ -1,4 +1,4 @@
-"""``parallel.leave``: a rank that exits without MPI_Finalize leaves no shared-memory name behind."""
+"""The shared memory of a node's MPI ranks outlives no rank: its names go once every rank mapped it."""
 
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ def test_mapped_names_skip_deleted_and_other_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-def test_a_rank_leaving_without_finalize_unlinks_the_nodes_mpi_segments(mpiexec, subprocess_env, tmp_path):
+def test_a_rank_killed_leaves_no_shared_memory_name_of_its_node(mpiexec, subprocess_env, tmp_path):
+    """MPI_Finalize, which a killed rank never reaches, was the only thing that removed the name."""
     out = tmp_path / "names"
     proc = subprocess.run([mpiexec, "-n", "2", sys.executable, str(HERE / "mpi_leave.py"), str(out)],
                           env=subprocess_env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0, "rank 1 left with status 3"
+    assert proc.returncode != 0, "rank 1 was killed"
     names = {Path(n) for r in (0, 1) for n in Path(f"{out}.{r}").read_text().split()}
     assert names, "MPI shares memory between the ranks of a node through /dev/shm"
     assert [n for n in names if n.exists()] == []

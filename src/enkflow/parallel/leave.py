@@ -1,9 +1,10 @@
-"""Leaving an MPI program at once, without ``MPI_Finalize``, and without leaving its shared memory behind.
+"""Leaving an MPI program at once, without ``MPI_Finalize``; the shared memory of a node's ranks.
 
 A rank that meets an error while the others may wait for it in a collective cannot finalize (that
 waits for every rank): it exits, and the MPI launcher ends the others. ``MPI_Finalize`` is also what
 removes the names of the shared-memory segments the ranks of a node share (the mpich wheel's
-``/dev/shm/mpich_shm_*``); without it they stay in the node's memory until reboot.
+``/dev/shm/mpich_shm_*``): :func:`~enkflow.parallel.comm.get_comm` removes them as soon as every rank
+has mapped them, so no way out (this one, a kill) leaves them in the node's memory until reboot.
 """
 
 from __future__ import annotations
@@ -33,11 +34,7 @@ def mapped_shm_names(maps: Path = Path("/proc/self/maps")) -> list[Path]:
 
 
 def leave(rc: int) -> NoReturn:
-    """End this process now with exit status ``rc``, without ``MPI_Finalize``: first unlink the
-    shared-memory names it maps. Every rank of the node has mapped them since ``MPI_Init``, so a rank
-    still running keeps its mapping; the launcher ends those ranks anyway."""
-    for path in mapped_shm_names():
-        path.unlink(missing_ok=True)
+    """End this process now with exit status ``rc``, without ``MPI_Finalize`` (its output flushed)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
