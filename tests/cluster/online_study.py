@@ -1,4 +1,5 @@
-"""The online demo study of the multi-node tests: its experiment file, what is compared, its events."""
+"""The online demo study of the multi-node tests: its experiment file, the one-node run, its logs (what is
+compared and the events: ``enkflow_testing.node_loss_study``)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-from enkflow_testing.online_faults import nc_content
 
 MEMBERS, CYCLES = 8, 2
 
@@ -27,19 +26,6 @@ def run_here(study: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "enkflow", "run", str(study / "experiment.toml")], cwd=study,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-
-
-def outputs(root: Path) -> dict[str, bytes]:
-    """What is compared bitwise: the final member restarts, every cycle's analysis mean and spread."""
-    out = {p.name: p.read_bytes() for p in sorted((root / "members").glob("member_*.nc"))}
-    for p in sorted((root / "run" / "cycles").glob("*/analysis_*.nc")):
-        out[str(p.relative_to(root))] = nc_content(p)
-    return out
-
-
-def events(root: Path) -> list[dict]:
-    path = root / "run" / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def logs(study: Path) -> str:

@@ -16,7 +16,8 @@ import sys
 import time
 
 import pytest
-from online_study import MEMBERS, events, logs, online_toml, outputs, run_here
+from enkflow_testing.node_loss_study import events, outputs
+from online_study import MEMBERS, logs, online_toml, run_here
 
 pytestmark = pytest.mark.slow  # about 65 s: SLURM takes 30-40 s to declare the node down
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import shutil
 import sys
 
-from online_study import MEMBERS, events, logs, online_toml, outputs, run_here
+from enkflow_testing.node_loss_study import events, outputs
+from online_study import MEMBERS, logs, online_toml, run_here
 
 CLUSTER = {"n_nodes": 4, "slurm": True, "cpus_per_node": 1}
 

@@ -92,8 +92,10 @@ def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, tod
 
     def spec(name: str, argv: list[str], cpus: int) -> JobSpec:
         # One task per CPU: `srun`/`mpiexec` inside the allocation (a parallel analysis) then gets them all.
+        # No requeue: the driver replaces a job whose node failed once SLURM ends it; a job SLURM requeued
+        # instead would be held for about 2 minutes while it still counts as covering the cycle's tasks.
         return JobSpec(name=f"enk{cycle}-{name}", argv=argv, cpus=cpus, time_limit_s=res.time_limit_s,
-                       log=logs / f"job-{name}.log", nodes=res.nodes, ntasks=cpus)
+                       log=logs / f"job-{name}.log", nodes=res.nodes, ntasks=cpus, requeue=False)
 
     if not todo:
         return jobs
