@@ -19,6 +19,7 @@ from enkflow.experiment.config import experiment_from_json
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.jobs.files import read_json, write_json_atomic
 from enkflow.jobs.worker import timing_record
+from enkflow.output.remote import ServiceLost
 from enkflow.parallel import get_comm
 
 
@@ -38,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         out = os.environ.get("ENKFLOW_TIMING_FILE")
         if out and get_comm().rank == 0:
             write_json_atomic(out, timing_record(timings or {}))
-    except (StorageError, RecoveryError) as exc:
-        # May pass once the cause is fixed or on another attempt: the job scheme retries.
+    except (StorageError, RecoveryError, ServiceLost) as exc:
+        # May pass once the cause is fixed or on another attempt: the job scheme retries. The study's
+        # output service is lost with its launcher (killed, its node lost): the rerun starts another.
         print(f"enkflow analysis (cycle {cycle}): error: {exc}", file=sys.stderr)
         return 2
     except EnkflowError as exc:

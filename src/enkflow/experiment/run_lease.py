@@ -7,7 +7,7 @@ that no old server still holds the port the new one binds, and no old pilot stil
 At a clean end the records of this run's processes are removed, also those of processes that ended
 without their exit handler (killed by mpiexec, ``os._exit``), so that a rerun does not wait for them.
 Then, and again at the end, the shared-memory names of this node's killed processes are removed
-(:func:`~enkflow.output.ring.remove_dead_segments`). Every job the run submits gets :attr:`RunLease.env`.
+(:func:`~enkflow.shm_names.remove_dead_segments`). Every job the run submits gets :attr:`RunLease.env`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.lease import LeaseHolder, stop_earlier
 from enkflow.jobs.lease_procs import forget_ended
-from enkflow.output.ring import remove_dead_segments
+from enkflow.shm_names import remove_dead_segments
 from enkflow.experiment.directory import ExperimentDir
 
 

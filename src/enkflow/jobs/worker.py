@@ -46,6 +46,7 @@ from enkflow.jobs.process import process_alive
 from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, Unchanged, done_marker, logs_dir
 from enkflow.jobs.todo import Claimant, Take, TodoList
+from enkflow.shm_names import remove_dead_segments
 
 # Lines of a failing step's stderr kept for the error message.
 STDERR_TAIL_LINES = 20
@@ -210,6 +211,7 @@ class Worker:
 
     def run(self) -> int:
         """Work until the list is empty; 0 on a clean exit, 3 when the experiment must stop."""
+        remove_dead_segments()  # a pilot is the study's process on its node: what killed steps left there goes
         self.events.emit("job_start", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id, threads=self.threads)
         hb = threading.Thread(target=self._heartbeat, daemon=True)
         hb.start()
@@ -234,6 +236,7 @@ class Worker:
                 (self.hb_dir / f"{self.worker_id}.json").unlink()
             except FileNotFoundError:
                 pass
+            remove_dead_segments()  # of the steps it stopped (a lapsed lease, a time limit)
         return 3 if self.aborted else 4 if self.failed else 0
 
     def _heartbeat(self) -> None:

@@ -44,8 +44,8 @@ from enkflow.jobs.lease import watch_from_environment
 from enkflow.online.connection import Connection, ServerError, ServerLost, configure
 from enkflow.online.fields import Field, Ownership
 from enkflow.online.wire import Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
-from enkflow.output.ring import remove_dead_segments
 from enkflow.parallel import Comm, SerialComm
+from enkflow.shm_names import remove_dead_segments
 
 State = Mapping[str, np.ndarray] | np.ndarray
 
