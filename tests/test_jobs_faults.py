@@ -24,6 +24,7 @@ import pytest
 
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
+from enkflow.shm_names import shm_dir
 from jobs_helpers.experiments import make_experiment, restarts
 
 N = 4
@@ -123,7 +124,8 @@ def test_kill9_model_worker_and_analysis(tmp_path: Path, synth: Path) -> None:
 
 
 def test_sigterm_requeues_the_running_member_at_the_front(tmp_path: Path, synth: Path) -> None:
-    """A worker told to stop (SLURM's SIGTERM before the time limit) puts its member back first."""
+    """A worker told to stop (SLURM's SIGTERM before the time limit) puts its member back first, and
+    removes the shared-memory names its node's dead processes left."""
     import subprocess
     import sys
 
@@ -141,9 +143,14 @@ def test_sigterm_requeues_the_running_member_at_the_front(tmp_path: Path, synth:
     while not todo.snapshot()["claims"] and time.time() < deadline:
         time.sleep(0.05)
     assert todo.snapshot()["claims"].keys() == {"1"}
+    # What a step killed at once (its process tree) leaves on the node: the stopping pilot removes it.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = shm_dir() / f"enkflow-output-beat-{int(dead.stdout)}-0123abcd"
+    left.write_bytes(b"")
     time.sleep(0.5)
     w.send_signal(signal.SIGTERM)
     assert w.wait(timeout=20) == 0
+    assert not left.exists(), "the pilot left a dead step's shared-memory name on its node"
     snap = todo.snapshot()
     assert snap["pending"][0] == 1 and not snap["claims"] and not snap["done"]
     reasons = [e.get("reason") for e in iter_events(cfg.expdir / "events.jsonl") if e["event"] == "task_requeue"]

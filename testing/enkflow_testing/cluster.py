@@ -30,7 +30,7 @@ from typing import Any, Self
 
 from enkflow_testing.cluster_mpi import MPIEXEC, mpiexec_prefix, write_launcher
 from enkflow_testing.cluster_node import HEAD, IFACE, Node, NodeSpec, boot, make_switch, private_shared
-from enkflow_testing.cluster_ns import NETNS_DIR, PREFIX, STATE_ROOT, ClusterUnavailable, delete_netns, missing_reason, sweep_stale
+from enkflow_testing.cluster_ns import NETNS_DIR, PREFIX, STATE_ROOT, ClusterFailed, ClusterUnavailable, delete_netns, missing_reason, sweep_stale
 from enkflow_testing.cluster_slurm import ClusterSlurm
 
 _HEAD_INDEX = 254
@@ -79,13 +79,14 @@ class Cluster:
     # -- life cycle -------------------------------------------------------------------------------------------------
 
     def start(self) -> Self:
-        """Make the switch, the nodes and (if asked) SLURM; raises :class:`ClusterUnavailable` with the reason."""
+        """Make the switch, the nodes and (if asked) SLURM; raises :class:`ClusterUnavailable` where it cannot
+        run here, :class:`ClusterFailed` where its making failed."""
         reason = missing_reason()
         if reason:
             raise ClusterUnavailable(f"cannot make an emulated cluster: {reason}")
         missing = [str(p) for p in self.shared if not p.is_dir()]
         if missing:
-            raise ClusterUnavailable(f"shared folders must exist before the cluster starts: {', '.join(missing)}")
+            raise ClusterFailed(f"shared folders must exist before the cluster starts: {', '.join(missing)}")
         sweep_stale()
         atexit.register(self.stop)
         try:

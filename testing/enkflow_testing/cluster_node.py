@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from enkflow_testing.cluster_ns import NETNS_DIR, ClusterUnavailable, NodeNamespaces, delete_netns, kill_all, pids_in, sh
+from enkflow_testing.cluster_ns import NETNS_DIR, ClusterFailed, NodeNamespaces, delete_netns, kill_all, pids_in, sh
 
 HEAD = "head"  # the node of the cluster's services (SLURM's controller, munge)
 BRIDGE = "br0"
@@ -43,7 +43,7 @@ def private_shared(shared: list[Path]) -> list[Path]:
     """The shared folders that a node's fresh ``/tmp`` or ``/dev/shm`` would hide (they are bound through)."""
     hidden = [p for p in shared if any(p == q or q in p.parents for q in PRIVATE)]
     if len(hidden) > _MAX_SHARED:
-        raise ClusterUnavailable(f"at most {_MAX_SHARED} shared folders under /tmp or /dev/shm, not {len(hidden)}")
+        raise ClusterFailed(f"at most {_MAX_SHARED} shared folders under /tmp or /dev/shm, not {len(hidden)}")
     return hidden
 
 
@@ -91,7 +91,7 @@ def start_keeper(spec: NodeSpec, hidden: list[Path], hosts: Path, tmp_mb: int) -
     line = proc.stdout.readline().strip()
     if not line.isdigit():
         proc.kill()
-        raise ClusterUnavailable(f"node {spec.name}'s keeper did not start: {proc.stderr.read().strip()}")
+        raise ClusterFailed(f"node {spec.name}'s keeper did not start: {proc.stderr.read().strip()}")
     proc.stdout.close()
     return proc, int(line)
 

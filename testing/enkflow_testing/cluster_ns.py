@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enkflow.errors import EnkflowError
+from enkflow.fsutil import pid_alive
 
 PREFIX = "enkc"
 NETNS_DIR = Path("/run/netns")
@@ -28,7 +29,13 @@ _STALE = re.compile(rf"^{PREFIX}(\d+)c\d+-")
 
 
 class ClusterUnavailable(EnkflowError):
-    """The emulated cluster cannot be made here; the message says why (tests skip with it)."""
+    """The emulated cluster cannot be made here (no root, a tool or slurm-wlm missing); the message
+    says why, and tests skip with it."""
+
+
+class ClusterFailed(EnkflowError):
+    """The emulated cluster could be made here but its making failed (a set-up command, a node or a
+    daemon that did not start): a defect, and tests fail with it."""
 
 
 def missing_reason() -> str | None:
@@ -45,7 +52,7 @@ def sh(argv: list[str], what: str) -> str:
     """Run a set-up command; a failure raises with its message (stdout returned)."""
     res = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if res.returncode != 0:
-        raise ClusterUnavailable(f"{what}: {' '.join(argv)} failed: {res.stderr.strip() or res.stdout.strip()}")
+        raise ClusterFailed(f"{what}: {' '.join(argv)} failed: {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout
 
 
@@ -108,27 +115,17 @@ def delete_netns(name: str) -> None:
     subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Remove the namespaces and state folders of clusters whose maker is dead; returns the names removed."""
     names = sorted(p.name for p in NETNS_DIR.glob(f"{PREFIX}*")) if NETNS_DIR.is_dir() else []
     removed = []
     for name in names:
         m = _STALE.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             delete_netns(name)
             removed.append(name)
     for d in STATE_ROOT.glob(f"{PREFIX}*-state"):
         m = _STALE.match(d.name)
-        if m and not _alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             shutil.rmtree(d, ignore_errors=True)
     return removed

@@ -76,7 +76,10 @@ class ClusterSlurm:
         reason = missing_reason()
         if reason:
             raise ClusterUnavailable(f"cannot start SLURM on the emulated cluster: {reason}")
-        ensure_installed()
+        try:
+            ensure_installed()
+        except EnkflowError as exc:  # slurm-wlm cannot be had here (no package source): nothing to test with
+            raise ClusterUnavailable(f"cannot start SLURM on the emulated cluster: {exc}") from None
         for sub in ("state", *(f"spool/{n}" for n in self.cluster.names)):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.conf.write_text(self.config_text())

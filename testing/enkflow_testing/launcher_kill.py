@@ -8,8 +8,6 @@ any of them (or a ``/dev/shm`` segment one of them made) outlives the study. Use
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-_SEGMENT = re.compile(r"enkflow-output(?:-beat)?-(\d+)-[0-9a-f]{8}")  # as enkflow.output.ring names them
+from enkflow.shm_names import maker_pid, shm_dir
 
 
 def enkflow_run(toml: Path, log: Path) -> subprocess.Popen:
@@ -72,9 +70,7 @@ class StudyProcesses:
 
     def segments(self) -> list[Path]:
         """The shared-memory segments one of these processes made that still exist."""
-        d = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path("/tmp")
-        return [p for p in d.glob("enkflow-output-*")
-                if (m := _SEGMENT.fullmatch(p.name)) and int(m[1]) in self.seen]
+        return [p for p in shm_dir().glob("enkflow-output-*") if maker_pid(p.name) in self.seen]
 
     def kill_all(self) -> None:
         """SIGKILL what still runs (a failed test's cleanup)."""

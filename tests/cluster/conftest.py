@@ -34,7 +34,7 @@ def cluster(request: pytest.FixtureRequest, cluster_shared: Path) -> Iterator[Cl
     c = Cluster(shared=[cluster_shared, *kw.pop("shared", [])], **kw)
     try:
         c.start()
-    except ClusterUnavailable as exc:
+    except ClusterUnavailable as exc:  # cannot run here; a harness that fails to start (ClusterFailed) fails
         pytest.skip(str(exc))
     print(f"cluster start-up (s): {c.startup_s}")
     yield c

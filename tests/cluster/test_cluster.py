@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from enkflow.jobs.process import process_alive
 from enkflow_testing.cluster import Cluster
 from enkflow_testing.cluster_ns import NETNS_DIR, missing_reason, sweep_stale
 
@@ -132,7 +133,7 @@ def test_kill_node_kills_its_processes_and_memory_revive_brings_it_back(cluster:
     assert sleeper.pid in before and len(before) >= 3  # keeper, slurmd, sleep
     cluster.kill_node("n3")
     assert sleeper.wait(timeout=10) == -signal.SIGKILL
-    assert cluster.processes("n3") == [] and not any(_alive(p) for p in before)
+    assert cluster.processes("n3") == [] and not any(process_alive(p) for p in before)
     with pytest.raises(RuntimeError, match="down"):
         cluster.run("n3", ["true"])
     cluster.revive_node("n3")
@@ -151,14 +152,6 @@ def test_a_login_node_submits_but_gets_no_jobs_and_can_be_lost(cluster: Cluster)
     assert _out(cluster, "l1", ["hostname"]).strip() == "l1"
     with pytest.raises(ValueError, match="controller"):
         cluster.kill_node("head")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
 
 
 _ABANDON = textwrap.dedent("""
@@ -187,7 +180,7 @@ def test_a_killed_harness_is_swept_and_a_stopped_one_leaves_nothing():
     with Cluster(n_nodes=1) as c:
         keeper = c.node("n1").keeper
         assert _host_links() == links  # nothing added to the machine's own network namespace
-    assert not c.leftovers() and not _alive(keeper)
+    assert not c.leftovers() and not process_alive(keeper)
 
 
 def _host_links() -> list[str]:

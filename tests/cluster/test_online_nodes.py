@@ -12,12 +12,8 @@ from __future__ import annotations
 import shutil
 import sys
 
-import pytest
 from enkflow_testing.node_loss_study import events, outputs
 from online_study import MEMBERS, logs, online_toml, run_here
-
-# The harness (enkflow_testing.cluster, tests/cluster/conftest.py) comes with the cluster branch.
-pytest.importorskip("enkflow_testing.cluster", reason="the emulated cluster harness is not in this checkout")
 
 CLUSTER = {"n_nodes": 4, "slurm": True, "cpus_per_node": 1}
 
@@ -47,3 +43,16 @@ def test_online_server_on_two_nodes_with_runners_on_two_others_is_bitwise_one_no
     got = outputs(study)
     assert got.keys() == expected.keys() and len(got) == MEMBERS + 2 * 2
     assert [k for k in expected if got[k] != expected[k]] == []
+
+
+def test_one_nodes_address_as_bind_of_a_server_on_two_nodes_fails_once_with_the_reason(cluster, cluster_shared):
+    """Every rank but those on that node could not listen there: refused at once, recorded, not retried."""
+    from enkflow.experiment.demo_problem import DemoSettings, prepare
+
+    study = cluster_shared / "one-address"
+    text = prepare(study, DemoSettings(members=MEMBERS, cycles=1, mode="online"), lambda _m: None).read_text()
+    (study / "experiment.toml").write_text(online_toml(text, "slurm", nodes=2, bind=cluster.address("n1")))
+    r = cluster.run("head", [sys.executable, "-m", "enkflow", "run", str(study / "experiment.toml")], cwd=study,
+                    capture_output=True, text=True, timeout=150)
+    assert r.returncode != 0 and "one node's address" in r.stderr and "online.bind" in r.stderr, r.stderr[-3000:]
+    assert not [e for e in events(study) if e.get("event") == "server_crash"], logs(study)

@@ -43,12 +43,13 @@ def _child(d: Path, log_dir: str, env: dict[str, str], *extra: str, where: tuple
 
 def _kill_after_commit(d: Path, log_dir: str, env: dict[str, str]) -> None:
     p = _child(d, log_dir, env, "pause")
+    assert p.stdout is not None and p.stderr is not None
     try:
-        for line in p.stdout:  # type: ignore[union-attr]
+        for line in p.stdout:
             if line.startswith("committed"):
                 break
         else:
-            raise AssertionError(f"the child ended before its commit: {p.stderr.read()}")  # type: ignore[union-attr]
+            raise AssertionError(f"the child ended before its commit: {p.stderr.read()}")
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
@@ -69,15 +70,22 @@ def ensembles(tmp_path: Path, subprocess_env) -> tuple[Path, dict[str, bytes]]:
     return pristine, {f.name: f.read_bytes() for f in ok.glob("member_*.nc")}
 
 
-@pytest.mark.timeout(300)
-def test_default_log_survives_a_rerun_on_another_node(tmp_path, subprocess_env, ensembles):
+def _killed_copy(tmp_path: Path, pristine: Path, log_dir: str, env: dict[str, str]) -> Path:
+    """A copy of the pristine members whose update was killed after its log commit (skips without
+    a second node)."""
     why = _other_node_works()
     if why:
         pytest.skip(why)
-    pristine, expected = ensembles
     d = tmp_path / "killed"
     shutil.copytree(pristine, d)
-    _kill_after_commit(d, "default", subprocess_env)
+    _kill_after_commit(d, log_dir, env)
+    return d
+
+
+@pytest.mark.timeout(300)
+def test_default_log_survives_a_rerun_on_another_node(tmp_path, subprocess_env, ensembles):
+    pristine, expected = ensembles
+    d = _killed_copy(tmp_path, pristine, "default", subprocess_env)
     assert list((d / ".enkflow-wal").glob("*.log")), "the default log is not beside the member files"
 
     q = _child(d, "default", subprocess_env, where=OTHER_NODE)
@@ -90,13 +98,8 @@ def test_default_log_survives_a_rerun_on_another_node(tmp_path, subprocess_env, 
 
 @pytest.mark.timeout(300)
 def test_a_log_in_dev_shm_is_refused_on_another_node(tmp_path, subprocess_env, ensembles):
-    why = _other_node_works()
-    if why:
-        pytest.skip(why)
     pristine, expected = ensembles
-    d = tmp_path / "killed"
-    shutil.copytree(pristine, d)
-    _kill_after_commit(d, "/dev/shm", subprocess_env)
+    d = _killed_copy(tmp_path, pristine, "/dev/shm", subprocess_env)
     try:
         q = _child(d, "/dev/shm", subprocess_env, where=OTHER_NODE)
         _, err = q.communicate(timeout=120)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,27 @@ def test_a_native_runner_stops_once_the_lease_lapses(waiting_runner: Path, tmp_p
     p = subprocess.run([str(waiting_runner)], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == -signal.SIGTERM, p.stderr
     assert says in p.stderr
+
+
+def test_a_native_runner_registers_beats_and_a_rerun_drops_its_record_once_it_is_gone(waiting_runner: Path,
+                                                                                      tmp_path: Path) -> None:
+    from enkflow.jobs.files import hostname
+    from enkflow.jobs.lease import LeaseHolder
+    from enkflow.jobs.lease_procs import records, wait_gone
+
+    lease = LeaseHolder(tmp_path, timeout_s=2.0)
+    p = subprocess.Popen([str(waiting_runner)], env=lease.env, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (recs := records(tmp_path)):
+            assert p.poll() is None, p.stderr.read() if p.stderr else ""
+            time.sleep(0.02)
+        [r] = recs
+        assert (r.host, r.pid, r.holder, r.role) == (hostname(), p.pid, lease.holder, "native runner")
+        assert r.alive()  # its start time is the one psutil gives: a rerun tells it from a later pid
+        while r.path.stat().st_mtime > 1e6:  # until its first beat: the time becomes a counter (1 s, 2 s, ...)
+            time.sleep(0.02)
+    finally:
+        lease.close()  # ended: the runner gets SIGTERM, which kills it (no handler), record left
+        assert p.wait(timeout=60) == -signal.SIGTERM
+    assert [g.pid for g in wait_gone(tmp_path, "rerun", bound_s=600.0)] == [p.pid]
+    assert records(tmp_path) == []

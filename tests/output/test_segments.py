@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from enkflow.output.heartbeat import Heartbeat
-from enkflow.output.ring import new_segment, shm_dir
+from enkflow.shm_names import new_segment, shm_dir
 
 
 def _dead_pid() -> int:

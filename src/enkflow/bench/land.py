@@ -36,6 +36,7 @@ from enkflow.errors import InputError
 from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
 from enkflow.io.config import IOConfig
 from enkflow.parallel import get_comm
+from enkflow.parallel.program import find_program
 from enkflow.state import StateConfig
 
 STATE_VAR = "soil_moisture"
@@ -80,9 +81,9 @@ def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False) ->
         if s.ranks <= 1:
             res = analyse_dir(s, d)
         else:
-            mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-            if not os.path.exists(mpiexec):
-                raise InputError("--ranks > 1 needs mpiexec next to the Python executable (the `mpich` wheel)", item="ranks")
+            mpiexec = find_program("mpiexec")
+            if mpiexec is None:
+                raise InputError("--ranks > 1 needs mpiexec (the `mpich` wheel: pip install mpich)", item="ranks")
             env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
             cmd = [mpiexec, "-n", str(s.ranks), sys.executable, "-m", "enkflow.bench.land", json.dumps(asdict(s)), str(d)]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.files import log_tail
+from enkflow.parallel.program import find_program
 
 
 def say(msg: str) -> None:
@@ -66,7 +67,7 @@ def child_env() -> dict[str, str]:
 
 
 def _mpiexec() -> str:
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    exe = find_program("mpiexec")
     if exe is None:
         raise EnkflowError("a server with --ranks > 1 needs mpiexec (pip install mpich)")
     return exe

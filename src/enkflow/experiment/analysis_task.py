@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         if out and get_comm().rank == 0:
             write_json_atomic(out, timing_record(timings or {}))
     except (StorageError, RecoveryError, ServiceLost) as exc:
-        # May pass once the cause is fixed or on another attempt: the job scheme retries. ServiceLost: the
-        # output service went with a killed launcher (a rerun starts another), not a fault of this cycle.
+        # May pass once the cause is fixed or on another attempt: the job scheme retries. The study's
+        # output service is lost with its launcher (killed, its node lost): the rerun starts another.
         print(f"enkflow analysis (cycle {cycle}): error: {exc}", file=sys.stderr)
         return 2
     except EnkflowError as exc:

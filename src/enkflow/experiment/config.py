@@ -179,8 +179,10 @@ class OnlineSection(Strict):
     bind: str = Field(default="127.0.0.1", description="where the server listens: loopback by default; an address, an "
                                                        "interface name (eth0) or \"*\" (every interface, advertised with "
                                                        "the node's address) for runners or ranks on other nodes")
-    rank_timeout: float = Field(default=10.0, gt=0, description="a server rank silent this long on the ranks' bus "
-                                                                 "(its node lost) stops the server, which is restarted")
+    rank_timeout: float = Field(default=30.0, gt=0, description="a server rank silent this long on the ranks' bus "
+                                                                 "during a forecast phase (its node lost) stops the server, "
+                                                                 "which is restarted; longer than any one step of a rank's "
+                                                                 "loop (docs/online.md)")
     port: int = Field(default=0, ge=0, le=65535, description="control port; 0 picks a free one")
     steps: int | None = Field(default=None, ge=1, description="model steps per cycle sent to runners; default round(forecast_length)")
     carried: list[str] = Field(default_factory=list, description="restart variables runners need back but the analysis "

@@ -119,6 +119,11 @@ class OnlineDir:
         return self.path / "logs"
 
     @property
+    def alive(self) -> Path:
+        """The server ranks' signs of life, which the launcher watches (:mod:`enkflow.online.liveness`)."""
+        return self.path / "alive"
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 

@@ -9,18 +9,20 @@ clock, or at once when the file names another launcher (a rerun took over) or sa
 ended. No wall clock is compared with another node's, so clock skew cannot make a lease lapse or
 last. A lapsed watcher stops its process as a cancel would (SIGTERM, or the process's own stop), and
 kills it ``grace_s`` later if it is still there; the process therefore ends at most
-``timeout_s + period_s + grace_s`` after its launcher's last renewal.
+``timeout_s + 1.25 period_s + grace_s`` after its launcher's last renewal (a watcher looks every
+``period_s`` to ``1.25 period_s``, drawn at random, so that thousands of them do not look at once).
 
-Every watcher registers its process (``EXPDIR/lease/procs/HOST-PID.json``), so that a rerun finds the
-processes of an earlier launcher (killed with -9, or its node lost) and waits for them to be gone
-before it starts its own (:func:`stop_earlier`). A process started by hand has no lease in its
+Every watcher registers its process (``EXPDIR/lease/procs/HOST-PID.json``) and beats that record at
+each look (:mod:`enkflow.jobs.lease_procs`), so that a rerun finds the processes of an earlier
+launcher (killed with -9, or its node lost) and waits for them to be gone before it starts its own
+(:func:`stop_earlier`), and tells a dead process on another node by its silent record. A process started by hand has no lease in its
 environment and watches nothing.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
+import random
 import secrets
 import signal
 import sys
@@ -31,16 +33,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-import psutil
-
 from enkflow.errors import EnkflowError
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.jobs.files import hostname
-from enkflow.jobs.process import process_alive
+from enkflow.jobs.lease_procs import PROCS_DIR, LeasedProcess, register, wait_gone
 
 LEASE_FILE = "lease.json"
-PROCS_DIR = "procs"
-DEFAULT_TIMEOUT_S = 30.0
+# Long enough for a shared file system's failover (a Lustre one stalls writes for more than 30 s):
+# a shorter lease stops every process of a study whose launcher is alive. A rerun after a lost node
+# waits about half of it for the records of processes that no longer beat (enkflow.jobs.lease_procs).
+DEFAULT_TIMEOUT_S = 120.0
+JITTER = 0.25  # a watcher's look period is drawn in [period, (1 + JITTER) * period]: no look in step
 
 
 class LeaseVariable(StrEnum):
@@ -52,8 +55,10 @@ class LeaseVariable(StrEnum):
 
 
 def period_for(timeout_s: float) -> float:
-    """Seconds between renewals (and between a watcher's looks) for a lease of ``timeout_s`` seconds:
-    eight renewals per timeout, so a slow write or two on shared storage does not lapse it."""
+    """Seconds between renewals (and between a watcher's looks, less its jitter) for a lease of
+    ``timeout_s`` seconds: eight renewals per timeout, so a slow write or two on shared storage does
+    not lapse it. Every watcher opens the lease once per look and beats its record: N processes
+    make about ``2 N / period`` metadata operations per second (16,384 at the default 120 s: 2,200/s)."""
     return timeout_s / 8.0
 
 
@@ -153,27 +158,6 @@ def _terminate_self(reason: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _register(directory: Path, holder: str, role: str) -> None:
-    """This process's record in ``directory/procs``, removed at a normal exit, and at a SIGTERM that
-    would end the process at once (no handler of its own): a rerun on another node need not wait
-    for a record whose process is gone."""
-    path = directory / PROCS_DIR / f"{hostname()}-{os.getpid()}.json"
-    try:
-        write_json_atomic(path, {"host": hostname(), "pid": os.getpid(), "ctime": psutil.Process().create_time(),
-                                 "holder": holder, "role": role}, durable=False)
-    except EnkflowError as exc:  # a rerun then cannot wait for this process; the watch itself still works
-        print(f"enkflow {role}: cannot register under the launcher's lease: {exc}", file=sys.stderr, flush=True)
-        return
-    atexit.register(lambda: path.unlink(missing_ok=True))
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        def die(signum: int, frame: object) -> None:
-            path.unlink(missing_ok=True)
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-        signal.signal(signal.SIGTERM, die)
-
-
 _watching = False  # one watcher per process
 
 
@@ -190,86 +174,34 @@ def watch_from_environment(role: str, on_lapse: Callable[[str], None] = _termina
         return _watching
     _watching = True
     timeout = float(os.environ.get(LeaseVariable.TIMEOUT.value) or DEFAULT_TIMEOUT_S)
-    _register(Path(directory), holder, role)
+    period = period_for(timeout)
+    own = register(Path(directory), holder, role, period * (1 + JITTER))
     watch = LeaseWatch(Path(directory), holder, timeout, time.monotonic())
 
     def run() -> None:
         while (verdict := watch.look(time.monotonic())) is Verdict.HELD:
-            time.sleep(period_for(timeout))
+            own.beat()
+            time.sleep(period * random.uniform(1.0, 1.0 + JITTER))
         reason = {Verdict.SILENT: f"its launcher did not renew the lease for {timeout:g} s",
                   Verdict.TAKEN: "a new launcher of the experiment took the lease over",
                   Verdict.ENDED: "its launcher ended"}[verdict]
         print(f"enkflow {role} (pid {os.getpid()}): {reason} ({directory}); stopping", file=sys.stderr, flush=True)
         on_lapse(reason)
-        time.sleep(grace_s)
+        # Beating on while the process stops: a rerun waits for it rather than take it for gone.
+        end = time.monotonic() + grace_s
+        while (left := end - time.monotonic()) > 0:
+            own.beat()
+            time.sleep(min(period, left))
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=run, name="enkflow-lease-watch", daemon=True).start()
     return True
 
 
-@dataclass(frozen=True)
-class LeasedProcess:
-    """A process's record: ``pid`` (created at ``ctime``, s) on ``host``, started under lease ``holder``."""
-
-    path: Path
-    host: str
-    pid: int
-    ctime: float
-    holder: str
-    role: str
-
-    @property
-    def here(self) -> bool:
-        return self.host == hostname()
-
-    def alive(self) -> bool:
-        """Whether it still runs (a process on another node counts as running: it cannot be asked)."""
-        return not self.here or process_alive(self.pid, self.ctime)
-
-
-def _records(directory: Path) -> list[LeasedProcess]:
-    out = []
-    for p in sorted((directory / PROCS_DIR).glob("*.json")):
-        d = read_json(p) or {}
-        try:
-            out.append(LeasedProcess(p, str(d["host"]), int(d["pid"]), float(d["ctime"]), str(d["holder"]),
-                                     str(d.get("role", "?"))))
-        except (KeyError, TypeError, ValueError):
-            p.unlink(missing_ok=True)  # a record cut short by a crash names nothing
-    return out
-
-
-def _kill(r: LeasedProcess, wait_s: float = 5.0) -> None:
-    """SIGKILL ``r`` (on this node) and wait until it is gone, so that what it held (ports) is free."""
-    try:
-        os.kill(r.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + wait_s
-    while r.alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def stop_earlier(lease: LeaseHolder, say: Callable[[str], None] | None = None) -> list[LeasedProcess]:
     """The processes of earlier launchers of the experiment, gone once this returns; returns them.
 
     ``lease`` (this launcher's, already written) tells them to stop: each stops by itself at its
-    next look. One on this node still there after a lease timeout is killed; one on another node is
-    waited for until its record goes (it exits normally) or the timeout and its grace have passed
-    (it stopped by itself by then, or its node is lost)."""
-    earlier = [r for r in _records(lease.directory) if r.holder != lease.holder]
-    running = [r for r in earlier if r.alive()]
-    if running and say is not None:
-        say(f"stopping {len(running)} process(es) an earlier run of this experiment left running: "
-            + ", ".join(f"{r.role} (pid {r.pid} on {r.host})" for r in running))
-    deadline = time.monotonic() + lease.timeout_s + 2 * period_for(lease.timeout_s)
-    while running and time.monotonic() < deadline:
-        time.sleep(0.1)
-        running = [r for r in running if r.alive() and r.path.exists()]
-    for r in running:
-        if r.here:
-            _kill(r)
-    for r in earlier:
-        r.path.unlink(missing_ok=True)
-    return earlier
+    next look. The wait (:func:`~enkflow.jobs.lease_procs.wait_gone`) is bounded by a lease timeout
+    and two periods: by then one that still runs has stopped by itself, or its node is lost."""
+    return wait_gone(lease.directory, lease.holder, lease.timeout_s + 2 * period_for(lease.timeout_s), say)

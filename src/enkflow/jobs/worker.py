@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from enkflow.jobs.process import process_alive
 from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, Unchanged, done_marker, logs_dir
 from enkflow.jobs.todo import Claimant, Take, TodoList
+from enkflow.shm_names import remove_dead_segments
 
 # Lines of a failing step's stderr kept for the error message.
 STDERR_TAIL_LINES = 20
@@ -142,10 +144,21 @@ def io_seconds(timings: dict[str, float]) -> float:
     return sum(timings.get(k, 0.0) for k in IO_KEYS)
 
 
+class StopReason(StrEnum):
+    """Why a pilot stops before its list is empty (the ``reason`` of its ``job_end`` and
+    ``task_requeue`` events)."""
+
+    TIME_LIMIT = "time-limit"
+    SIGTERM = "sigterm"
+    SIGINT = "sigint"
+    LEASE = "lease"  # its launcher's lease lapsed (enkflow.jobs.lease)
+    STOPPED = "stopped"  # the stop was set without a reason (at the run's end)
+
+
 class _Stop(Exception):
     """The worker must stop (time limit or SIGTERM): requeue and leave."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: StopReason):
         super().__init__(reason)
         self.reason = reason
 
@@ -177,7 +190,7 @@ class Worker:
         self.t0 = time.time()
         self.deadline = None if self.time_limit_s is None else self.t0 + self.time_limit_s
         self.stop = threading.Event()
-        self.stop_reason = ""
+        self.stop_reason: StopReason | None = None
         self._children: dict[int, tuple[int, float]] = {}
         self._clock = threading.Lock()
         self.hb_dir = self.cycle_dir / "workers"
@@ -190,7 +203,7 @@ class Worker:
 
     # -- lifecycle ------------------------------------------------------------
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason) -> None:
         """Ask every loop to stop; running children are stopped and requeued."""
         if not self.stop.is_set():
             self.stop_reason = reason
@@ -198,6 +211,7 @@ class Worker:
 
     def run(self) -> int:
         """Work until the list is empty; 0 on a clean exit, 3 when the experiment must stop."""
+        remove_dead_segments()  # a pilot is the study's process on its node: what killed steps left there goes
         self.events.emit("job_start", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id, threads=self.threads)
         hb = threading.Thread(target=self._heartbeat, daemon=True)
         hb.start()
@@ -209,7 +223,7 @@ class Worker:
                 for t in loops:
                     t.join(timeout=0.2)
                 if self.deadline is not None and time.time() >= self.deadline:
-                    self.request_stop("time-limit")
+                    self.request_stop(StopReason.TIME_LIMIT)
         finally:
             self.stop.set()
             try:
@@ -222,6 +236,7 @@ class Worker:
                 (self.hb_dir / f"{self.worker_id}.json").unlink()
             except FileNotFoundError:
                 pass
+            remove_dead_segments()  # of the steps it stopped (a lapsed lease, a time limit)
         return 3 if self.aborted else 4 if self.failed else 0
 
     def _heartbeat(self) -> None:
@@ -405,7 +420,7 @@ class Worker:
                         pass
                     if self.stop.is_set():
                         _terminate(proc)
-                        raise _Stop(self.stop_reason or "stopped")
+                        raise _Stop(self.stop_reason or StopReason.STOPPED)
             finally:
                 with self._clock:
                     self._children.pop(task.id, None)
@@ -443,10 +458,10 @@ def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = Non
     job = job_id or next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), "")
     wid = worker_id or f"{hostname()}-{os.getpid()}"
     w = Worker(Path(cycle_dir), wid, job_id=job, threads=threads, only=only, time_limit_s=time_limit_s)
-    signal.signal(signal.SIGTERM, lambda signum, frame: w.request_stop("sigterm"))
-    signal.signal(signal.SIGINT, lambda signum, frame: w.request_stop("sigint"))
+    signal.signal(signal.SIGTERM, lambda signum, frame: w.request_stop(StopReason.SIGTERM))
+    signal.signal(signal.SIGINT, lambda signum, frame: w.request_stop(StopReason.SIGINT))
     # A lapsed lease stops the pilot as SLURM's time limit does: its task is put back, resumable.
-    watch_from_environment(f"pilot {wid}", on_lapse=lambda reason: w.request_stop("lease"))
+    watch_from_environment(f"pilot {wid}", on_lapse=lambda reason: w.request_stop(StopReason.LEASE))
     return w.run()
 
 

@@ -9,7 +9,10 @@ orders them (take or drop a task's staged frames, compare a repeated forecast,
 the forecast phase is over, stop). During a forecast phase rank 0 and every
 other rank send each other heartbeats: a rank that hears nothing from a peer
 for ``timeout_s`` raises :class:`RankLost` (a lost node, a hung rank), so the
-server stops and its launcher restarts it from the checkpoints. A message is the sender's credential (from
+server stops and its launcher restarts it from the checkpoints. Silence is judged only after
+every queued message has been read (:meth:`Bus.pending`), and not at all after this rank's own
+loop stalled longer than the timeout (its peers' beats may not have been sent, or not read):
+the clocks restart instead. A message is the sender's credential (from
 a rank; rank 0 routes by the rank's identity ``rank-R`` instead), the record
 :data:`_BUS` and, when there is one, a UTF-8 reason::
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 import hmac
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -54,7 +57,12 @@ class BusOp(IntEnum):
 
 
 class RankLost(EnkflowError):
-    """A server rank (or its node) is gone: the server stops, to be restarted from its checkpoints."""
+    """Server ranks ``ranks`` (on nodes ``nodes``, where known) are gone: the server stops, to be
+    restarted from its checkpoints."""
+
+    def __init__(self, message: str, *, ranks: list[int], nodes: list[str]):
+        super().__init__(message)
+        self.ranks, self.nodes = ranks, nodes
 
 
 @dataclass(frozen=True)
@@ -109,14 +117,16 @@ class Bus:
         self._cred, self._emit = cred, emit
         self.beat_s, self.timeout_s = settings.beat_s, settings.timeout_s
         self._last_beat = 0.0
+        self._judged = time.monotonic()  # when :meth:`silent` last looked (a longer gap: this rank stalled)
         # When each peer (rank 0: every other rank; another rank: rank 0) was last heard from (monotonic s).
         self._heard = dict.fromkeys(range(1, self.size) if self.rank == 0 else (0,), time.monotonic())
 
     @classmethod
     def open(cls, ctx: zmq.Context, comm: Comm, cred: bytes, emit: Callable[..., None],
-             settings: BusSettings) -> Bus | None:
+             settings: BusSettings, nodes: list[str]) -> Bus | None:
         """Collective: rank 0 binds, the other ranks connect and register; ``emit`` (rank 0) logs what
-        is refused. Raises :class:`RankLost` on rank 0 when a rank does not register in time."""
+        is refused; ``nodes``: every rank's node. Raises :class:`RankLost` on rank 0 when a rank does
+        not register in time."""
         if comm.size == 1:
             return None
         key = settings.curve_secret_key
@@ -142,7 +152,8 @@ class Bus:
                 missing = sorted(set(range(1, comm.size)) - registered)
                 sock.close(linger=0)
                 raise RankLost(f"server ranks {missing} did not reach rank 0's bus at {address} within "
-                               f"{settings.timeout_s:g} s ([online] rank_timeout; [online] bind: an address they reach)")
+                               f"{settings.timeout_s:g} s ([online] rank_timeout; [online] bind: an address they reach)",
+                               ranks=missing, nodes=[nodes[r] for r in missing])
             msg = bus.receive_report()
             if msg is not None and msg.op is BusOp.REGISTER:
                 registered.add(msg.rank)
@@ -174,10 +185,21 @@ class Bus:
         msg = _parsed(frames[0], frames[1].decode() if len(frames) > 1 else "")
         return None if msg is None or msg.op is BusOp.BEAT else msg
 
-    def rearm(self) -> None:
-        """At the start of a forecast phase: the peers could not be heard during the analysis."""
-        now = time.monotonic()
+    def pending(self) -> Iterator[BusMessage]:
+        """Every message queued now, without waiting (rank 0: the ranks' reports; another rank: rank
+        0's orders); heartbeats only refresh when their sender was heard."""
+        receive = self.receive_report if self.rank == 0 else self.receive_order
+        while self.socket.poll(0):
+            msg = receive()
+            if msg is not None:
+                yield msg
+
+    def rearm(self, now: float | None = None) -> None:
+        """At the start of a forecast phase (the peers could not be heard during the analysis), and
+        after this rank stalled: every peer's clock restarts at ``now`` (monotonic s)."""
+        now = time.monotonic() if now is None else now
         self._heard = dict.fromkeys(self._heard, now)
+        self._judged = now
         self._last_beat = 0.0
 
     def beat(self, now: float) -> None:
@@ -192,7 +214,13 @@ class Bus:
                 pass  # rank 0 is gone and the queue to it full: silent() says so
 
     def silent(self, now: float) -> list[int]:
-        """The peers not heard from for longer than the timeout."""
+        """The peers not heard from for longer than the timeout (call after reading :meth:`pending`).
+        Empty when this rank itself last looked longer than the timeout ago: its loop stalled (a long
+        step), so its peers' silence says nothing about them; their clocks restart."""
+        if now - self._judged > self.timeout_s:
+            self.rearm(now)
+            return []
+        self._judged = now
         return [r for r, t in self._heard.items() if now - t > self.timeout_s]
 
     def stop_ranks(self, reason: str) -> None:

@@ -118,10 +118,13 @@ class Checkpointer:
         if old.exists() and not any(old.iterdir()):
             shutil.rmtree(old, ignore_errors=True)
 
-    def wait_analysis(self) -> None:
+    def wait_analysis(self, tick: Callable[[], None]) -> None:
+        """Wait until the queued analysis checkpoint is written, calling ``tick()`` every 0.1 s meanwhile
+        (the caller's heartbeats)."""
         # A job skipped after an earlier failure never sets the event: that failure is raised instead.
         while not self._analysis_done.wait(0.1):
             self._jobs.check()
+            tick()
         self._jobs.check()
 
     def flush(self) -> None:

@@ -53,16 +53,19 @@ class DataPlane:
     """This rank's data socket and the forecasts staged on it.
 
     ``report`` sends a message to rank 0; ``state_for(member)`` is what a GET of the member
-    serves instead of the store's columns (None: the store's); ``log`` records refusals.
+    serves instead of the store's columns (None: the store's); ``log`` records refusals;
+    ``keep_alive()`` is called every fraction of a second while an order waits for the analysis
+    checkpoint (the rank's heartbeats).
     """
 
     def __init__(self, sock: zmq.Socket, store: MemoryStore, me: Incarnation, *, log: EventLog | None,
                  ckpt: Checkpointer | None, report: Callable[[BusMessage], None],
-                 state_for: Callable[[int], list[np.ndarray] | None]):
+                 state_for: Callable[[int], list[np.ndarray] | None], keep_alive: Callable[[], None]):
         self.socket, self.store, self.me = sock, store, me
         self.fields = store.own.fields
         self.rank = store.comm.rank
         self._log, self._ckpt, self._report, self._state_for = log, ckpt, report, state_for
+        self._keep_alive = keep_alive
         self.cycle = -1
         self.staged: dict[int, Staged] = {}
         self.transfer_s = 0.0  # the cycle's seconds spent handling data messages
@@ -100,7 +103,9 @@ class DataPlane:
         if st is None or cycle != self.cycle:
             raise EnkflowError(f"server rank {self.rank}: accepted task {task} (member {member}) is not staged")
         if self._ckpt is not None:
-            self._ckpt.wait_analysis()
+            # The first accepted forecast of a cycle waits until the analysis checkpoint is written (a large
+            # state on a slow file system: longer than rank_timeout), beating meanwhile.
+            self._ckpt.wait_analysis(self._keep_alive)
         for p in st.pieces:
             lo = self.store.ranges[p.field][0]
             col = self.store.column(p.field, member)

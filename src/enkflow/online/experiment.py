@@ -13,7 +13,7 @@ the last cycle the final analysis is written back into the restart files
 
 from __future__ import annotations
 
-import os
+import socket
 import sys
 import traceback
 from enum import StrEnum
@@ -38,14 +38,16 @@ from enkflow.obs.space import CycleObservations
 from enkflow.online.bus import RankLost
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
+from enkflow.online.liveness import AliveFile, alive_period
 from enkflow.online.scheduler import SchedulerConfig
 from enkflow.online.server import Problem, Server, ServerConfig
+from enkflow.online.sockets import bus_host
 from enkflow.online.store import MemoryStore
 from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.output.archive import listed_cycles
 from enkflow.output.archive_background import ArchiveFailure
 from enkflow.output.mean_spread_files import BackgroundMeanSpread
-from enkflow.parallel import Comm, get_comm, node_names
+from enkflow.parallel import Comm, get_comm, leave, node_names
 from enkflow.state import StateLayout
 
 
@@ -54,6 +56,7 @@ class ServerStatus(StrEnum):
 
     DONE = "done"
     FAILED = "failed"  # with the error (and the member and cycle of a member's error): a restart cannot fix it
+    RANK_LOST = "rank_lost"  # with the error, ranks and nodes: a server rank (its node) was lost; restart it
 
 
 class ArchivingOutput:
@@ -201,8 +204,11 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
     stats = None
     if ao.statistics_for("online"):
         # One writer for the whole study: the ranks add their rows each cycle and go on.
+        # Ranks on several nodes reach rank 0's writer where they reach its bus: on the interface of
+        # [online] bind (never every interface), and with CURVE (output.writer_process).
+        nodes = node_names(comm)
         stats = AnalysisOutput(layout, cfg.dir.cycles, comm, **ao.writer_settings(),
-                               across_nodes=len(set(node_names(comm))) > 1)
+                               tcp_bind=bus_host(cfg.online.bind, nodes) if len(set(nodes)) > 1 else None)
         problem.step.stats = stats
     try:
         try:
@@ -240,33 +246,47 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0 and comm.size > 1:
         # Not through MPI_Finalize, which waits for every rank, and the others may wait in a collective
         # for this one: a rank that leaves without it makes mpiexec end them all.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        leave(rc)
     return rc
 
 
 def _serve(expdir: ExperimentDir, comm: Comm) -> int:
-    """The server's run on this rank, and its exit status (see :func:`main`)."""
+    """The server's run on this rank, and its exit status (see :func:`main`).
+
+    Whichever rank meets an error a restart cannot fix records it in the status file itself (on the
+    shared file system): rank 0 may be waiting in a collective for that rank, and mpiexec ends it
+    when this rank exits. A rank that finds another lost records that too, for the supervisor."""
     status = expdir.online.status
+    where = f"server rank {comm.rank} (node {socket.gethostname()}): " if comm.size > 1 else ""
+    alive = None
     try:
         cfg = experiment_from_json(read_json(expdir.config), file=str(expdir.config))
+        if comm.size > 1:  # a node silent inside the analysis: the launcher sees this file stop changing
+            alive = AliveFile(expdir.online.alive, comm.rank, socket.gethostname(), alive_period(cfg.online.rank_timeout))
         serve_experiment(cfg, comm=comm, progress=lambda m: print(m, flush=True))
     except (MemberError, ConfigError, FileFormatError, ArchiveFailure, BindError) as exc:
-        if comm.rank == 0:
-            body = {"state": ServerStatus.FAILED, "error": str(exc)}
-            if isinstance(exc, MemberError):
-                # The message without the "member M, cycle C: " prefix, which the supervisor's MemberError adds again.
-                body.update(member=exc.member, cycle=exc.cycle, error=str(exc).split(": ", 1)[-1])
-            write_json_atomic(status, body)
-        print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
+        of = "" if isinstance(exc, BindError) else f" (experiment {expdir.root})"  # a BindError names it
+        body = {"state": ServerStatus.FAILED, "error": f"{where}{exc}{of}"}
+        if isinstance(exc, MemberError):
+            # The message without the "member M, cycle C: " prefix, which the supervisor's MemberError adds again.
+            body.update(member=exc.member, cycle=exc.cycle, error=str(exc).split(": ", 1)[-1])
+        write_json_atomic(status, body)
+        print(f"enkflow server: error: {where}{exc}", file=sys.stderr, flush=True)
         return DETERMINISTIC_ERROR_RC
-    except EnkflowError as exc:
+    except RankLost as exc:
+        write_json_atomic(status, {"state": ServerStatus.RANK_LOST, "error": str(exc), "ranks": exc.ranks,
+                                   "nodes": exc.nodes})
         print(f"enkflow server: error: {exc}", file=sys.stderr, flush=True)
-        return RANK_LOST_RC if isinstance(exc, RankLost) else 1
+        return RANK_LOST_RC
+    except EnkflowError as exc:
+        print(f"enkflow server: error: {where}{exc}", file=sys.stderr, flush=True)
+        return 1
     except Exception:  # noqa: BLE001 - a defect: its traceback, then the exit that ends every rank
         traceback.print_exc()
         return 1
+    finally:
+        if alive is not None:
+            alive.close()
     if comm.rank == 0:
         write_json_atomic(status, {"state": ServerStatus.DONE})
     return 0

@@ -40,18 +40,25 @@ from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
-from enkflow.netaddr import probe_host
+from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
+from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
+from enkflow.parallel.program import find_program
 from enkflow.state import StateLayout
 from enkflow.tokens import secret_file
 
 
 def _free_port(bind: str) -> int:
+    """A port free at ``bind`` on this host; 0 (the server picks one) where ``bind`` is not an address
+    of this host: the server runs on another node, which says whether it can listen there."""
     with socket.socket() as s:
-        s.bind((probe_host(bind), 0))
+        try:
+            s.bind((probe_host(bind), 0))
+        except OSError:
+            return 0
         return int(s.getsockname()[1])
 
 
@@ -94,6 +101,8 @@ class OnlineExperiment:
         self.launcher = launcher
         self.events = EventLog(self.xdir.events)
         self.server_restarts = 0
+        self.rank_losses = 0  # server ends with a rank lost (of server_restarts + 1)
+        self.alive = AliveWatch(self.odir.alive, alive_limit(self.o.rank_timeout), alive_period(self.o.rank_timeout))
         self.runner_starts = 0
         self.output_service = None
         self.lease = RunLease(self.xdir, cfg.launcher.lease_timeout, self.events, self._say)
@@ -157,7 +166,7 @@ class OnlineExperiment:
             return None
         tcp = LAUNCHERS[self.cfg.launcher.kind].spans_hosts  # runners on other hosts
         svc = OutputService.start(self.cfg.output, self.xdir.output_service, transport="tcp" if tcp else "ipc",
-                                  bind="0.0.0.0" if tcp else "127.0.0.1", base_dir=self.cfg.base_dir)
+                                  bind=reaching_other_nodes(self.o.bind) if tcp else "127.0.0.1", base_dir=self.cfg.base_dir)
         self.events.emit("output_service_start", pid=svc.proc.pid, address=svc.address)
         return svc
 
@@ -167,10 +176,63 @@ class OnlineExperiment:
         py = self.o.python or self.cfg.launcher.python or sys.executable
         argv = [py, "-m", "enkflow.online.experiment", str(self.cfg.expdir)]
         if self.o.ranks > 1:
-            argv = shlex.split(self.o.mpiexec) + ["-n", str(self.o.ranks)] + argv
+            mpiexec = shlex.split(self.o.mpiexec)
+            mpiexec[0] = find_program(mpiexec[0]) or mpiexec[0]  # a venv used without activating it
+            argv = mpiexec + ["-n", str(self.o.ranks)] + argv
         return argv
 
+    def _cancel_silent(self, server: str) -> None:
+        """Cancel the running server when a rank of it went silent (its alive file stood still: a node
+        lost inside the analysis, where the bus is not watched), its status saying so as when a rank
+        notices a lost rank on the bus; the server's end is then handled as any."""
+        silent = self.alive.silent(time.monotonic())
+        if not silent:
+            return
+        self.launcher.cancel([server])
+        self.alive.reset()  # judged once
+        limit = self.alive.limit_s
+        who = ", ".join(f"rank {s.rank} (node {s.node})" for s in silent)
+        write_json_atomic(self.odir.status, {
+            "state": ServerStatus.RANK_LOST, "ranks": [s.rank for s in silent], "nodes": [s.node for s in silent],
+            "error": f"server {who} gave no sign of life for {limit:g} s (twice [online] rank_timeout); the launcher "
+                     "cancelled the server"})
+
+    def _server_ended(self) -> dict | None:
+        """The server's job ended: its status when the study is complete; raises for what a restart
+        cannot fix, and when the server ended ``max_server_restarts + 1`` times, crashed or with a
+        rank lost (both count: a node lost again and again stops the study); None: restart it."""
+        status = read_json(self.odir.status) or {}
+        state = status.get("state")
+        if state == ServerStatus.DONE:
+            self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
+            return status
+        if state == ServerStatus.FAILED:
+            self.events.emit("experiment_fail", reason=status.get("error"))
+            if status.get("member") is not None:
+                raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
+            raise EnkflowError(f"the server stopped: {status.get('error')}")
+        lost = state == ServerStatus.RANK_LOST
+        self.rank_losses += lost
+        ends = self.server_restarts + 1
+        if self.server_restarts >= self.o.max_server_restarts:
+            raise EnkflowError(f"the server ended {ends} times, {self.rank_losses} of them with a server rank lost and "
+                               f"{ends - self.rank_losses} crashed (online.max_server_restarts = "
+                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
+        self.server_restarts += 1
+        if lost:
+            ranks, nodes = list(status.get("ranks", [])), list(status.get("nodes", []))
+            self.events.emit("server_crash", restart=self.server_restarts, cause="rank_lost", ranks=ranks, nodes=nodes)
+            who = ", ".join(f"rank {r} (node {n})" for r, n in zip(ranks, nodes)) or "a rank"
+            self._say(f"server {who} lost: {status.get('error')}; restarting the server from its checkpoints "
+                      f"({self.server_restarts} of online.max_server_restarts = {self.o.max_server_restarts})")
+        else:
+            self.events.emit("server_crash", restart=self.server_restarts, cause="crash")
+            self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
+        return None
+
     def _start_server(self) -> str:
+        self.odir.status.unlink(missing_ok=True)  # the verdict of this server, not of the one before
+        self.alive.reset()
         self.odir.address.unlink(missing_ok=True)
         logs = self.odir.logs
         logs.mkdir(exist_ok=True)
@@ -224,22 +286,12 @@ class OnlineExperiment:
                     runners = [self._start_runner(address) for _ in range(self.o.runners)]
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
+                if st[server] is not JobState.FINISHED:
+                    self._cancel_silent(server)
                 if st[server] is JobState.FINISHED:
-                    status = read_json(self.odir.status)
-                    if status is not None and status.get("state") == ServerStatus.DONE:
-                        self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
+                    status = self._server_ended()
+                    if status is not None:
                         return status
-                    if status is not None and status.get("state") == ServerStatus.FAILED:
-                        self.events.emit("experiment_fail", reason=status.get("error"))
-                        if status.get("member") is not None:
-                            raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
-                        raise EnkflowError(f"the server stopped: {status.get('error')}")
-                    if self.server_restarts >= self.o.max_server_restarts:
-                        raise EnkflowError(f"the server crashed {self.server_restarts + 1} times (online.max_server_restarts = "
-                                           f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
-                    self.server_restarts += 1
-                    self.events.emit("server_crash", restart=self.server_restarts)
-                    self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
                     server = self._start_server()
                     new = self._wait_address(server)
                     if new and new != address and runners:

@@ -45,6 +45,7 @@ from enkflow.online.connection import Connection, ServerError, ServerLost, confi
 from enkflow.online.fields import Field, Ownership
 from enkflow.online.wire import Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
 from enkflow.parallel import Comm, SerialComm
+from enkflow.shm_names import remove_dead_segments
 
 State = Mapping[str, np.ndarray] | np.ndarray
 
@@ -92,6 +93,12 @@ class Runner:
         self.member = 0
         self.cycle = 0
         self.nsteps = 0
+        # Started by `enkflow run`: stop once its lease lapses, whether the model uses this class alone
+        # or run_runner_process; and remove the shared-memory names of processes killed on this node
+        # (here and at the end: no other process of the study may come to this node after it).
+        self._leased = watch_from_environment(f"runner {self.name}")
+        if self._leased:
+            remove_dead_segments()
 
     # -- set-up ------------------------------------------------------------------
 
@@ -205,6 +212,8 @@ class Runner:
         if self._control is not None:
             self._control.close()
             self._control = None
+        if self._leased:
+            remove_dead_segments()
 
     def __enter__(self) -> "Runner":
         return self
@@ -398,9 +407,8 @@ def run_runner_process(runner: Runner, body: Callable[[], int], *, name: str,
     model or the exchange (SystemExit is no model error: no FAIL is sent); an exception is printed
     as ``NAME: error: ...`` and FAILs the member held; either way ``before_close()`` runs, then the
     runner says BYE (a second SIGTERM must not cut it short). A runner that ``enkflow run`` started
-    watches its lease (:mod:`enkflow.jobs.lease`): once it lapses, SIGTERM."""
+    watches its lease from its construction (:class:`Runner`): once it lapses, SIGTERM."""
     previous = signal.signal(signal.SIGTERM, _leave)
-    watch_from_environment(name)
     try:
         return body()
     except Exception as exc:

@@ -31,13 +31,13 @@ from typing import Protocol
 import numpy as np
 import zmq
 
-from enkflow.errors import ConfigError, EnkflowError
+from enkflow.errors import EnkflowError
 from enkflow.experiment.cycling import ObservationSpace, run_cycles
 from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.fsutil import write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
 from enkflow.online import checkpoint as ckpt
-from enkflow.netaddr import WILDCARDS, advertised, is_loopback, node_address
+from enkflow.netaddr import advertised
 from enkflow.online.bus import Bus, BusMessage, BusOp, BusSettings, RankLost
 from enkflow.online.control import Control
 from enkflow.online.coordination import Coordinator
@@ -47,7 +47,7 @@ from enkflow.online.probe import StatelessProbe
 from enkflow.online.recovery import recover
 from enkflow.online.scheduler import Scheduler, Task
 from enkflow.online.server_config import ServerConfig
-from enkflow.online.sockets import Incarnation, bind
+from enkflow.online.sockets import Incarnation, bind, bind_collective, bus_host
 from enkflow.online.store import MemoryStore
 from enkflow.online.wire import credential
 from enkflow.parallel import Comm, SerialComm, node_names
@@ -122,6 +122,7 @@ class Server:
         self.stats: dict[str, float] = {}
         self.diagnostics: dict[int, dict[str, float]] = {}
         self.probe = StatelessProbe(self.store, self._emit)
+        self.bus: Bus | None = None
         self._open_sockets(events)
 
     # -- sockets ------------------------------------------------------------------------
@@ -130,10 +131,11 @@ class Server:
         """Collective: every rank's data socket, rank 0's control socket, the bus; the address file."""
         ctx: zmq.Context = zmq.Context.instance()
         self.nodes = node_names(self.comm)
-        data = bind(ctx, zmq.ROUTER, self.cfg.bind, curve_secret_key=self.cfg.curve_secret_key)
+        bus_at = bus_host(self.cfg.bind, self.nodes)  # first: a bind no node but one can serve is refused at once
+        data = bind_collective(ctx, self.comm, self.nodes, self.cfg.bind, curve_secret_key=self.cfg.curve_secret_key)
         # Every rank logs what its data socket refuses.
         self.data = DataPlane(data, self.store, self.me, log=events, ckpt=self.ckpt, report=self._report,
-                              state_for=self.probe.state_for)
+                              state_for=self.probe.state_for, keep_alive=self._beat)
         mine = advertised(data.getsockopt_string(zmq.LAST_ENDPOINT))
         self.data_addresses = [str(a) for a in self.comm.allgather_obj(mine)]
         self.control: Control | None = None
@@ -152,23 +154,13 @@ class Server:
             self.coordinator = Coordinator(self.control, self.probe, self.active, self.p.n_members, send=self._send,
                                            emit=self._emit, say=self._say)
         self.runners = self.control.runners if self.control is not None else {}
-        self.bus = Bus.open(ctx, self.comm, self.me.cred, self._emit, self._bus_settings())
+        self.bus = Bus.open(ctx, self.comm, self.me.cred, self._emit,
+                            BusSettings(bus_at, self.cfg.heartbeat_s, self.cfg.rank_timeout_s, self.cfg.curve_secret_key),
+                            self.nodes)
         self.address = self.comm.bcast(address, root=0)
         self.comm.barrier()
         if self.rank == 0 and self.cfg.address_file is not None:
             write_bytes_atomic(self.cfg.address_file, (self.address + "\n").encode())
-
-    def _bus_settings(self) -> BusSettings:
-        """The bus on loopback when every rank runs on rank 0's node, else on rank 0's node's address
-        that the others reach. Ranks on several nodes need a server reachable from other nodes."""
-        host = "127.0.0.1"
-        if len(set(self.nodes)) > 1:
-            if is_loopback(self.cfg.bind):
-                raise ConfigError(f"the server's ranks run on nodes {sorted(set(self.nodes))} but listen on loopback "
-                                  f"({self.cfg.bind}), which runners on other nodes cannot reach: set [online] bind = "
-                                  '"*" (every interface) or the name of the interface the nodes share', key="online.bind")
-            host = node_address() if self.cfg.bind in WILDCARDS else self.cfg.bind
-        return BusSettings(host, self.cfg.heartbeat_s, self.cfg.rank_timeout_s, self.cfg.curve_secret_key)
 
     def close(self) -> None:
         # Time for the last replies (STOP, the ERROR that ended a study) to leave on a loaded machine;
@@ -251,6 +243,9 @@ class Server:
         if self.observer is not None:
             self.observer.forecast_started(k)
         self.cycle = k
+        # Every rank starts the phase's heartbeat clocks together: rank-local work after the analysis's
+        # last collective (a slow rank's checkpoint copy) must not count as silence.
+        self.comm.barrier()
         self.data.start_cycle(k)
         self.stats = {"transfer_s": 0.0}
         t0 = time.perf_counter()
@@ -286,9 +281,8 @@ class Server:
                 control.receive()
             if self.data.socket in ready:
                 self.data.receive()
-            if self.bus is not None and self.bus.socket in ready:
-                msg = self.bus.receive_report()
-                if msg is not None:
+            if self.bus is not None:
+                for msg in self.bus.pending():  # all of them: a backlog would look like silence
                     coordinator.on_report(msg)
             now = time.monotonic()
             if now - last_check > 0.2:
@@ -317,18 +311,15 @@ class Server:
         bus.rearm()
         while True:
             ready = dict(poller.poll(int(1000 * bus.beat_s)))
-            self._watch(bus, time.monotonic())
             if self.data.socket in ready:
                 self.data.receive()
-            if bus.socket in ready:
-                msg = bus.receive_order()
-                if msg is None:
-                    continue
+            for msg in bus.pending():  # before judging silence: what is queued was heard
                 if msg.op is BusOp.END_FORECAST and msg.cycle == self.cycle:
                     return
                 if msg.op is BusOp.STOP:
                     raise EnkflowError(msg.reason or "the server stopped")
                 self._on_order(msg)
+            self._watch(bus, time.monotonic())
 
     # -- the bus: reports to rank 0, its orders to every rank -----------------------------
 
@@ -340,7 +331,13 @@ class Server:
             who = ", ".join(f"rank {r} (node {self.nodes[r]})" for r in lost)
             self._emit("server_rank_lost", cycle=self.cycle, ranks=lost, nodes=[self.nodes[r] for r in lost])
             raise RankLost(f"server rank {self.rank}: {who} silent on the bus for {bus.timeout_s:g} s ([online] "
-                           "rank_timeout); the server stops, to be restarted from its checkpoints")
+                           "rank_timeout); the server stops, to be restarted from its checkpoints",
+                           ranks=lost, nodes=[self.nodes[r] for r in lost])
+
+    def _beat(self) -> None:
+        """Heartbeats while this rank waits (for its analysis checkpoint) inside a forecast phase."""
+        if self.bus is not None:
+            self.bus.beat(time.monotonic())
 
     def _send(self, rank: int, msg: BusMessage) -> None:
         """``msg`` to rank ``rank``; one to this rank itself (rank 0) is handled at once."""

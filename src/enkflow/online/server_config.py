@@ -32,7 +32,7 @@ class ServerConfig:
     port: int = 0
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 10.0
-    rank_timeout_s: float = 10.0
+    rank_timeout_s: float = 30.0
     scheduler: SchedulerConfig = SchedulerConfig()
     checkpoint_dir: Path | None = None
     curve_secret_key: str | None = None

@@ -63,10 +63,10 @@ def _template_attrs(layout: StateLayout) -> dict[str, dict[str, str]]:
 
 
 def output_config(layout: StateLayout, directory: str | os.PathLike[str], *, compression: str = "zlib",
-                  complevel: int = 1, writer_timeout: float = 60.0, across_nodes: bool = False) -> OutputConfig:
+                  complevel: int = 1, writer_timeout: float = 60.0, tcp_bind: str | None = None) -> OutputConfig:
     """The output server's configuration of the analysis statistics of ``layout``'s variables
     (the keyword arguments: ``[analysis_output]``'s, :meth:`AnalysisOutputSection.writer_settings`;
-    ``across_nodes``: ranks on other nodes add to the writer, over TCP on every interface)."""
+    ``tcp_bind``: ranks on other nodes add to the writer, over TCP (CURVE) on this interface or address)."""
     attrs = _template_attrs(layout)
     dims: dict[str, DimSpec] = {}
     fields: dict[str, FieldSpec] = {}
@@ -85,7 +85,7 @@ def output_config(layout: StateLayout, directory: str | os.PathLike[str], *, com
         directory=str(directory), file="{time:04g}/{field}.nc", dims=dims, fields=fields, diagnostics=False,
         writers=1, buffer_mb=max(64.0, 2.0 * n_bytes / 2**20), compression=compression, complevel=complevel,
         nan="warn", time_units="1", title="enkflow analysis statistics (time: the cycle number)",
-        writer_timeout=writer_timeout, **({"transport": "tcp", "bind": "0.0.0.0"} if across_nodes else {}))
+        writer_timeout=writer_timeout, **({"transport": "tcp", "bind": tcp_bind} if tcp_bind is not None else {}))
 
 
 class AnalysisOutput:

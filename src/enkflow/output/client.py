@@ -151,6 +151,9 @@ class Output:
                               f"{self.cfg.transport!r} serves one node; set output.transport = 'tcp' (and bind)")
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if address.curve_key:
+            sock.curve_serverkey = address.curve_key.encode()
+            sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
         if address.host != here:
             writer = WriterProcess.across_nodes(i, self._fields_of(i), address, sock, self.cfg.writer_timeout)
         elif self._launched:

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.output.ring import new_segment, unmap
+from enkflow.output.ring import unmap
+from enkflow.shm_names import new_segment
 
 PAGE = 4096
 ACTIVITY_AT = 64

@@ -23,14 +23,12 @@ from __future__ import annotations
 import mmap
 import os
 import platform
-import re
-import secrets
 import struct
-import tempfile
 from collections import deque
-from pathlib import Path
 
 import numpy as np
+
+from enkflow.shm_names import new_segment
 
 HEADER_BYTES = 4096
 NOTICE_SLOTS = 1024
@@ -40,42 +38,6 @@ NOTICE_BYTES = 1024
 def queue_supported() -> bool:
     """Whether the counters may be published by plain stores (x86-64's total store order)."""
     return platform.machine().lower() in ("x86_64", "amd64")
-
-
-def shm_dir() -> Path:
-    d = Path("/dev/shm")
-    return d if d.is_dir() and os.access(d, os.W_OK) else Path(tempfile.gettempdir())
-
-
-_SEGMENT = re.compile(r"enkflow-output(?:-beat)?-(\d+)-[0-9a-f]{8}")  # group 1: the maker's pid
-
-
-def remove_dead_segments() -> list[Path]:
-    """Remove the names of this node's segments whose maker is dead; returns them.
-
-    A segment's maker removes its name at the end, and its partner when the maker is killed; a
-    process tree killed at once (kill -9 of a job, a lapsed lease) leaves names behind, which the
-    next maker on the node, or the end or rerun of a study, removes. A dead maker's segment is no
-    longer opened by name: its partner has it mapped, and no new one is told of it."""
-    removed = []
-    for p in shm_dir().glob("enkflow-output-*"):
-        named = _SEGMENT.fullmatch(p.name)
-        if named and not Path(f"/proc/{named[1]}").exists():
-            try:
-                p.unlink()
-                removed.append(p)
-            except OSError:  # removed meanwhile, or another user's
-                pass
-    return removed
-
-
-def new_segment(kind: str) -> Path:
-    """The name of a new shared-memory segment of this process (``kind``: ``output`` a ring,
-    ``output-beat`` a progress page), after :func:`remove_dead_segments`."""
-    remove_dead_segments()
-    d = shm_dir()
-    return d / f"enkflow-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
-
 
 
 def unmap(mapping: mmap.mmap, owner: object, *views: str) -> None:

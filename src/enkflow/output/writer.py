@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from enkflow.errors import BindError
 from enkflow.output import protocol as P
 from enkflow.output.config import OutputConfig
 from enkflow.output.heartbeat import Heartbeat
@@ -106,11 +107,22 @@ class Writer:
             if reply["kind"] == P.ERROR or reply.get("warning"):
                 self._send(sock, ident, reply)
 
-    def serve(self, endpoint: str) -> None:
+    def serve(self, endpoint: str, curve_secret_key: str | None) -> None:
+        """Serve the senders at ``endpoint``; with ``curve_secret_key`` (Z85, TCP) as a CURVE server,
+        which only senders told its public key reach. Raises BindError naming the address."""
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 2000)
-        sock.bind(endpoint)
+        if curve_secret_key:
+            sock.curve_server = True
+            sock.curve_secretkey = curve_secret_key.encode()
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            ctx.term()
+            raise BindError.from_errno(exc.errno, exc.strerror, address=endpoint,
+                                       key=f"output.bind (the writers' interface; {self.cfg.directory})") from None
         endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         print(f"READY {endpoint}", flush=True)
         poller = zmq.Poller()
@@ -216,7 +228,11 @@ def main() -> int:
     except Exception as exc:
         print(f"enkflow.output writer {spec.get('index')}: cannot start: {exc}", file=sys.stderr, flush=True)
         return 2
-    writer.serve(spec["endpoint"])
+    try:
+        writer.serve(spec["endpoint"], spec.get("curve_secret_key"))
+    except BindError as exc:
+        print(f"enkflow.output writer {spec.get('index')}: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

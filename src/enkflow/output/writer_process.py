@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from enkflow.errors import EnkflowError
 from enkflow.jobs.files import log_tail
 from enkflow.netaddr import advertised
@@ -39,12 +41,14 @@ class OutputError(EnkflowError):
 @dataclass(frozen=True)
 class WriterAddress:
     """A started writer as rank 0 tells the other senders: where it listens (``endpoint``), its
-    ``pid`` on node ``host``, and the path of its progress page (``heartbeat``)."""
+    ``pid`` on node ``host``, the path of its progress page (``heartbeat``) and, over TCP, its CURVE
+    public key (Z85; told only to the senders, so a process without it cannot connect)."""
 
     endpoint: str
     pid: int
     host: str
     heartbeat: str
+    curve_key: str = ""
 
 
 class WriterProcess:
@@ -57,8 +61,9 @@ class WriterProcess:
 
     def __init__(self, index: int, fields: list[str], pid: int, *, proc: subprocess.Popen[bytes] | None = None,
                  log: Path | None = None, hb: Heartbeat | None = None, own_page: bool = False,
-                 watch: ConnectionWatch | None = None) -> None:
+                 watch: ConnectionWatch | None = None, curve_key: str = "") -> None:
         self.index = index
+        self.curve_key = curve_key  # the public key of the writer started here (TCP)
         self.fields = fields
         self.pid = pid
         self.proc = proc
@@ -74,10 +79,15 @@ class WriterProcess:
     def start(cls, cfg: OutputConfig, index: int, fields: list[str], directory: Path, coords: dict[str, list[float]],
               endpoint: str, log: Path) -> "WriterProcess":
         """Start writer ``index`` (it binds ``endpoint``, writes into ``directory``, its stderr goes to
-        ``log``); :meth:`wait_ready` waits for it."""
+        ``log``); :meth:`wait_ready` waits for it. Over TCP the writer is a CURVE server with a key
+        pair made here: its secret key goes on its stdin, its public key only to the senders."""
         hb = Heartbeat.create()
         spec = {"config": cfg.model_dump(mode="json"), "index": index, "directory": str(directory), "fields": fields,
                 "coords": coords, "endpoint": endpoint, "heartbeat": str(hb.path)}
+        public = ""
+        if endpoint.startswith("tcp://"):
+            pub, secret = zmq.curve_keypair()
+            public, spec["curve_secret_key"] = pub.decode(), secret.decode()
         try:
             with open(log, "wb") as err:
                 proc = subprocess.Popen([sys.executable, "-m", "enkflow.output.writer"], stdin=subprocess.PIPE,
@@ -89,7 +99,7 @@ class WriterProcess:
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(spec).encode())
         proc.stdin.close()
-        return cls(index, fields, proc.pid, proc=proc, log=log, hb=hb, own_page=True)
+        return cls(index, fields, proc.pid, proc=proc, log=log, hb=hb, own_page=True, curve_key=public)
 
     def wait_ready(self, limit: float | None) -> WriterAddress:
         """Where the started writer listens, once it says so; raises OutputError when it fails to
@@ -109,7 +119,7 @@ class WriterProcess:
             raise OutputError(f"output writer {self.index} did not start (exit {proc.returncode}):\n"
                               f"{log_tail(logf, 20)}")
         endpoint = advertised(line.split(" ", 1)[1])  # bound on every interface: others reach this node's address
-        return WriterAddress(endpoint, proc.pid, socket.gethostname(), str(self.hb.path))
+        return WriterAddress(endpoint, proc.pid, socket.gethostname(), str(self.hb.path), self.curve_key)
 
     @classmethod
     def neighbour(cls, index: int, fields: list[str], address: WriterAddress) -> "WriterProcess":

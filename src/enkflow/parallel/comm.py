@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from enkflow.parallel.leave import mapped_shm_names
+
 
 class Comm(Protocol):
     """The collective operations enkflow needs."""
@@ -218,8 +220,16 @@ def get_comm(force_serial: bool = False) -> Comm:
     """The world communicator under mpiexec, else a :class:`SerialComm`."""
     if force_serial or not launched_by_mpiexec():
         return SerialComm()
+    before = set(mapped_shm_names())
     from mpi4py import MPI  # lazy: 60 ms and initialises MPI; a process no MPI launcher started runs serial
 
-    if MPI.COMM_WORLD.Get_size() == 1:
+    world = MPI.COMM_WORLD
+    world.Barrier()  # every rank is past MPI_Init: the ranks of a node have mapped the memory they share
+    # Its name is needed no longer, and only MPI_Finalize would remove it: a rank killed, or one that
+    # leaves without finalizing, would leave it in the node's memory until reboot.
+    for name in mapped_shm_names():
+        if name not in before:
+            name.unlink(missing_ok=True)
+    if world.Get_size() == 1:
         return SerialComm()
-    return MPIComm(MPI.COMM_WORLD)
+    return MPIComm(world)
