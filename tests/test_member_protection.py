@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from enkflow.errors import DETERMINISTIC_ERROR_RC, InputError, MemberError
+from enkflow.errors import MemberError
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
-from enkflow.output.remote import ServiceLost
 from jobs_helpers.experiments import HERE, make_experiment, restarts
 
 N = 4
@@ -93,18 +92,3 @@ def test_the_analysis_task_starts_without_a_warning_in_its_log(subprocess_env: d
                          env=subprocess_env, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("usage:"), out.stderr
 
-
-@pytest.mark.parametrize(("error", "rc"), [(ServiceLost("the output service at tcp://n1:5 is unreachable"), 2),
-                                           (InputError("no variable 'obs'", item="obs.nc"), DETERMINISTIC_ERROR_RC)])
-def test_an_analysis_that_lost_the_studys_output_service_is_retried(tmp_path, monkeypatch, error, rc) -> None:
-    """The output service ends with its launcher (killed, its node lost): the rerun's attempt reaches
-    the rerun's service. Only an error in the input is never retried."""
-    from enkflow.experiment import analysis_task
-
-    def fail(cfg, cycle):
-        raise error
-
-    monkeypatch.setattr(analysis_task, "read_json", lambda path: {})
-    monkeypatch.setattr(analysis_task, "experiment_from_json", lambda data, file: None)
-    monkeypatch.setattr(analysis_task, "run_analysis", fail)
-    assert analysis_task.main([str(tmp_path), "1"]) == rc
