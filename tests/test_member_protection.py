@@ -91,4 +91,3 @@ def test_the_analysis_task_starts_without_a_warning_in_its_log(subprocess_env: d
     out = subprocess.run([sys.executable, "-m", "enkflow.experiment.analysis_task"], capture_output=True, text=True,
                          env=subprocess_env, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("usage:"), out.stderr
-
