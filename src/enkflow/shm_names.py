@@ -45,6 +45,12 @@ def remove_dead_segments() -> list[Path]:
     return removed
 
 
+def live_makers() -> list[int]:
+    """The pids of the live makers of this node's segments (each once)."""
+    pids = {maker_pid(p.name) for p in shm_dir().glob("enkflow-output-*")}
+    return sorted(pid for pid in pids if pid is not None and Path(f"/proc/{pid}").exists())
+
+
 def new_segment(kind: str) -> Path:
     """The name of a new shared-memory segment of this process (``kind``: ``output`` a ring,
     ``output-beat`` a progress page), after :func:`remove_dead_segments`."""

@@ -42,16 +42,17 @@ from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
 from enkflow.jobs.launchers import JOB_ID_VARIABLES
 from enkflow.jobs.lease import watch_from_environment
-from enkflow.jobs.process import process_alive
+from enkflow.jobs.process import process_alive, runs_a_step
 from enkflow.jobs.protect import discard, link_intact, protect, protected_path, restore
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, Unchanged, done_marker, logs_dir
 from enkflow.jobs.todo import Claimant, Take, TodoList
-from enkflow.shm_names import remove_dead_segments
+from enkflow.shm_names import live_makers, remove_dead_segments
 
 # Lines of a failing step's stderr kept for the error message.
 STDERR_TAIL_LINES = 20
 # Seconds between SIGTERM and SIGKILL when stopping a child.
 KILL_GRACE_S = 5.0
+STEP_EXIT_WAIT_S = 10.0  # how long a stopping pilot waits for its steps' processes to end before it sweeps
 _PR_SET_PDEATHSIG = 1
 
 try:
@@ -236,8 +237,18 @@ class Worker:
                 (self.hb_dir / f"{self.worker_id}.json").unlink()
             except FileNotFoundError:
                 pass
-            remove_dead_segments()  # of the steps it stopped (a lapsed lease, a time limit)
+            self._sweep_node()
         return 3 if self.aborted else 4 if self.failed else 0
+
+    def _sweep_node(self) -> None:
+        """Remove the names of this node's segments whose maker is dead, once the makers that are
+        processes of this pilot's steps are gone (at most ``STEP_EXIT_WAIT_S``): the ranks of a stopped
+        parallel analysis run under SLURM's step daemon, which ends them a moment after the pilot's kill."""
+        steps = [step.argv for task in self.table.tasks.values() for step in task.steps]
+        deadline = time.monotonic() + STEP_EXIT_WAIT_S
+        while any(runs_a_step(pid, steps) for pid in live_makers()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        remove_dead_segments()
 
     def _heartbeat(self) -> None:
         path = self.hb_dir / f"{self.worker_id}.json"
