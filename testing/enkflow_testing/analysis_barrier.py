@@ -129,8 +129,19 @@ class AnalysisBarrier:
         """Detach strace (SIGTERM: it detaches cleanly) and let rank 0 go on, if it still lives."""
         if self.tracer is not None:
             self.tracer.terminate()
-            self.tracer.wait()
+            try:
+                self.tracer.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # a detach from a stopped tracee can wait for ever (a trial hung)
+                self._resume_rank_0()
+                try:
+                    self.tracer.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.tracer.kill()
+                    self.tracer.wait()
             self.tracer = None
+        self._resume_rank_0()
+
+    def _resume_rank_0(self) -> None:
         if 0 in self.ranks and _state(self.ranks[0]):
             try:
                 os.kill(self.ranks[0], signal.SIGCONT)
