@@ -31,7 +31,8 @@ def test_online_server_on_two_nodes_with_runners_on_two_others_is_bitwise_one_no
     shutil.rmtree(study)
 
     shutil.copytree(pristine, study)
-    (study / "experiment.toml").write_text(online_toml(text, "slurm", nodes=2, bind="*"))
+    # Both runners take part (on a loaded machine the study could end before the second one joined).
+    (study / "experiment.toml").write_text(online_toml(text, "slurm", nodes=2, bind="*", min_runners=2))
     r = cluster.run("head", [sys.executable, "-m", "enkflow", "run", str(study / "experiment.toml")], cwd=study,
                     capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:] + logs(study)
