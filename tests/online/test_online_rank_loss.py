@@ -27,7 +27,9 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> OnlineFaultHarness:
     return h
 
 
-@pytest.mark.parametrize("scenario", ["rank-kill", "rank-stop"])
+# A killed rank is what mpiexec itself notices (and benchmarks/node_loss_trials.py kills whole nodes); a
+# stopped rank, a node gone without closing its connections, is what only the bus heartbeats find.
+@pytest.mark.parametrize("scenario", ["rank-stop"])
 def test_a_lost_server_rank_restarts_the_server_bitwise(harness: OnlineFaultHarness, scenario: str) -> None:
     res = harness.trial(1, scenario, random.Random(11), cycle=2)
     print(format_table([res]))
