@@ -55,7 +55,7 @@ typedef enum enkflow_dtype {
 /* Error codes. */
 enum {
     ENKFLOW_OK = 0,
-    ENKFLOW_EINVAL = 1,    /* a bad argument: NULL pointer, bad name, dtype, shape, slice or timeout */
+    ENKFLOW_EINVAL = 1,    /* a bad argument: NULL pointer, bad name, dtype, shape, slice, timeout or transport */
     ENKFLOW_ESTATE = 2,    /* a call out of order (add_field after init, expose before init or bind...) */
     ENKFLOW_ENOMEM = 3,    /* out of memory */
     ENKFLOW_EFIELD = 4,    /* a field name that was not declared (bind), or a duplicate declaration */

@@ -63,7 +63,8 @@ static int map_new(const char *path, ekf_seg_kind kind, ekf_segment **out, char 
     int writable = kind == EKF_SEG_SLOT;
     int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
-        snprintf(err, errsize, "cannot open it %s: %s", writable ? "read-write" : "read-only", strerror(errno));
+        snprintf(err, errsize, "cannot open it %s: %s%s", writable ? "read-write" : "read-only", strerror(errno),
+                 errno == ENOENT ? " (a server on another node?)" : "");
         return 1;
     }
     struct stat st;

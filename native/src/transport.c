@@ -67,15 +67,15 @@ static int choose(enkflow_runner *r, int s) {
     if (r->transport == ENKFLOW_TRANSPORT_TCP) return ENKFLOW_OK;
     if (!l->store) {
         if (r->transport == ENKFLOW_TRANSPORT_AUTO) return ENKFLOW_OK;
-        return ekf_rerr(r, ENKFLOW_EREFUSED, "transport shm: server rank %d offers no shared memory (its server runs "
+        return ekf_rerr(r, ENKFLOW_EINVAL, "transport shm: server rank %d offers no shared memory (its server runs "
                         "with [online] transport = \"tcp\", or could not make its segments)", s);
     }
     const ekf_segment *seg;
     char why[1024];
     if (ekf_seg_map(&r->segs, l->store, EKF_SEG_STORE, l->nonce, &seg, why, sizeof why)) {
         if (r->transport == ENKFLOW_TRANSPORT_AUTO) return ENKFLOW_OK; /* another node's, or another user's */
-        return ekf_rerr(r, ENKFLOW_EREFUSED, "transport shm: the shared memory of server rank %d, %s: %s (is the "
-                        "server on another node?)", s, l->store, why);
+        return ekf_rerr(r, ENKFLOW_EINVAL, "transport shm: the shared memory of server rank %d, %s: %s", s, l->store,
+                        why);
     }
     l->shm = 1;
     return ENKFLOW_OK;
