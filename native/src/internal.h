@@ -36,6 +36,9 @@ enum ekf_kind {
     EKF_GET_SLOT = 14, EKF_SLOT = 15, EKF_PUT_SLOT = 16
 };
 
+/* The refusal of a PUT_SLOT whose task has no slot (enkflow.online.wire.NO_SLOT). */
+#define EKF_NO_SLOT "has no slot on server rank"
+
 typedef struct ekf_header {
     uint16_t version;
     uint16_t kind;

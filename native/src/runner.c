@@ -704,6 +704,8 @@ static int put(enkflow_runner *r) {
     int *sent = calloc((size_t)r->ndata + 1, sizeof *sent);
     int rc = sent ? ekf_put_ranks(r, sent) : ekf_rerr(r, ENKFLOW_ENOMEM, "PUT");
     free(sent);
+    /* A stale task (this runner was declared lost, its slot retired): forgotten, as a late PUT's ACK has it. */
+    if (rc == ENKFLOW_EREFUSED && strstr(r->err, EKF_NO_SLOT)) rc = ok(r);
     rc = collective(r, rc);
     if (rc == ENKFLOW_EINTR) return rc; /* the task stays held: finalize's BYE gives it back */
     set_task(r, 0, 0, 0, 0);
