@@ -81,6 +81,8 @@ contains
     if (ierr == ENKFLOW_OK) call enkflow_add_field(r, 'x', ENKFLOW_FLOAT64, [n], .true., ierr)
     if (ierr == ENKFLOW_OK) call enkflow_set_slice(r, 'x', int(lo, c_int64_t), int(hi - lo, c_int64_t), ierr)
     if (ierr == ENKFLOW_OK) call enkflow_init(r, ierr)
+    if (ierr == ENKFLOW_OK) print '(a, i0, a, i0, a)', 'rank ', rank, ': shared memory with ', enkflow_shm_ranks(r), &
+                                  ' server rank(s)'
     if (ierr == ENKFLOW_OK) call enkflow_bind(r, 'x', x(lo + 1:hi), ierr)
     if (ierr == ENKFLOW_OK) call enkflow_expose(r, nsteps, ierr)
     do while (ierr == ENKFLOW_OK .and. nsteps > 0)
