@@ -65,20 +65,6 @@ static int set_err_detail(enkflow_runner *r, int code, const char *detail) {
     return ekf_rerr(r, code, "%s", tmp);
 }
 
-static int ok(enkflow_runner *r) {
-    r->err[0] = 0;
-    return ENKFLOW_OK;
-}
-
-static const char *dtype_name(int t) {
-    switch (t) {
-        case ENKFLOW_FLOAT32: return "float32";
-        case ENKFLOW_FLOAT64: return "float64";
-        case ENKFLOW_INT32: return "int32";
-        case ENKFLOW_INT64: return "int64";
-        default: return "an unknown type";
-    }
-}
 
 static field *find_field(enkflow_runner *r, const char *name) {
     for (int k = 0; k < r->nfields; k++)
@@ -164,7 +150,7 @@ int enkflow_runner_create(enkflow_runner **out, const char *address, const char 
     r->id = (id & ((UINT64_C(1) << 63) - 1)) ? (id & ((UINT64_C(1) << 63) - 1)) : 1;
     r->zctx = zmq_ctx_new();
     if (!r->zctx) return ekf_rerr(r, ENKFLOW_EZMQ, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-    return ok(r);
+    return ekf_ok(r);
 }
 
 /* A forked child's copy of the handle: its sockets and threads are the parent's (the child has none of
@@ -191,7 +177,7 @@ int enkflow_runner_set_timeouts(enkflow_runner *r, double timeout_s, double reco
                        timeout_s, reconnect_s);
     r->timeout_s = timeout_s;
     r->reconnect_s = reconnect_s;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_set_name(enkflow_runner *r, const char *name) {
@@ -203,7 +189,7 @@ int enkflow_runner_set_name(enkflow_runner *r, const char *name) {
     if (!copy) return ekf_rerr(r, ENKFLOW_ENOMEM, "runner name");
     free(r->name);
     r->name = copy;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_set_curve_key(enkflow_runner *r, const char *key) {
@@ -216,7 +202,7 @@ int enkflow_runner_set_curve_key(enkflow_runner *r, const char *key) {
     free(r->curve);
     r->curve = NULL;
     if (key && *key && !(r->curve = strdup(key))) return ekf_rerr(r, ENKFLOW_ENOMEM, "CURVE key");
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_set_transport(enkflow_runner *r, enkflow_transport transport) {
@@ -227,7 +213,7 @@ int enkflow_runner_set_transport(enkflow_runner *r, enkflow_transport transport)
         return ekf_rerr(r, ENKFLOW_EINVAL, "transport %d is not one of ENKFLOW_TRANSPORT_AUTO, ENKFLOW_TRANSPORT_SHM, "
                         "ENKFLOW_TRANSPORT_TCP", (int)transport);
     r->transport = transport;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_set_stop_flag(enkflow_runner *r, const volatile sig_atomic_t *flag) {
@@ -235,7 +221,7 @@ int enkflow_runner_set_stop_flag(enkflow_runner *r, const volatile sig_atomic_t 
     r->stop = flag;
     if (r->have_control) r->control.stop = flag;
     for (int k = 0; k < r->ndata; k++) r->data[k].stop = flag;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_add_field(enkflow_runner *r, const char *name, enkflow_dtype dtype, int ndim, const int64_t *shape,
@@ -253,7 +239,7 @@ int enkflow_runner_add_field(enkflow_runner *r, const char *name, enkflow_dtype 
                        "ENKFLOW_INT32, ENKFLOW_INT64", name, (int)dtype);
     if (assimilated && (dtype == ENKFLOW_INT32 || dtype == ENKFLOW_INT64))
         return ekf_rerr(r, ENKFLOW_EINVAL, "field '%s': an assimilated field must be float32 or float64, not %s "
-                       "(declare it carried)", name, dtype_name(dtype));
+                       "(declare it carried)", name, ekf_dtype_name(dtype));
     if (ndim < 0 || ndim > 32 || (ndim > 0 && !shape))
         return ekf_rerr(r, ENKFLOW_EINVAL, "field '%s': %d dimensions (0 to 32, with their extents)", name, ndim);
     int64_t size = 1;
@@ -284,7 +270,7 @@ int enkflow_runner_add_field(enkflow_runner *r, const char *name, enkflow_dtype 
     f->off = 0;
     f->cnt = size;
     r->nfields++;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_set_slice(enkflow_runner *r, const char *name, int64_t offset, int64_t count) {
@@ -304,7 +290,7 @@ int enkflow_runner_set_slice(enkflow_runner *r, const char *name, int64_t offset
     f->off = offset;
     f->cnt = count;
     f->data = NULL; /* an array bound before was checked against the old count: bind again */
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_set_comm(enkflow_runner *r, int rank, int size, enkflow_bcast_fn bcast, enkflow_allmax_fn allmax,
@@ -321,331 +307,7 @@ int enkflow_runner_set_comm(enkflow_runner *r, int rank, int size, enkflow_bcast
     r->bcast = bcast;
     r->allmax = allmax;
     r->comm_ctx = ctx;
-    return ok(r);
-}
-
-/* --- collectives over the runner's ranks ------------------------------------------------------ */
-
-typedef int (*rank0_fn)(enkflow_runner *r, ekf_buf *payload);
-
-/* fn() on rank 0, its result (code, message, payload) on every rank. */
-static int from_rank0(enkflow_runner *r, rank0_fn fn, ekf_buf *payload) {
-    int code = ENKFLOW_OK;
-    if (r->rank == 0) code = fn(r, payload);
-    if (r->size == 1) return code;
-    int64_t meta[3] = {code, 0, 0};
-    if (r->rank == 0) {
-        meta[1] = (int64_t)strlen(r->err);
-        meta[2] = payload->oom ? 0 : (int64_t)payload->n;
-    }
-    if (r->bcast(meta, sizeof meta, r->comm_ctx))
-        return ekf_rerr(r, ENKFLOW_ESTATE, "the bcast callback failed");
-    if (r->rank != 0) {
-        if (meta[1] >= ERRSIZE || meta[2] < 0 || meta[2] > EKF_MAX_JSON)
-            return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the bcast callback delivered garbage");
-        payload->n = 0;
-        ekf_buf_add(payload, "", 0);
-        char *tmp = calloc(1, (size_t)meta[2] + 1);
-        if (!tmp) return ekf_rerr(r, ENKFLOW_ENOMEM, "bcast");
-        free(payload->p);
-        payload->p = tmp;
-        payload->n = (size_t)meta[2];
-        payload->cap = (size_t)meta[2] + 1;
-    }
-    if (meta[1] && r->bcast(r->err, (size_t)meta[1] + 1, r->comm_ctx))
-        return ekf_rerr(r, ENKFLOW_ESTATE, "the bcast callback failed");
-    if (meta[2] && r->bcast(payload->p, (size_t)meta[2], r->comm_ctx))
-        return ekf_rerr(r, ENKFLOW_ESTATE, "the bcast callback failed");
-    if (r->rank != 0 && !meta[1]) r->err[0] = 0;
-    return (int)meta[0];
-}
-
-/* Every rank ran something that returned `code`: an error on any rank (a lost server first gives way
- * to a refusal, as in the Python runner) is returned on every rank. */
-static int collective(enkflow_runner *r, int code) {
-    if (r->size == 1) return code;
-    int v = code == ENKFLOW_OK ? 0 : code == ENKFLOW_ELOST ? 1 : 2;
-    if (r->allmax(&v, r->comm_ctx)) return ekf_rerr(r, ENKFLOW_ESTATE, "the allreduce_max callback failed");
-    if (v == 2 && (code == ENKFLOW_OK || code == ENKFLOW_ELOST))
-        return ekf_rerr(r, ENKFLOW_EREFUSED, "an error on another runner rank (its enkflow_runner_errmsg says which)");
-    if (v == 1 && code == ENKFLOW_OK)
-        return ekf_rerr(r, ENKFLOW_ELOST, "another runner rank lost the server");
-    return code;
-}
-
-/* --- heartbeats -------------------------------------------------------------------------------- */
-
-static void *heartbeat_main(void *arg) {
-    enkflow_runner *r = arg;
-    void *sock = zmq_socket(r->zctx, ZMQ_DEALER);
-    if (!sock) return NULL;
-    int zero = 0, hwm = 4;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    if (r->curve) {
-        char pub[41], sec[41];
-        zmq_curve_keypair(pub, sec);
-        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, 40);
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 40);
-        zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, r->curve, 40);
-    }
-    zmq_connect(sock, r->address);
-    pthread_mutex_lock(&r->mu);
-    while (!r->hb_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + r->heartbeat_s;
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        int rc = 0;
-        while (!r->hb_stop && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-        if (r->hb_stop) break;
-        ekf_header h = {0};
-        h.kind = EKF_HEARTBEAT;
-        memcpy(h.credential, r->cred, 32);
-        h.runner = r->id;
-        h.task = r->hb_task;
-        pthread_mutex_unlock(&r->mu);
-        unsigned char buf[EKF_HEADER_SIZE];
-        ekf_header_pack(&h, buf);
-        zmq_send(sock, buf, sizeof buf, ZMQ_DONTWAIT); /* a full queue (server away): skipped, as in Python */
-        pthread_mutex_lock(&r->mu);
-    }
-    pthread_mutex_unlock(&r->mu);
-    zmq_close(sock);
-    return NULL;
-}
-
-static void heartbeat_stop(enkflow_runner *r) {
-    if (!r->hb_running) return;
-    pthread_mutex_lock(&r->mu);
-    r->hb_stop = 1;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    pthread_join(r->hb, NULL);
-    r->hb_running = 0;
-}
-
-static void set_task(enkflow_runner *r, uint64_t task, int64_t member, int64_t cycle, int64_t nsteps) {
-    r->task = task;
-    r->state_in = 0;
-    r->member = member;
-    r->cycle = cycle;
-    r->nsteps = nsteps;
-    pthread_mutex_lock(&r->mu);
-    r->hb_task = task;
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* --- joining ----------------------------------------------------------------------------------- */
-
-static int open_conn(enkflow_runner *r, ekf_conn *c, const char *address) {
-    char endpoint[128];
-    snprintf(endpoint, sizeof endpoint, "inproc://enkflow-monitor-%p-%u", (void *)r, r->monitors++);
-    char err[1024];
-    int rc = ekf_conn_open(c, r->zctx, address, r->curve, endpoint, err, sizeof err);
-    if (rc) return set_err_detail(r, rc, err);
-    c->stop = r->stop;
-    return ENKFLOW_OK;
-}
-
-static int welcome_accept(const ekf_header *h, const void *ctx) {
-    (void)ctx;
-    return h->kind == EKF_WELCOME || h->kind == EKF_ERROR;
-}
-
-static void hello_body(enkflow_runner *r, ekf_buf *b) {
-    ekf_buf_add(b, "{\"name\":", 8);
-    ekf_buf_json_string(b, r->name);
-    ekf_buf_add(b, ",\"fields\":[", 11);
-    for (int k = 0; k < r->nfields; k++) {
-        field *f = &r->fields[k];
-        ekf_buf_add(b, k ? ",{\"name\":" : "{\"name\":", k ? 9 : 8);
-        ekf_buf_json_string(b, f->name);
-        ekf_buf_printf(b, ",\"dtype\":\"%s\",\"shape\":[", dtype_name(f->dtype));
-        for (int d = 0; d < f->ndim; d++) ekf_buf_printf(b, d ? ",%lld" : "%lld", (long long)f->shape[d]);
-        ekf_buf_printf(b, "],\"assimilated\":%s}", f->assimilated ? "true" : "false");
-    }
-    ekf_buf_printf(b, "],\"ranks\":%d}", r->size);
-}
-
-/* Rank 0: HELLO until a WELCOME (its JSON into payload) or a refusal, retrying for reconnect_s. */
-static int hello(enkflow_runner *r, ekf_buf *payload) {
-    double deadline = ekf_now() + r->reconnect_s;
-    ekf_buf body = {0};
-    hello_body(r, &body);
-    if (body.oom) {
-        free(body.p);
-        return ekf_rerr(r, ENKFLOW_ENOMEM, "HELLO");
-    }
-    int rc;
-    while (1) {
-        if (!r->have_control) {
-            if ((rc = open_conn(r, &r->control, r->address))) break;
-            r->have_control = 1;
-        }
-        ekf_header h = {0};
-        h.kind = EKF_HELLO;
-        memcpy(h.credential, r->cred, 32);
-        h.runner = r->id;
-        unsigned char hb[EKF_HEADER_SIZE];
-        ekf_header_pack(&h, hb);
-        const void *frames[2] = {hb, body.p};
-        size_t sizes[2] = {sizeof hb, body.n};
-        char err[ERRSIZE];
-        if ((rc = ekf_conn_send(&r->control, frames, sizes, 2, 1, err, sizeof err))) {
-            rc = set_err_detail(r, rc, err);
-            break;
-        }
-        double left = deadline - ekf_now();
-        ekf_msg m;
-        rc = ekf_conn_recv(&r->control, left > 1.0 ? left : 1.0, welcome_accept, NULL, &m, err, sizeof err);
-        if (rc == ENKFLOW_OK) {
-            payload->n = 0;
-            if (m.n >= 1) ekf_buf_add(payload, zmq_msg_data(&m.frames[0]), zmq_msg_size(&m.frames[0]));
-            ekf_msg_free(&m);
-            if (payload->oom) {
-                rc = ekf_rerr(r, ENKFLOW_ENOMEM, "WELCOME");
-                break;
-            }
-            free(body.p);
-            return ok(r);
-        }
-        if (rc != ENKFLOW_ELOST) {
-            if (rc == ENKFLOW_EREFUSED) rc = ekf_rerr(r, rc, "the server at %s refused this runner: %s", r->address, err);
-            else rc = set_err_detail(r, rc, err);
-            break;
-        }
-        ekf_conn_close(&r->control, 0);
-        r->have_control = 0;
-        if (r->stop && *r->stop) {
-            rc = ekf_rerr(r, ENKFLOW_EINTR, "interrupted: the stop flag was set while greeting the server at %s",
-                         r->address);
-            break;
-        }
-        if (ekf_now() > deadline) {
-            rc = ekf_rerr(r, ENKFLOW_ELOST, "no enkflow server answered at %s within %g s", r->address, r->reconnect_s);
-            break;
-        }
-        struct timespec ts = {0, 200000000};
-        nanosleep(&ts, NULL);
-    }
-    free(body.p);
-    return rc;
-}
-
-static void close_data(enkflow_runner *r) {
-    for (int k = 0; k < r->ndata; k++) ekf_conn_close(&r->data[k], 0);
-    ekf_links_close(r);
-    free(r->data);
-    free(r->own);
-    r->data = NULL;
-    r->own = NULL;
-    r->ndata = 0;
-}
-
-/* RowBlocks(n, P).bounds(rank) of enkflow.parallel */
-static void row_block(int64_t n, int64_t p, int64_t rank, int64_t *lo, int64_t *hi) {
-    int64_t block = n ? (n + p - 1) / p : 0;
-    *lo = rank * block < n ? rank * block : n;
-    *hi = (rank + 1) * block < n ? (rank + 1) * block : n;
-}
-
-/* enkflow.online.fields.Ownership.range for every rank and field. */
-static void ownership(enkflow_runner *r) {
-    int64_t n_rows = 0;
-    for (int k = 0; k < r->nfields; k++)
-        if (r->fields[k].assimilated) n_rows += r->fields[k].size;
-    for (int rank = 0; rank < r->ndata; rank++) {
-        int64_t off = 0, r0, r1;
-        row_block(n_rows, r->ndata, rank, &r0, &r1);
-        for (int k = 0; k < r->nfields; k++) {
-            field *f = &r->fields[k];
-            int64_t lo, hi;
-            if (f->assimilated) {
-                lo = r0 - off < 0 ? 0 : r0 - off;
-                hi = r1 - off < 0 ? 0 : r1 - off;
-                if (lo > f->size) lo = f->size;
-                if (hi > f->size) hi = f->size;
-                off += f->size;
-            } else {
-                row_block(f->size, r->ndata, rank, &lo, &hi);
-            }
-            r->own[(rank * r->nfields + k) * 2] = lo;
-            r->own[(rank * r->nfields + k) * 2 + 1] = hi;
-        }
-    }
-}
-
-/* HELLO from rank 0; every rank connects to the data sockets the WELCOME names, and maps the shared
- * memory it offers as the transport says. */
-static int join(enkflow_runner *r) {
-    ekf_shm_sweep(); /* a killed server's segments (this one's replaces it) */
-    ekf_buf payload = {0};
-    int rc = from_rank0(r, hello, &payload);
-    if (rc) {
-        free(payload.p);
-        return rc;
-    }
-    char jerr[256];
-    ekf_json *w = ekf_json_parse(payload.p ? payload.p : "", payload.n, jerr, sizeof jerr);
-    free(payload.p);
-    if (!w) return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the server's WELCOME is not valid JSON: %s", jerr);
-    const ekf_json *epoch = ekf_json_get(w, "epoch"), *ranks = ekf_json_get(w, "ranks"),
-                   *data = ekf_json_get(w, "data"), *hb = ekf_json_get(w, "heartbeat_s");
-    if (!epoch || epoch->type != EKF_JNUM || !epoch->is_int || !ranks || ranks->type != EKF_JNUM || !ranks->is_int ||
-        ranks->i64 < 1 || ranks->i64 > 1 << 20 || !data || data->type != EKF_JARR || (int64_t)data->n != ranks->i64 ||
-        !hb || hb->type != EKF_JNUM || !(hb->num > 0 && hb->num <= 86400)) {
-        ekf_json_free(w);
-        return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the server's WELCOME lacks epoch, ranks, data or heartbeat_s");
-    }
-    for (size_t k = 0; k < data->n; k++)
-        if (data->items[k].type != EKF_JSTR) {
-            ekf_json_free(w);
-            return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the server's WELCOME names a data address that is not a string");
-        }
-    close_data(r);
-    r->epoch = epoch->u64;
-    pthread_mutex_lock(&r->mu); /* the heartbeat thread reads it */
-    r->heartbeat_s = hb->num;
-    pthread_mutex_unlock(&r->mu);
-    int n = (int)ranks->i64;
-    r->data = calloc((size_t)n, sizeof *r->data);
-    r->own = calloc((size_t)n * (size_t)(r->nfields ? r->nfields : 1) * 2, sizeof *r->own);
-    if (!r->data || !r->own) {
-        ekf_json_free(w);
-        close_data(r);
-        return collective(r, ekf_rerr(r, ENKFLOW_ENOMEM, "data connections"));
-    }
-    rc = ENKFLOW_OK;
-    for (int k = 0; k < n && !rc; k++) {
-        rc = open_conn(r, &r->data[k], data->items[k].str);
-        if (!rc) r->ndata = k + 1;
-    }
-    if (!rc) {
-        r->ndata = n;
-        ownership(r);
-        rc = ekf_links_open(r, ekf_json_get(w, "shm"));
-    }
-    ekf_json_free(w);
-    rc = collective(r, rc);
-    if (rc) {
-        close_data(r);
-        return rc;
-    }
-    if (r->rank == 0 && !r->hb_running) {
-        r->hb_stop = 0;
-        /* The thread blocks every signal (as ZeroMQ's own threads do): the model's signals go to its own
-         * threads, and a SIGTERM interrupts the main thread's wait for the server at once (the stop flag). */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        int err = pthread_create(&r->hb, NULL, heartbeat_main, r);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (err) return ekf_rerr(r, ENKFLOW_ENOMEM, "cannot start the heartbeat thread: %s", strerror(err));
-        r->hb_running = 1;
-    }
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_init(enkflow_runner *r) {
@@ -660,10 +322,10 @@ int enkflow_runner_init(enkflow_runner *r) {
         if (r->bcast(&id, sizeof id, r->comm_ctx)) return ekf_rerr(r, ENKFLOW_ESTATE, "the bcast callback failed");
         r->id = id;
     }
-    rc = join(r);
+    rc = ekf_join(r);
     if (rc) return rc;
     r->inited = 1;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 int enkflow_runner_bind(enkflow_runner *r, const char *name, enkflow_dtype dtype, void *data, int64_t count) {
@@ -675,14 +337,14 @@ int enkflow_runner_bind(enkflow_runner *r, const char *name, enkflow_dtype dtype
         return ekf_rerr(r, ENKFLOW_EFIELD, "field '%s' was not declared (declared: %s)", name ? name : "(null)", names);
     }
     if (dtype != f->dtype)
-        return ekf_rerr(r, ENKFLOW_ETYPE, "field '%s' is %s, the array bound to it is %s", name, dtype_name(f->dtype),
-                       dtype_name(dtype));
+        return ekf_rerr(r, ENKFLOW_ETYPE, "field '%s' is %s, the array bound to it is %s", name, ekf_dtype_name(f->dtype),
+                       ekf_dtype_name(dtype));
     if (count != f->cnt)
         return ekf_rerr(r, ENKFLOW_ESIZE, "field '%s' has %lld elements on this rank, the array bound to it %lld", name,
                        (long long)f->cnt, (long long)count);
     if (!data && count > 0) return ekf_rerr(r, ENKFLOW_EINVAL, "field '%s': NULL array", name);
     f->data = data;
-    return ok(r);
+    return ekf_ok(r);
 }
 
 /* --- the exchange ------------------------------------------------------------------------------ */
@@ -705,11 +367,11 @@ static int put(enkflow_runner *r) {
     int rc = sent ? ekf_put_ranks(r, sent) : ekf_rerr(r, ENKFLOW_ENOMEM, "PUT");
     free(sent);
     /* A stale task (this runner was declared lost, its slot retired): forgotten, as a late PUT's ACK has it. */
-    if (rc == ENKFLOW_EREFUSED && strstr(r->err, EKF_NO_SLOT)) rc = ok(r);
-    rc = collective(r, rc);
+    if (rc == ENKFLOW_EREFUSED && strstr(r->err, EKF_NO_SLOT)) rc = ekf_ok(r);
+    rc = ekf_collective(r, rc);
     if (rc == ENKFLOW_EINTR) return rc; /* the task stays held: finalize's BYE gives it back */
-    set_task(r, 0, 0, 0, 0);
-    if (rc == ENKFLOW_ELOST) return join(r);
+    ekf_set_task(r, 0, 0, 0, 0);
+    if (rc == ENKFLOW_ELOST) return ekf_join(r);
     if (rc) {
         char detail[ERRSIZE];
         snprintf(detail, sizeof detail, "%s", r->err);
@@ -752,7 +414,7 @@ static int ready(enkflow_runner *r, ekf_buf *payload) {
     ekf_header_pack(&m.hdr, hb);
     ekf_buf_add(payload, (const char *)hb, sizeof hb);
     ekf_msg_free(&m);
-    return payload->oom ? ekf_rerr(r, ENKFLOW_ENOMEM, "TASK") : ok(r);
+    return payload->oom ? ekf_rerr(r, ENKFLOW_ENOMEM, "TASK") : ekf_ok(r);
 }
 
 int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
@@ -776,27 +438,27 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
     if (r->task && (rc = put(r))) return rc;
     while (1) {
         ekf_buf payload = {0};
-        rc = from_rank0(r, ready, &payload);
+        rc = ekf_from_rank0(r, ready, &payload);
         ekf_header h;
         char err[256];
         if (rc == ENKFLOW_OK && ekf_header_unpack(payload.p, payload.n, &h, err, sizeof err))
             rc = ekf_rerr(r, ENKFLOW_EPROTOCOL, "task broadcast: %s", err);
         free(payload.p);
         if (rc == ENKFLOW_ELOST) {
-            set_task(r, 0, 0, 0, 0);
-            if ((rc = join(r))) return rc;
+            ekf_set_task(r, 0, 0, 0, 0);
+            if ((rc = ekf_join(r))) return rc;
             continue;
         }
         if (rc) return rc;
         if (h.kind == EKF_STOP) {
-            set_task(r, 0, 0, h.cycle, 0);
-            return ok(r);
+            ekf_set_task(r, 0, 0, h.cycle, 0);
+            return ekf_ok(r);
         }
-        set_task(r, h.task, h.member, h.cycle, h.nsteps);
-        rc = collective(r, ekf_get_ranks(r));
+        ekf_set_task(r, h.task, h.member, h.cycle, h.nsteps);
+        rc = ekf_collective(r, ekf_get_ranks(r));
         if (rc == ENKFLOW_ELOST) {
-            set_task(r, 0, 0, 0, 0);
-            if ((rc = join(r))) return rc;
+            ekf_set_task(r, 0, 0, 0, 0);
+            if ((rc = ekf_join(r))) return rc;
             continue;
         }
         if (rc == ENKFLOW_EINTR) return rc; /* the task stays held: finalize's BYE gives it back */
@@ -809,7 +471,7 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
         }
         r->state_in = 1;
         *nsteps = r->nsteps;
-        return ok(r);
+        return ekf_ok(r);
     }
 }
 
@@ -852,8 +514,8 @@ int enkflow_runner_fail(enkflow_runner *r, const char *error) {
         }
         free(body.p);
     }
-    set_task(r, 0, 0, 0, 0);
-    return rc ? rc : ok(r);
+    ekf_set_task(r, 0, 0, 0, 0);
+    return rc ? rc : ekf_ok(r);
 }
 
 static void free_memory(enkflow_runner *r) {
@@ -878,7 +540,7 @@ int enkflow_runner_finalize(enkflow_runner *r) {
         return ENKFLOW_ESTATE;
     }
     int rc = ENKFLOW_OK;
-    heartbeat_stop(r);
+    ekf_heartbeat_stop(r);
     if (r->rank == 0 && r->have_control) {
         ekf_header h;
         unsigned char hb[EKF_HEADER_SIZE];
@@ -890,7 +552,7 @@ int enkflow_runner_finalize(enkflow_runner *r) {
         char err[ERRSIZE];
         rc = ekf_conn_send(&r->control, frames, sizes, 1, 1, err, sizeof err);
     }
-    close_data(r);
+    ekf_close_data(r);
     ekf_shm_sweep();
     /* A short linger lets the BYE leave before the context ends (the Python runner sleeps 50 ms instead);
      * a BYE that cannot leave (the server is gone) costs at most this. */

@@ -68,10 +68,43 @@ struct enkflow_runner {
 
 static inline size_t ekf_itemsize(enkflow_dtype t) { return (t == ENKFLOW_FLOAT32 || t == ENKFLOW_INT32) ? 4 : 8; }
 
+static inline const char *ekf_dtype_name(int t) {
+    switch (t) {
+        case ENKFLOW_FLOAT32: return "float32";
+        case ENKFLOW_FLOAT64: return "float64";
+        case ENKFLOW_INT32: return "int32";
+        case ENKFLOW_INT64: return "int64";
+        default: return "an unknown type";
+    }
+}
+
 /* runner.c: the runner's last error (its message formatted through a copy), returning code. */
 int ekf_rerr(enkflow_runner *r, int code, const char *fmt, ...);
 /* A header of that kind about the task held. */
 void ekf_header_for(enkflow_runner *r, ekf_header *h, int kind, size_t count);
+
+static inline int ekf_ok(enkflow_runner *r) {
+    r->err[0] = 0;
+    return ENKFLOW_OK;
+}
+
+/* join.c */
+typedef int (*ekf_rank0_fn)(enkflow_runner *r, ekf_buf *payload);
+/* fn() on rank 0, its result (code, message, payload) on every rank. */
+int ekf_from_rank0(enkflow_runner *r, ekf_rank0_fn fn, ekf_buf *payload);
+/* Every rank ran something that returned `code`: an error on any rank (a lost server first gives way
+ * to a refusal, as in the Python runner) is returned on every rank. */
+int ekf_collective(enkflow_runner *r, int code);
+/* HELLO from rank 0 (retrying for reconnect_s); every rank connects to the data ranks the WELCOME names
+ * and opens its links; the heartbeat thread started. */
+int ekf_join(enkflow_runner *r);
+void ekf_close_data(enkflow_runner *r);
+
+/* heartbeat.c */
+int ekf_heartbeat_start(enkflow_runner *r);
+void ekf_heartbeat_stop(enkflow_runner *r);
+/* The task in hand (0: none), which the heartbeats name. */
+void ekf_set_task(enkflow_runner *r, uint64_t task, int64_t member, int64_t cycle, int64_t nsteps);
 
 /* transport.c */
 /* The transport asked for: the caller's, else ENKFLOW_TRANSPORT's (an invalid value: ENKFLOW_EINVAL). */
