@@ -88,7 +88,8 @@ def test_three_thread_ranks_with_a_two_rank_server(slices_runner: Path, tmp_path
     np.testing.assert_array_equal(np.load(tmp_path / "final.npy"), ring.offline_result())
 
 
-def test_fortran_thread_ranks_through_enkflow_set_comm(native_build, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_fortran_thread_ranks_through_enkflow_set_comm(native_build, tmp_path: Path, transport: str) -> None:
     exe = tmp_path / "omp_slices_runner"
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner_f"], env=native_build.env(),
                            capture_output=True, text=True, check=True).stdout.split()
@@ -101,9 +102,9 @@ def test_fortran_thread_ranks_through_enkflow_set_comm(native_build, tmp_path: P
     t = threading.Thread(target=lambda: _run(server, errors), daemon=True)
     t.start()
     p = subprocess.run([str(exe), server.address, ring.TOKEN], capture_output=True, text=True, timeout=60,
-                       env={**native_build.env(), "OMP_NUM_THREADS": "3"})
+                       env={**native_build.env(), "OMP_NUM_THREADS": "3", "ENKFLOW_TRANSPORT": transport})
     t.join(30)
     assert p.returncode == 0, p.stderr
     assert not t.is_alive() and not errors, errors
-    assert shm_ranks(p.stdout) == [1, 1, 1], p.stdout
+    assert shm_ranks(p.stdout) == ([1, 1, 1] if transport == "auto" else [0, 0, 0]), p.stdout
     np.testing.assert_array_equal(np.array(server.store.parts[0]), ring.offline_result())
