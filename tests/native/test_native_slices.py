@@ -101,8 +101,8 @@ def test_fortran_thread_ranks_through_enkflow_set_comm(native_build, tmp_path: P
     errors: list[BaseException] = []
     t = threading.Thread(target=lambda: _run(server, errors), daemon=True)
     t.start()
-    p = subprocess.run([str(exe), server.address, ring.TOKEN], capture_output=True, text=True, timeout=60,
-                       env={**native_build.env(), "OMP_NUM_THREADS": "3", "ENKFLOW_TRANSPORT": transport})
+    p = subprocess.run([str(exe), server.address, ring.TOKEN, transport], capture_output=True, text=True, timeout=60,
+                       env={**native_build.env(), "OMP_NUM_THREADS": "3"})  # tcp: enkflow_set_transport
     t.join(30)
     assert p.returncode == 0, p.stderr
     assert not t.is_alive() and not errors, errors
