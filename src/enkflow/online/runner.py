@@ -139,7 +139,9 @@ class Runner:
         self._join()
 
     def _join(self) -> None:
-        """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME."""
+        """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME and maps
+        the segments of the server ranks on its node (a killed server's names removed first)."""
+        remove_dead_segments()
         welcome = self._from_rank0(self._hello)
         for c in self._data:
             c.close()
