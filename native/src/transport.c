@@ -3,7 +3,9 @@
  * (GET_SLOT/SLOT, PUT_SLOT: the runner copies the state from the rank's segment into the bound arrays and
  * the forecast from them into the task's slot; the messages carry only where). */
 #define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <string.h>
 
 #include "runner_state.h"
@@ -21,15 +23,19 @@ int enkflow_runner_shm_ranks(const enkflow_runner *r) {
 
 int ekf_transport_resolve(enkflow_runner *r) {
     if (r->transport >= 0) return ENKFLOW_OK;
-    const char *env = getenv("ENKFLOW_TRANSPORT");
+    const char *env = getenv("ENKFLOW_TRANSPORT"), *a = env ? env : "";
     r->transport = ENKFLOW_TRANSPORT_AUTO;
-    if (!env || !*env) return ENKFLOW_OK;
+    /* As the Python runner reads it: blanks around it ignored, in any case; unset or blank: AUTO. */
+    while (isspace((unsigned char)*a)) a++;
+    size_t n = strlen(a);
+    while (n && isspace((unsigned char)a[n - 1])) n--;
+    if (!n) return ENKFLOW_OK;
     for (int t = 0; t < 3; t++)
-        if (strcmp(env, TRANSPORTS[t]) == 0) {
+        if (n == strlen(TRANSPORTS[t]) && strncasecmp(a, TRANSPORTS[t], n) == 0) {
             r->transport = t;
             return ENKFLOW_OK;
         }
-    return ekf_rerr(r, ENKFLOW_EINVAL, "ENKFLOW_TRANSPORT='%s' is not one of auto, shm, tcp", env);
+    return ekf_rerr(r, ENKFLOW_EINVAL, "ENKFLOW_TRANSPORT='%.64s' is not one of auto, shm, tcp", env);
 }
 
 /* --- joining: each rank's transport ------------------------------------------------------------- */

@@ -67,15 +67,16 @@ def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(
 def test_shared_memory_and_tcp_carry_the_same_forecasts(bad_runner: Path) -> None:
     """The good runner against two server ranks offering shared memory: by itself (ENKFLOW_TRANSPORT unset) it
     takes each member's state from the ranks' stores and puts its forecast into the task's slots (GET_SLOT,
-    PUT_SLOT); with ENKFLOW_TRANSPORT=tcp it exchanges the bytes in messages (GET, PUT). The forecasts are the
-    same bytes, each the model's step from its member's state. A segment name of a dead maker is swept at join."""
+    PUT_SLOT); with ENKFLOW_TRANSPORT=" TCP " (read as the Python runner reads it) it exchanges the bytes in
+    messages (GET, PUT). The forecasts are the same bytes, each the model's step from its member's state. A
+    segment name of a dead maker is swept at join."""
     dead = subprocess.Popen(["true"])
     dead.wait()
     stale = shm_dir() / f"enkflow-online-{dead.pid}-0badc0de"
     stale.write_bytes(b"")
     servers = {}
     try:
-        for transport in ("", "tcp"):
+        for transport in ("", " TCP "):
             servers[transport] = server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], shm=True)
             p = run_to_end(bad_runner, server, "good", transport=transport)
             assert p.returncode == 0, (p.stdout, p.stderr)
@@ -83,8 +84,8 @@ def test_shared_memory_and_tcp_carry_the_same_forecasts(bad_runner: Path) -> Non
     finally:
         stale.unlink(missing_ok=True)
     kinds = {t: sorted({k for k, _, rank in s.received if rank >= 0}) for t, s in servers.items()}
-    assert kinds == {"": ["GET_SLOT", "PUT_SLOT"], "tcp": ["GET", "PUT"]}, kinds
-    assert servers[""].forecasts == servers["tcp"].forecasts, (servers[""].forecasts, servers["tcp"].forecasts)
+    assert kinds == {"": ["GET_SLOT", "PUT_SLOT"], " TCP ": ["GET", "PUT"]}, kinds
+    assert servers[""].forecasts == servers[" TCP "].forecasts, (servers[""].forecasts, servers[" TCP "].forecasts)
     for (task, rank), data in servers[""].forecasts.items():
         np.testing.assert_array_equal(np.frombuffer(data), np.full(20, 2 + task + 0.01))  # members 3, 4; cycle 1
 
