@@ -55,8 +55,8 @@ class _SharedMemory:
         """The SLOT reply's JSON for these pieces of the task (its slot made on first use)."""
         if task not in self.slots:
             self.slots[task] = self._make(b"ENKFSLOT", self.nonce, np.zeros(self.rows))
-        at = [[HEADER_PAGE + 8 * ((member - 1) * self.rows + int(off) - self.lo), HEADER_PAGE + 8 * (int(off) - self.lo)]
-              for _, off, _ in idx]
+        at = [[HEADER_PAGE + 8 * ((member - 1) * self.rows + off - self.lo), HEADER_PAGE + 8 * (off - self.lo)]
+              for off in idx[:, 1].tolist()]
         return {"read": self.store, "write": self.slots[task], "at": at}
 
     def forecast(self, task: int, idx: np.ndarray) -> bytes:
