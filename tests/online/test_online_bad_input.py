@@ -736,11 +736,27 @@ def test_runners_choose_shared_memory_on_the_servers_node_and_both_ways_give_the
     assert auto.in_place and not tcp.in_place
     with pytest.raises(EnkflowError, match="expose_in_place needs every piece of its fields in shared memory"):
         tcp.expose_in_place()
-    auto.close()
     tcp.close()
+    # The interception's way: the model reads and writes the segments itself, the runner copies nothing.
+    maps = MappedSegments()
+
+    def in_place() -> None:
+        extents, n = auto.expose_in_place()
+        while n:
+            (e,) = extents
+            x = maps.view(e.read_path, e.read_offset, np.dtype(np.float64), e.hi - e.lo, writable=False)
+            maps.view(e.write_path, e.write_offset, np.dtype(np.float64), e.hi - e.lo, writable=True)[...] = \
+                model(x, auto.cycle, n)
+            extents, n = auto.expose_in_place()
+        auto.close()
+        maps.clear()
+
+    t = threading.Thread(target=in_place, daemon=True)
+    t.start()
     study.runner("good-1")
-    study.runner("good-2")
     np.testing.assert_array_equal(study.finish(), reference)
+    t.join(WAIT_S)
+    assert not t.is_alive() and any(e["runner"] == "auto" for e in study.events("task_assign"))
     # A server without shared memory: AUTO runners use TCP, and give the same bits; SHM insists, and cannot.
     study = Study(tmp_path / "tcp", transport=Transport.TCP)
     shm = Runner(study.address, TOKEN, name="shm", timeout_s=WAIT_S, reconnect_s=2.0, transport=Transport.SHM)
