@@ -139,19 +139,22 @@ def test_the_librarys_threads_block_signals(bad_runner: Path) -> None:
     assert all(m & term for m in others.values()), {tid: hex(m) for tid, m in masks.items()}
 
 
-def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(bad_runner: Path) -> None:
-    """SIGTERM (the stop flag) ends the wait for a member's state: ENKFLOW_EINTR, the task held. A model
-    that clears its flag and calls expose again must not send its arrays, which never received that member's
-    state, as the member's forecast: the task is failed (given to another runner), then the runner serves on."""
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(bad_runner: Path, shm: bool) -> None:
+    """SIGTERM (the stop flag) ends the wait for a member's state (its DATA, or its SLOT): ENKFLOW_EINTR, the
+    task held. A model that clears its flag and calls expose again must not send its arrays, which never
+    received that member's state, as the member's forecast: the task is failed (given to another runner), then
+    the runner serves on."""
     import signal
 
-    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], ranks=1, hold_get={1})
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], ranks=1, hold_get={1}, shm=shm)
+    get, put = ("GET_SLOT", "PUT_SLOT") if shm else ("GET", "PUT")
     try:
         p = subprocess.Popen([str(bad_runner), server.address, TOKEN, "retry-after-sigterm"], stdout=subprocess.PIPE,
                              text=True)
         assert p.stdout.readline().strip() == "waiting"
         deadline = time.monotonic() + 20
-        while ("GET", 1, 0) not in server.received:
+        while (get, 1, 0) not in server.received:
             assert time.monotonic() < deadline, server.received
             time.sleep(0.02)
         p.send_signal(signal.SIGTERM)
@@ -160,9 +163,9 @@ def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(b
         server.close()
     assert p.returncode == 0, out
     assert "rc=12 interrupted" in out, out
-    assert ("PUT", 1, 0) not in server.received, server.received
+    assert (put, 1, 0) not in server.received, server.received
     assert len(server.fails) == 1 and "did not arrive" in server.fails[0], server.fails
-    assert ("PUT", 2, 0) in server.received, server.received
+    assert (put, 2, 0) in server.received, server.received
 
 
 def test_a_forked_child_cannot_finalize_its_parents_runner(bad_runner: Path) -> None:
