@@ -61,8 +61,8 @@ static int read_offer(enkflow_runner *r, int s, const ekf_json *entry) {
         l->nonce[k] = (unsigned char)(hi * 16 + lo);
     }
     if (bad)
-        return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the server's WELCOME names no segment and 32-hex-digit nonce for the "
-                        "shared memory of server rank %d", s);
+        return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the server's WELCOME lacks the segment or the 32-hex-digit nonce of "
+                        "server rank %d's shared memory", s);
     if (!(l->store = strdup(seg->str))) return ekf_rerr(r, ENKFLOW_ENOMEM, "WELCOME");
     return ENKFLOW_OK;
 }
