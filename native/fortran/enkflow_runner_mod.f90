@@ -43,6 +43,8 @@ module enkflow_runner_mod
                                 ENKFLOW_EFIELD = 4, ENKFLOW_ETYPE = 5, ENKFLOW_ESIZE = 6, ENKFLOW_EREFUSED = 7, &
                                 ENKFLOW_ELOST = 8, ENKFLOW_EPROTOCOL = 9, ENKFLOW_EZMQ = 10, ENKFLOW_EIO = 11, &
                                 ENKFLOW_EINTR = 12, ENKFLOW_EOUTPUT = 13
+  !> enkflow_set_transport: shared memory with the server ranks on this node (else TCP), with all, or none.
+  integer, parameter, public :: ENKFLOW_TRANSPORT_AUTO = 0, ENKFLOW_TRANSPORT_SHM = 1, ENKFLOW_TRANSPORT_TCP = 2
 
   type, public :: enkflow_runner
     type(c_ptr) :: ptr = c_null_ptr
@@ -60,6 +62,7 @@ module enkflow_runner_mod
   end type enkflow_output_stats
 
   public :: enkflow_create, enkflow_set_timeouts, enkflow_set_name, enkflow_set_curve_key, enkflow_add_field, &
+            enkflow_set_transport, enkflow_shm_ranks, &
             enkflow_set_slice, enkflow_set_comm, enkflow_init, enkflow_bind, enkflow_expose, enkflow_fail, enkflow_finalize, &
             enkflow_errmsg, enkflow_strerror, enkflow_member, enkflow_cycle, enkflow_nsteps, enkflow_read_token_file
   public :: enkflow_output_open, enkflow_output_open_dir, enkflow_output_set_timeout, enkflow_output_add, &
@@ -155,6 +158,15 @@ module enkflow_runner_mod
     end function
     integer(c_int64_t) function c_cycle(r) bind(c, name="enkflow_runner_cycle")
       import :: c_int64_t, c_ptr
+      type(c_ptr), value :: r
+    end function
+    integer(c_int) function c_set_transport(r, transport) bind(c, name="enkflow_runner_set_transport")
+      import :: c_int, c_ptr
+      type(c_ptr), value :: r
+      integer(c_int), value :: transport
+    end function
+    integer(c_int) function c_shm_ranks(r) bind(c, name="enkflow_runner_shm_ranks")
+      import :: c_int, c_ptr
       type(c_ptr), value :: r
     end function
     integer(c_int64_t) function c_nsteps(r) bind(c, name="enkflow_runner_nsteps")
@@ -336,6 +348,20 @@ contains
     integer, intent(out) :: ierr
     ierr = c_set_curve_key(r%ptr, cstr(key))
   end subroutine enkflow_set_curve_key
+
+  !> Before init: ENKFLOW_TRANSPORT_AUTO, _SHM or _TCP (without it: the environment's ENKFLOW_TRANSPORT, else auto).
+  subroutine enkflow_set_transport(r, transport, ierr)
+    type(enkflow_runner), intent(in) :: r
+    integer, intent(in) :: transport
+    integer, intent(out) :: ierr
+    ierr = c_set_transport(r%ptr, int(transport, c_int))
+  end subroutine enkflow_set_transport
+
+  !> After init: how many server ranks this runner rank exchanges with through shared memory.
+  integer function enkflow_shm_ranks(r)
+    type(enkflow_runner), intent(in) :: r
+    enkflow_shm_ranks = int(c_shm_ranks(r%ptr))
+  end function enkflow_shm_ranks
 
   subroutine add_field_i8(r, name, dtype, shape, assimilated, ierr)
     type(enkflow_runner), intent(in) :: r

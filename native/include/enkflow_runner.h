@@ -36,7 +36,7 @@ extern "C" {
 #define ENKFLOW_RUNNER_VERSION_MAJOR 0
 #define ENKFLOW_RUNNER_VERSION_MINOR 1
 /* The wire protocol version spoken (enkflow.online.wire.PROTOCOL_VERSION). */
-#define ENKFLOW_PROTOCOL_VERSION 1
+#define ENKFLOW_PROTOCOL_VERSION 2
 
 /* Element types of a field (the numbers are part of the ABI: the Fortran module uses them). */
 #if defined(ENKFLOW_BUILDING) && defined(__GNUC__)
@@ -55,7 +55,7 @@ typedef enum enkflow_dtype {
 /* Error codes. */
 enum {
     ENKFLOW_OK = 0,
-    ENKFLOW_EINVAL = 1,    /* a bad argument: NULL pointer, bad name, dtype, shape, slice or timeout */
+    ENKFLOW_EINVAL = 1,    /* a bad argument: NULL pointer, bad name, dtype, shape, slice, timeout or transport */
     ENKFLOW_ESTATE = 2,    /* a call out of order (add_field after init, expose before init or bind...) */
     ENKFLOW_ENOMEM = 3,    /* out of memory */
     ENKFLOW_EFIELD = 4,    /* a field name that was not declared (bind), or a duplicate declaration */
@@ -69,6 +69,13 @@ enum {
     ENKFLOW_EINTR = 12,    /* the caller's stop flag was set while the runner waited (enkflow_runner_set_stop_flag) */
     ENKFLOW_EOUTPUT = 13   /* the output service reported a failure of this client's adds (enkflow_output.h) */
 };
+
+/* How the member states move between the runner and a server rank (enkflow_runner_set_transport). */
+typedef enum enkflow_transport {
+    ENKFLOW_TRANSPORT_AUTO = 0, /* shared memory with each server rank on this node that offers it, TCP otherwise */
+    ENKFLOW_TRANSPORT_SHM = 1,  /* shared memory with every server rank; one that cannot: init fails naming it */
+    ENKFLOW_TRANSPORT_TCP = 2   /* TCP with every server rank */
+} enkflow_transport;
 
 typedef struct enkflow_runner enkflow_runner;
 
@@ -104,6 +111,16 @@ ENKFLOW_API int enkflow_runner_set_timeouts(enkflow_runner *r, double timeout_s,
 ENKFLOW_API int enkflow_runner_set_name(enkflow_runner *r, const char *name);
 /* The server's CURVE public key (40 Z85 characters) when it encrypts ([online] curve = true). */
 ENKFLOW_API int enkflow_runner_set_curve_key(enkflow_runner *r, const char *server_key);
+
+/* The transport (before init). Without this call, the environment variable ENKFLOW_TRANSPORT (auto, shm or
+ * tcp; enkflow sets it for the runners it starts from [online] transport) decides, else AUTO. Over shared
+ * memory the library copies a member's state straight from the server's segment into the bound arrays,
+ * and the forecast from them into the task's slot: one memory copy each way. */
+ENKFLOW_API int enkflow_runner_set_transport(enkflow_runner *r, enkflow_transport transport);
+
+/* The number of server ranks this runner rank exchanges with through shared memory (after init; the
+ * others by TCP), -1 for r NULL. */
+ENKFLOW_API int enkflow_runner_shm_ranks(const enkflow_runner *r);
 
 /* A flag the library watches while it waits for the server (at least once a second, and at once when a
  * signal interrupts the wait): once *flag is non-zero, the call in progress returns ENKFLOW_EINTR. Meant

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include <zmq.h>
 
@@ -31,8 +32,12 @@ static inline void ekf_vset_err(char err[EKF_ERRSIZE], const char *fmt, va_list 
 
 enum ekf_kind {
     EKF_HELLO = 1, EKF_WELCOME = 2, EKF_READY = 3, EKF_TASK = 4, EKF_STOP = 5, EKF_PUT = 6, EKF_ACK = 7,
-    EKF_GET = 8, EKF_DATA = 9, EKF_HEARTBEAT = 10, EKF_FAIL = 11, EKF_BYE = 12, EKF_ERROR = 13
+    EKF_GET = 8, EKF_DATA = 9, EKF_HEARTBEAT = 10, EKF_FAIL = 11, EKF_BYE = 12, EKF_ERROR = 13,
+    EKF_GET_SLOT = 14, EKF_SLOT = 15, EKF_PUT_SLOT = 16
 };
+
+/* The refusal of a PUT_SLOT whose task has no slot (enkflow.online.wire.NO_SLOT). */
+#define EKF_NO_SLOT "has no slot on server rank"
 
 typedef struct ekf_header {
     uint16_t version;
@@ -129,6 +134,39 @@ int ekf_conn_recv(ekf_conn *c, double timeout_s, ekf_accept_fn accept, const voi
 void ekf_msg_free(ekf_msg *m);
 
 double ekf_now(void);
+
+/* --- shm.c: the server ranks' shared memory segments, mapped and cached by path ------------------- */
+
+#define EKF_SEG_HEADER 4096 /* the header page before a segment's data */
+
+typedef enum { EKF_SEG_STORE, EKF_SEG_SLOT } ekf_seg_kind;
+
+typedef struct ekf_segment {
+    char *path;
+    unsigned char *base; /* the whole file, header page included */
+    size_t size;
+    int writable;
+    dev_t dev; /* the file mapped, to notice that its name went (a retired slot) */
+    ino_t ino;
+} ekf_segment;
+
+/* The segments a runner rank has mapped (each item stays where it is until forgotten). */
+typedef struct ekf_segments {
+    ekf_segment **items;
+    size_t n, cap;
+} ekf_segments;
+
+/* Where segments live: /dev/shm where it is writable, else $TMPDIR or /tmp (enkflow.shm_names.shm_dir). */
+const char *ekf_shm_dir(void);
+/* The segment at path, mapped (a store read-only, a slot read-write) or from the cache, whose header has
+ * the kind's magic, the layout version and the nonce. 1 with the reason in err. */
+int ekf_seg_map(ekf_segments *c, const char *path, ekf_seg_kind kind, const unsigned char nonce[16],
+                const ekf_segment **out, char *err, size_t errsize);
+/* Unmap the cached segments whose name is gone (slots the server retired); earlier pointers to them dangle. */
+void ekf_seg_forget_gone(ekf_segments *c);
+void ekf_seg_clear(ekf_segments *c);
+/* Remove the names of this node's enkflow segments whose maker is dead (a killed server's). */
+void ekf_shm_sweep(void);
 
 /* --- lease.c: stop once the launcher's lease lapses (only under `enkflow run`; once per process) -- */
 void ekf_lease_watch(void);

@@ -59,7 +59,7 @@ int ekf_header_unpack(const void *buf, size_t n, ekf_header *h, char *err, size_
         return 2;
     }
     h->kind = get_u16(p + 6);
-    if (h->kind < EKF_HELLO || h->kind > EKF_ERROR) {
+    if (h->kind < EKF_HELLO || h->kind > EKF_PUT_SLOT) {
         snprintf(err, errsize, "unknown message kind %u", (unsigned)h->kind);
         return 1;
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import numpy as np
 
 from enkflow.apps.demo import run_demo
 from enkflow.experiment.demo_problem import DemoSettings, prepare
+from enkflow.shm_names import shm_dir
 
 MEMBERS = 8
 CYCLES = 3
@@ -48,6 +50,17 @@ class Study:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def segments_left(self) -> list[str]:
+        """The shared memory segments of this study's servers (every incarnation) still named in the segment
+        directory: none once the study is over."""
+        pids = {str(e["pid"]) for e in self.events() if e.get("event") == "online_start"}
+        return sorted(p.name for p in shm_dir().glob("enkflow-online-*") if p.name.split("-")[2] in pids)
+
+    def shm_ranks(self) -> list[int]:
+        """Per runner process (log), the server ranks it exchanged with through shared memory, as it said."""
+        logs = sorted((self.run_dir / "online" / "logs").glob("runner-*.log"))
+        return [int(n) for p in logs for n in re.findall(r"shared memory with (\d+) server rank", p.read_text())]
 
     def runner_logs(self) -> str:
         logs = sorted((self.run_dir / "online" / "logs").glob("runner-*.log"))

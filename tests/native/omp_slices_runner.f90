@@ -2,7 +2,8 @@
 ! process are the ranks of one runner (each its own handle), their collectives bind(c) functions on OpenMP
 ! barriers passed with enkflow_set_comm. Rank r holds an uneven slice of the ring field x (40 real(8)) of
 ! tests/online/test_online_bad_input.py, bound as a section of the shared array; rank 0 runs the ring model
-! on the whole array between exposes.  Usage: OMP_NUM_THREADS=N omp_slices_runner ADDRESS TOKEN
+! on the whole array between exposes.  Usage: OMP_NUM_THREADS=N omp_slices_runner ADDRESS TOKEN [tcp]
+! (tcp: enkflow_set_transport(ENKFLOW_TRANSPORT_TCP); else the default, shared memory where it can)
 module omp_comm
   use, intrinsic :: iso_c_binding
   implicit none
@@ -50,11 +51,12 @@ program omp_slices_runner
   implicit none
   integer, parameter :: n = 40
   real(8), target :: x(n)
-  character(len=256) :: address, token
+  character(len=256) :: address, token, transport
   integer :: failed = 0
 
   call get_command_argument(1, address)
   call get_command_argument(2, token)
+  call get_command_argument(3, transport)
   x = 0
   !$omp parallel default(shared)
   call serve()
@@ -77,10 +79,13 @@ contains
     if (rank == nranks - 1) hi = n
     call enkflow_create(r, trim(address), trim(token), ierr)
     if (ierr == ENKFLOW_OK) call enkflow_set_timeouts(r, 20d0, 5d0, ierr)
+    if (ierr == ENKFLOW_OK .and. transport == 'tcp') call enkflow_set_transport(r, ENKFLOW_TRANSPORT_TCP, ierr)
     if (ierr == ENKFLOW_OK) call enkflow_set_comm(r, int(rank), nranks, c_funloc(bcast), c_funloc(allmax), c_loc(rank), ierr)
     if (ierr == ENKFLOW_OK) call enkflow_add_field(r, 'x', ENKFLOW_FLOAT64, [n], .true., ierr)
     if (ierr == ENKFLOW_OK) call enkflow_set_slice(r, 'x', int(lo, c_int64_t), int(hi - lo, c_int64_t), ierr)
     if (ierr == ENKFLOW_OK) call enkflow_init(r, ierr)
+    if (ierr == ENKFLOW_OK) print '(a, i0, a, i0, a)', 'rank ', rank, ': shared memory with ', enkflow_shm_ranks(r), &
+                                  ' server rank(s)'
     if (ierr == ENKFLOW_OK) call enkflow_bind(r, 'x', x(lo + 1:hi), ierr)
     if (ierr == ENKFLOW_OK) call enkflow_expose(r, nsteps, ierr)
     do while (ierr == ENKFLOW_OK .and. nsteps > 0)

@@ -2,12 +2,19 @@
 ROUTER and ``ranks`` data ROUTERs on loopback that speak enkflow.online.wire, hand out the tasks of
 ``tasks`` in order, then STOP (or, with ``hold``, leave READY unanswered), leave the GETs of the tasks in ``hold_get`` unanswered, and answer each PUT through ``put_reply(task, rank)`` (None: ACK, a string:
 ERROR with that text; after ``put_delay[rank]`` seconds). With ``close_after_error``, a data rank closes its
-socket right after an ERROR, as a server that stopped the study does. It records what the runner sent. One float64 field "x" of ``n`` elements, split
-over the data ranks as enkflow.online.fields.Ownership splits an assimilated field."""
+socket right after an ERROR, as a server that stopped the study does. It records what the runner sent, and the
+bytes of each forecast (``forecasts[(task, rank)]``). One float64 field "x" of ``n`` elements, split over the data
+ranks as enkflow.online.fields.Ownership splits an assimilated field. With ``shm``, every data rank offers
+shared memory in its WELCOME entry (online/segments.py's layout: a store holding member m's state as m
+everywhere, a slot per task; with ``shm == "other-nonce"`` the store's header bears another nonce) and
+answers GET_SLOT and PUT_SLOT; its segments are removed at close."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -16,13 +23,59 @@ import numpy as np
 import zmq
 
 from enkflow.online.wire import Header, Kind, credential, decode_index
+from enkflow.shm_names import new_segment
+
+HEADER_PAGE = 4096
+
+
+class _SharedMemory:
+    """One data rank's segments: its store (members 1..``members``, ``rows`` elements each, member-major) and a
+    slot per task."""
+
+    def __init__(self, lo: int, hi: int, members: int, other_nonce: bool):
+        self.rows, self.lo, self.nonce = hi - lo, lo, secrets.token_bytes(16)
+        self.store = self._make(b"ENKFSTOR", secrets.token_bytes(16) if other_nonce else self.nonce,
+                                np.repeat(np.arange(1.0, members + 1), self.rows))
+        self.slots: dict[int, str] = {}
+
+    def _make(self, magic: bytes, nonce: bytes, data: np.ndarray) -> str:
+        path = str(new_segment("online"))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.pwrite(fd, struct.pack("<8sII16sQ", magic, 1, 0, nonce, 0).ljust(HEADER_PAGE, b"\0"), 0)
+            os.pwrite(fd, data.astype("<f8").tobytes() or b"\0", HEADER_PAGE)
+        finally:
+            os.close(fd)
+        return path
+
+    def offer(self) -> dict:
+        return {"segment": self.store, "nonce": self.nonce.hex()}
+
+    def where(self, task: int, member: int, idx: np.ndarray) -> dict:
+        """The SLOT reply's JSON for these pieces of the task (its slot made on first use)."""
+        if task not in self.slots:
+            self.slots[task] = self._make(b"ENKFSLOT", self.nonce, np.zeros(self.rows))
+        at = [[HEADER_PAGE + 8 * ((member - 1) * self.rows + off - self.lo), HEADER_PAGE + 8 * (off - self.lo)]
+              for off in idx[:, 1].tolist()]
+        return {"read": self.store, "write": self.slots[task], "at": at}
+
+    def forecast(self, task: int, idx: np.ndarray) -> bytes:
+        with open(self.slots[task], "rb") as fh:
+            data = fh.read()
+        return b"".join(data[HEADER_PAGE + 8 * (off - self.lo):HEADER_PAGE + 8 * (off - self.lo + cnt)]
+                        for _, off, cnt in idx)
+
+    def remove(self) -> None:
+        for path in [self.store, *self.slots.values()]:
+            os.unlink(path)
 
 
 class ScriptedServer:
     def __init__(self, token: str, tasks: list[tuple[int, int, int]], *, ranks: int = 2,
                  put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7,
                  hold: bool = False, hold_get: set[int] = frozenset(), like: "ScriptedServer | None" = None,
-                 put_delay: dict[int, float] | None = None, close_after_error: bool = False):
+                 put_delay: dict[int, float] | None = None, close_after_error: bool = False,
+                 shm: bool | str = False, n: int = 40):
         self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
         self.hold, self.hold_get = hold, set(hold_get)
         self.put_delay, self.close_after_error = dict(put_delay or {}), close_after_error
@@ -39,10 +92,17 @@ class ScriptedServer:
             self.address = f"tcp://127.0.0.1:{self.control.bind_to_random_port('tcp://127.0.0.1')}"
             self.data_addresses = [f"tcp://127.0.0.1:{s.bind_to_random_port('tcp://127.0.0.1')}" for s in self.data]
         self.received: list[tuple[str, int, int]] = []  # (kind, task, data rank or -1)
+        self.forecasts: dict[tuple[int, int], bytes] = {}
+        self.shm = [self._shared_memory(rank, ranks, n, shm) for rank in range(ranks)] if shm else []
         self.fails: list[str] = []
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _shared_memory(self, rank: int, ranks: int, n: int, shm: bool | str) -> _SharedMemory:
+        block = -(-n // ranks)
+        return _SharedMemory(min(rank * block, n), min((rank + 1) * block, n),
+                             max([m for _, m, _ in self.tasks], default=1), shm == "other-nonce")
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -72,7 +132,8 @@ class ScriptedServer:
             return
         self.received.append((hdr.kind.name, hdr.task, -1))
         if hdr.kind is Kind.HELLO:
-            body = {"epoch": self.epoch, "ranks": len(self.data), "data": self.data_addresses, "heartbeat_s": 0.5}
+            body = {"epoch": self.epoch, "ranks": len(self.data), "data": self.data_addresses, "heartbeat_s": 0.5,
+                    "shm": [m.offer() for m in self.shm] or [None] * len(self.data)}
             self.control.send_multipart([identity, hdr.reply(Kind.WELCOME, epoch=self.epoch).pack(),
                                          json.dumps(body).encode()])
         elif hdr.kind is Kind.READY:
@@ -93,12 +154,17 @@ class ScriptedServer:
         sock = self.data[rank]
         self.received.append((hdr.kind.name, hdr.task, rank))
         idx = decode_index(rest[0], hdr.count)
-        if hdr.kind is Kind.GET and hdr.task in self.hold_get:
+        if hdr.kind in (Kind.GET, Kind.GET_SLOT) and hdr.task in self.hold_get:
             return  # never answered
         if hdr.kind is Kind.GET:
             frames = [np.full(cnt, float(hdr.member)).tobytes() for _, _, cnt in idx]
             sock.send_multipart([identity, hdr.reply(Kind.DATA, epoch=self.epoch).pack(), rest[0], *frames])
-        elif hdr.kind is Kind.PUT:
+        elif hdr.kind is Kind.GET_SLOT:
+            where = json.dumps(self.shm[rank].where(hdr.task, hdr.member, idx)).encode()
+            sock.send_multipart([identity, hdr.reply(Kind.SLOT, epoch=self.epoch).pack(), rest[0], where])
+        elif hdr.kind in (Kind.PUT, Kind.PUT_SLOT):
+            self.forecasts[(hdr.task, rank)] = (b"".join(rest[1:]) if hdr.kind is Kind.PUT
+                                                else self.shm[rank].forecast(hdr.task, idx))
             error = self.put_reply(hdr.task, rank)
             reply = ([identity, hdr.reply(Kind.ACK, epoch=self.epoch).pack()] if error is None else
                      [identity, hdr.reply(Kind.ERROR, epoch=self.epoch).pack(), json.dumps({"error": error}).encode()])
@@ -107,3 +173,6 @@ class ScriptedServer:
     def close(self) -> None:
         self.done.set()
         self._thread.join(10)
+        for memory in self.shm:
+            memory.remove()
+        self.shm = []

@@ -81,6 +81,7 @@ static void *rank_main(void *arg) {
     if (!rc) rc = enkflow_runner_add_field(r, "x", ENKFLOW_FLOAT64, 1, &n, 1);
     if (!rc) rc = enkflow_runner_set_slice(r, "x", lo, hi - lo);
     if (!rc) rc = enkflow_runner_init(r);
+    if (!rc) printf("rank %d: shared memory with %d server rank(s)\n", c->rank, enkflow_runner_shm_ranks(r));
     if (!rc) rc = enkflow_runner_bind(r, "x", ENKFLOW_FLOAT64, s->x + lo, hi - lo);
     if (!rc) rc = enkflow_runner_expose(r, &nsteps);
     while (!rc && nsteps > 0) {

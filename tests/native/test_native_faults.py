@@ -1,9 +1,11 @@
 """Native runner faults are handled as the Python runner's (tests/online/test_online_faults.py): a C
 runner killed with SIGKILL mid-forecast, one that crashes inside libenkflow_runner (SIGSEGV while it
-writes the member it just received), and one whose model calls abort() right after receiving a member.
+writes the member it just received), one whose model calls abort() right after receiving a member, and
+one that crashes copying its forecast into the task's slot in the server's shared memory (half written).
 Each time the server notices the missing heartbeats, gives the member to another runner (one
 ``task_requeue``, reason ``lost``, for exactly that task), the supervisor replaces the dead runner, and
-the study ends with exit 0 and results bitwise equal to the Python model's offline run."""
+the study ends with exit 0, results bitwise equal to the Python model's offline run, and no shared memory
+segment of its servers left."""
 
 from __future__ import annotations
 
@@ -60,13 +62,15 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
     """signals: SIGKILL mid-forecast (member 3 of cycle 2: requeued as ``lost``), then SIGTERM mid-forecast
     (member 5 of cycle 3: the runner leaves cleanly with a BYE, its member requeued at once as ``left``, as
     the Python runner's). crashes: a runner that crashes inside the library (SIGSEGV writing the first member
-    it receives, in cycle 1) and, later, one whose model calls abort() right after receiving a member of
-    cycle 2 (both ``lost``)."""
+    it receives, in cycle 1), later one whose model calls abort() right after receiving a member of cycle 2,
+    then one that crashes (SIGSEGV) half way through copying a forecast of cycle 3 into its slot (all
+    ``lost``)."""
     exe = native_build.exe("enkflow_demo_c")
     forcing = tmp_path / "forcing.nc"
-    markers = tmp_path / "crashed-in-library", tmp_path / "aborted"
+    markers = tmp_path / "crashed-in-library", tmp_path / "aborted", tmp_path / "crashed-in-put"
     extra = {"signals": "--sleep 0.5",
-             "crashes": f"--crash-in-library {markers[0]} --abort-in-cycle 2 --marker {markers[1]}"}[fault]
+             "crashes": f"--crash-in-library {markers[0]} --abort-in-cycle 2 --marker {markers[1]} "
+                        f"--crash-in-put 3 --put-marker {markers[2]}"}[fault]
     study = online_study(tmp_path / "study", f"{exe} --address {{address}} --token-file {{token_file}} --grid {{restart}} "
                                              f"--forcing {forcing} --length {{length}} {extra}", online=FAST_FAULTS)
     make_forcing(study.directory / "members" / "member_0001.nc", forcing)
@@ -89,7 +93,7 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
         assert sum(e.get("event") == "runner_leave" for e in ev) == 1, "the SIGTERMed runner left without a BYE"
     else:
         assert all(m.exists() for m in markers), "a fault was never injected"
-        assert [(e["cycle"], e["reason"]) for e in requeued] == [(1, "lost"), (2, "lost")], requeued
+        assert [(e["cycle"], e["reason"]) for e in requeued] == [(1, "lost"), (2, "lost"), (3, "lost")], requeued
     # Only the interrupted forecasts were run again: one assignment more per fault than the members x cycles
     # (plus the statelessness check's repeats, as many as in a fault-free run).
     assigned = [(e["cycle"], e["member"]) for e in ev if e.get("event") == "task_assign"]
@@ -99,6 +103,7 @@ def test_a_native_runner_fault_requeues_its_member_only(native_build, reference,
     assert sum(e.get("event") == "runner_exit" for e in ev) == len(requeued), "the dead runners were not replaced"
     bad = differences(reference, outputs(study.directory, study.run_dir))
     assert not bad, f"{fault}: not bitwise the offline run: {bad}"
+    assert set(study.shm_ranks()) == {1} and not study.segments_left(), (study.shm_ranks(), study.segments_left())
 
 
 def test_native_runners_greet_a_restarted_server(native_build, reference, tmp_path: Path) -> None:
@@ -133,3 +138,4 @@ def test_native_runners_greet_a_restarted_server(native_build, reference, tmp_pa
     assert len(starts) == 2 and len(joins) >= 4, (starts, joins)  # the same two runner processes joined twice
     bad = differences(reference, outputs(study.directory, study.run_dir))
     assert not bad, f"not bitwise the offline run after a server restart: {bad}"
+    assert set(study.shm_ranks()) == {1} and not study.segments_left(), (study.shm_ranks(), study.segments_left())

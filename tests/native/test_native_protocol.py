@@ -3,12 +3,15 @@ real server gives only in rare interleavings, on demand."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from enkflow.shm_names import shm_dir
 from scripted_server import ScriptedServer
 
 HERE = Path(__file__).resolve().parent
@@ -25,11 +28,13 @@ def bad_runner(native_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def run_to_end(bad_runner: Path, server: ScriptedServer, mode: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``bad_runner MODE`` against ``server`` until it exits; the server is closed afterwards."""
+def run_to_end(bad_runner: Path, server: ScriptedServer, mode: str, timeout: float = 60,
+               transport: str = "") -> subprocess.CompletedProcess:
+    """``bad_runner MODE`` against ``server`` until it exits, with ENKFLOW_TRANSPORT=``transport``; the server
+    is closed afterwards."""
     try:
         return subprocess.run([str(bad_runner), server.address, TOKEN, mode], capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, env={**os.environ, "ENKFLOW_TRANSPORT": transport})
     finally:
         server.close()
 
@@ -39,11 +44,13 @@ def rc_lines(p: subprocess.CompletedProcess) -> list[str]:
     return [line for line in p.stdout.splitlines() if line.startswith("rc=")]
 
 
-def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(bad_runner: Path) -> None:
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(bad_runner: Path, shm: bool) -> None:
     """A NaN forecast whose pieces two server ranks both refuse: the runner reads the first ERROR and gives
     the task up; the second rank's ERROR, for that old task, must not be taken for the answer to the next
-    task's GET (that failed a healthy member, and with max_failures could stop the study)."""
-    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)],
+    task's GET (that failed a healthy member, and with max_failures could stop the study). The same through
+    the ranks' shared memory (PUT_SLOT refused)."""
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], shm=shm,
                             put_reply=lambda task, rank: "element 0 is nan (NaN or Inf in the forecast)" if task == 1
                             else None)
     p = run_to_end(bad_runner, server, "nan")
@@ -53,7 +60,54 @@ def test_a_forecast_rejected_by_every_server_rank_does_not_fail_the_next_member(
                                                    "of member 3, cycle 1"), lines
     assert server.fails == [], server.fails
     # Member 4's forecast went to both ranks and was acknowledged.
-    assert ("PUT", 2, 0) in server.received and ("PUT", 2, 1) in server.received, server.received
+    put = "PUT_SLOT" if shm else "PUT"
+    assert (put, 2, 0) in server.received and (put, 2, 1) in server.received, server.received
+
+
+def test_shared_memory_and_tcp_carry_the_same_forecasts(bad_runner: Path) -> None:
+    """The good runner against two server ranks offering shared memory: by itself (ENKFLOW_TRANSPORT unset) it
+    takes each member's state from the ranks' stores and puts its forecast into the task's slots (GET_SLOT,
+    PUT_SLOT); with ENKFLOW_TRANSPORT=" TCP " (read as the Python runner reads it) it exchanges the bytes in
+    messages (GET, PUT). The forecasts are the same bytes, each the model's step from its member's state. A
+    segment name of a dead maker is swept at join."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = shm_dir() / f"enkflow-online-{dead.pid}-0badc0de"
+    stale.write_bytes(b"")
+    servers = {}
+    try:
+        for transport in ("", " TCP "):
+            servers[transport] = server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], shm=True)
+            p = run_to_end(bad_runner, server, "good", transport=transport)
+            assert p.returncode == 0, (p.stdout, p.stderr)
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+    kinds = {t: sorted({k for k, _, rank in s.received if rank >= 0}) for t, s in servers.items()}
+    assert kinds == {"": ["GET_SLOT", "PUT_SLOT"], " TCP ": ["GET", "PUT"]}, kinds
+    assert servers[""].forecasts == servers[" TCP "].forecasts, (servers[""].forecasts, servers[" TCP "].forecasts)
+    for (task, rank), data in servers[""].forecasts.items():
+        np.testing.assert_array_equal(np.frombuffer(data), np.full(20, 2 + task + 0.01))  # members 3, 4; cycle 1
+
+
+@pytest.mark.parametrize("transport, shm, said", [
+    ("bogus", True, "rc=1 invalid argument: ENKFLOW_TRANSPORT='bogus' is not one of auto, shm, tcp"),
+    ("shm", False, "rc=1 invalid argument: transport shm: server rank 0 offers no shared memory"),
+    ("shm", "other-nonce", "rc=1 invalid argument: transport shm: the shared memory of server rank 0, "),
+], ids=["invalid", "none-offered", "another-servers"])
+def test_a_transport_the_runner_cannot_have_is_an_error_naming_why(bad_runner: Path, transport: str, shm: bool | str,
+                                                                   said: str) -> None:
+    """ENKFLOW_TRANSPORT holding another word than auto, shm, tcp; shm forced where the server offers none, or
+    where the segment named is not that server's (its header's nonce differs): init fails, naming the variable,
+    or the server rank, the segment and why. The runner does not join."""
+    server = ScriptedServer(TOKEN, [(1, 3, 1)], shm=shm)
+    store = server.shm[0].store if shm else ""
+    p = run_to_end(bad_runner, server, "good", transport=transport)
+    lines = rc_lines(p)
+    assert len(lines) == 1 and lines[0].startswith(said), lines
+    if shm == "other-nonce":
+        assert store in lines[0] and "nonce" in lines[0], lines
+    assert not [k for k, _, rank in server.received if rank >= 0], server.received
 
 
 def test_the_librarys_threads_block_signals(bad_runner: Path) -> None:
@@ -85,19 +139,22 @@ def test_the_librarys_threads_block_signals(bad_runner: Path) -> None:
     assert all(m & term for m in others.values()), {tid: hex(m) for tid, m in masks.items()}
 
 
-def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(bad_runner: Path) -> None:
-    """SIGTERM (the stop flag) ends the wait for a member's state: ENKFLOW_EINTR, the task held. A model
-    that clears its flag and calls expose again must not send its arrays, which never received that member's
-    state, as the member's forecast: the task is failed (given to another runner), then the runner serves on."""
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(bad_runner: Path, shm: bool) -> None:
+    """SIGTERM (the stop flag) ends the wait for a member's state (its DATA, or its SLOT): ENKFLOW_EINTR, the
+    task held. A model that clears its flag and calls expose again must not send its arrays, which never
+    received that member's state, as the member's forecast: the task is failed (given to another runner), then
+    the runner serves on."""
     import signal
 
-    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], ranks=1, hold_get={1})
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], ranks=1, hold_get={1}, shm=shm)
+    get, put = ("GET_SLOT", "PUT_SLOT") if shm else ("GET", "PUT")
     try:
         p = subprocess.Popen([str(bad_runner), server.address, TOKEN, "retry-after-sigterm"], stdout=subprocess.PIPE,
                              text=True)
         assert p.stdout.readline().strip() == "waiting"
         deadline = time.monotonic() + 20
-        while ("GET", 1, 0) not in server.received:
+        while (get, 1, 0) not in server.received:
             assert time.monotonic() < deadline, server.received
             time.sleep(0.02)
         p.send_signal(signal.SIGTERM)
@@ -106,9 +163,9 @@ def test_a_task_whose_state_never_arrived_is_given_back_not_sent_as_a_forecast(b
         server.close()
     assert p.returncode == 0, out
     assert "rc=12 interrupted" in out, out
-    assert ("PUT", 1, 0) not in server.received, server.received
+    assert (put, 1, 0) not in server.received, server.received
     assert len(server.fails) == 1 and "did not arrive" in server.fails[0], server.fails
-    assert ("PUT", 2, 0) in server.received, server.received
+    assert (put, 2, 0) in server.received, server.received
 
 
 def test_a_forked_child_cannot_finalize_its_parents_runner(bad_runner: Path) -> None:

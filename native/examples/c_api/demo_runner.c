@@ -2,6 +2,7 @@
  *
  *   enkflow_demo_c --address ADDR --token-file FILE --grid RESTART --forcing FORCING.nc --length HOURS
  *                  [--curve-key KEY] [--sleep S] [--crash-in-library MARKER] [--abort-in-cycle K --marker MARKER]
+ *                  [--crash-in-put K --put-marker MARKER]
  *                  [--output-address ADDR --output-token-file FILE [--output-field NAME]]
  *
  * The same floating-point operations in the same order as DemoModel.advance, on the whole (lat, lon) grid,
@@ -11,7 +12,9 @@
  * Fault injection for the tests, once per MARKER file (the replacement runner then works normally):
  * --crash-in-library binds the state to an invalid address before the first expose, so the library
  * crashes (SIGSEGV) writing the first member it receives; --abort-in-cycle K calls abort() right after
- * receiving a member of cycle K. SIGTERM makes the runner leave cleanly (BYE), from a forecast or from a
+ * receiving a member of cycle K; --crash-in-put K places the state across a page boundary and, after a
+ * forecast of cycle K, makes its second half unreadable: the library crashes (SIGSEGV) copying the forecast
+ * into the task's slot (or into its PUT message over TCP), half of it written. SIGTERM makes the runner leave cleanly (BYE), from a forecast or from a
  * wait for the server (enkflow_runner_set_stop_flag), with exit status 143 as the Python runner.
  *
  * Model output (enkflow_output.h): with --output-address (the {output_address} of the runner command; empty:
@@ -26,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -137,19 +141,30 @@ static int once(const char *marker) {
     return 1;
 }
 
+/* An array of `bytes` bytes whose second half starts on a page of its own (*tail, *tail_bytes long). */
+static void *straddling(size_t bytes, char **tail, size_t *tail_bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), head = bytes / 2;
+    size_t head_pages = (head + page - 1) / page * page;
+    *tail_bytes = (bytes - head + page - 1) / page * page;
+    void *base;
+    if (posix_memalign(&base, page, head_pages + *tail_bytes)) return NULL;
+    *tail = (char *)base + head_pages;
+    return memset(*tail - head, 0, bytes);
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: enkflow_demo_c --address ADDR --token-file FILE --grid RESTART --forcing FORCING.nc "
                     "--length HOURS [--variable NAME] [--curve-key KEY] [--sleep S] [--crash-in-library MARKER] "
-                    "[--abort-in-cycle K --marker MARKER] [--output-address ADDR --output-token-file FILE "
+                    "[--abort-in-cycle K --marker MARKER] [--crash-in-put K --put-marker MARKER] [--output-address ADDR --output-token-file FILE "
                     "[--output-field NAME]]\n");
 }
 
 int main(int argc, char **argv) {
     const char *address = NULL, *token_file = NULL, *restart = NULL, *forcing = NULL, *curve = "", *variable = "soil_moisture";
-    const char *crash_marker = NULL, *marker = NULL;
+    const char *crash_marker = NULL, *marker = NULL, *put_marker = NULL;
     const char *out_address = "", *out_token = "", *out_field = NULL;
     double length = 6.0, sleep_s = 0.0;
-    long abort_cycle = -1;
+    long abort_cycle = -1, put_cycle = -1;
     for (int a = 1; a < argc; a++) {
         const char *opt = argv[a], *val = NULL;
         const char *eq = strchr(opt, '=');
@@ -176,6 +191,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(opt, "--crash-in-library")) crash_marker = val;
         else if (!strcmp(opt, "--abort-in-cycle")) abort_cycle = strtol(val, NULL, 10);
         else if (!strcmp(opt, "--marker")) marker = val;
+        else if (!strcmp(opt, "--crash-in-put")) put_cycle = strtol(val, NULL, 10);
+        else if (!strcmp(opt, "--put-marker")) put_marker = val;
         else if (!strcmp(opt, "--output-address")) out_address = val;
         else if (!strcmp(opt, "--output-token-file")) out_token = val;
         else if (!strcmp(opt, "--output-field")) out_field = val;
@@ -198,7 +215,9 @@ int main(int argc, char **argv) {
     enkflow_dtype dtype = xtype == NC_DOUBLE ? ENKFLOW_FLOAT64 : ENKFLOW_FLOAT32;
     size_t cells = g.nx * g.ny, isz = xtype == NC_DOUBLE ? 8 : 4;
     double *u = malloc(cells * sizeof *u), *tend = malloc(cells * sizeof *tend);
-    void *x = calloc(g.nland ? g.nland : 1, isz);
+    char *tail = NULL;
+    size_t tail_bytes = 0;
+    void *x = put_cycle < 0 ? calloc(g.nland ? g.nland : 1, isz) : straddling((g.nland ? g.nland : 1) * isz, &tail, &tail_bytes);
     if (!u || !tend || !x) {
         fprintf(stderr, "enkflow_demo_c: out of memory\n");
         return 1;
@@ -234,6 +253,7 @@ int main(int argc, char **argv) {
     if (!rc) rc = enkflow_runner_set_stop_flag(r, &leave); /* SIGTERM also ends a wait for the server */
     if (!rc) rc = enkflow_runner_add_field(r, variable, dtype, 1, &n, 1);
     if (!rc) rc = enkflow_runner_init(r);
+    if (!rc) fprintf(stderr, "enkflow_demo_c: shared memory with %d server rank(s)\n", enkflow_runner_shm_ranks(r));
     if (!rc && once(crash_marker)) rc = enkflow_runner_bind(r, variable, dtype, (void *)(uintptr_t)16, n);
     else if (!rc) rc = enkflow_runner_bind(r, variable, dtype, x, n);
     if (!rc) rc = enkflow_runner_expose(r, &nsteps);
@@ -263,6 +283,7 @@ int main(int argc, char **argv) {
             }
         }
         if (leave) break; /* SIGTERM mid-forecast: BYE below gives the member back at once */
+        if (enkflow_runner_cycle(r) == put_cycle && once(put_marker)) mprotect(tail, tail_bytes, PROT_NONE);
         rc = enkflow_runner_expose(r, &nsteps);
     }
     if (rc && !(rc == ENKFLOW_EINTR && leave)) fprintf(stderr, "enkflow_demo_c: error %d: %s\n", rc, enkflow_runner_errmsg(r));
@@ -275,7 +296,7 @@ int main(int argc, char **argv) {
     }
     free(u);
     free(tend);
-    free(x);
+    if (put_cycle < 0) free(x);
     if (leave) return 128 + SIGTERM;
     return rc || out_rc ? 1 : 0;
 }

@@ -68,6 +68,8 @@ program enkflow_demo_f
   if (ierr == ENKFLOW_OK) call enkflow_set_curve_key(r, trim(curve), ierr)
   if (ierr == ENKFLOW_OK) call enkflow_add_field(r, trim(variable), ENKFLOW_FLOAT64, [nland], .true., ierr)
   if (ierr == ENKFLOW_OK) call enkflow_init(r, ierr)
+  if (ierr == ENKFLOW_OK) write (0, '(a, i0, a)') 'enkflow_demo_f: shared memory with ', enkflow_shm_ranks(r), &
+                                                 ' server rank(s)'
   if (ierr == ENKFLOW_OK) call enkflow_bind(r, trim(variable), x, ierr)
   if (ierr == ENKFLOW_OK) call enkflow_expose(r, nsteps, ierr)
   do while (ierr == ENKFLOW_OK .and. nsteps > 0)
