@@ -61,13 +61,19 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent / "native_restart_io"
 
 
-def build(out: Path, build_dir: Path | None) -> dict[str, Path]:
-    """native/ built with CMake (unless ``build_dir`` holds a build) and the two benchmark models."""
+def cmake_native(out: Path, build_dir: Path | None) -> Path:
+    """``build_dir``, or else native/ built with CMake (Release) in ``out/build``: the build's folder."""
     if build_dir is None:
         build_dir = out / "build"
         subprocess.run(["cmake", "-S", str(ROOT / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
                        check=True, stdout=subprocess.DEVNULL)
         subprocess.run(["cmake", "--build", str(build_dir), "-j", "2"], check=True, stdout=subprocess.DEVNULL)
+    return build_dir
+
+
+def build(out: Path, build_dir: Path | None) -> dict[str, Path]:
+    """native/ built with CMake (unless ``build_dir`` holds a build) and the two benchmark models."""
+    build_dir = cmake_native(out, build_dir)
     shim = next(build_dir.rglob("libenkflow_intercept.so"))
     runner_lib = next(build_dir.rglob("libenkflow_runner.so"))
     nc = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True, check=True).stdout.split()
