@@ -31,7 +31,9 @@ each forecast and by the analysis, and the model's start-up (its static input) e
 Timed: the cycle's period in ``run/events.jsonl``, ``cycle_end(k) - cycle_end(k - 1)`` for k = 2..cycles
 (the whole cycle: forecasts, analysis and whatever happens between cycles); the first cycle is left out
 (start-up of pilots, runners and server, online the statelessness check). ``seconds_per_cycle_*`` is their
-mean, ``ratio`` = offline / online; ``wall_s_*`` the whole ``enkflow run``. Prints progress; the last line
+mean, ``ratio`` = offline / online; ``wall_s_*`` the whole ``enkflow run``; ``forecast_phase_s_*`` the part
+of each timed cycle from its ``cycle_start`` to its last forecast done (the rest is the analysis and the
+step to the next cycle). Prints progress; the last line
 is JSON. On 2 cores with the defaults: a few minutes, most of it making the problem (``--size small`` checks
 the script in seconds).
 """
@@ -110,8 +112,43 @@ def online_toml(text: str, d: Path, models: Models, a: argparse.Namespace) -> st
         f'transport = "{a.transport}"\nheartbeat = 1.0\nheartbeat_timeout = 600.0\n')
 
 
-def run_study(toml: Path, log: Path) -> tuple[float, dict[int, float]]:
-    """``enkflow run toml``: its wall seconds and the time of each cycle's ``cycle_end`` event."""
+@dataclass(frozen=True)
+class Timeline:
+    """POSIX seconds, by cycle, of a run's ``cycle_start`` and ``cycle_end`` events and of the last member's
+    forecast done (offline ``task_end`` of a member, online ``task_done``)."""
+
+    starts: dict[int, float]
+    ends: dict[int, float]
+    forecasts_done: dict[int, float]
+
+    @classmethod
+    def of(cls, events: Path) -> "Timeline":
+        t = cls({}, {}, {})
+        for e in iter_events(events):
+            k = e.get("cycle")
+            if not isinstance(k, int):
+                continue
+            if e.get("event") == "cycle_start":
+                t.starts.setdefault(k, e["t"])
+            elif e.get("event") == "cycle_end":
+                t.ends.setdefault(k, e["t"])
+            elif e.get("event") == "task_done" or (e.get("event") == "task_end" and e.get("member") is not None):
+                t.forecasts_done[k] = max(t.forecasts_done.get(k, 0.0), e["t"])
+        return t
+
+    def periods(self, cycles: int) -> list[float]:
+        """Seconds of cycles 2..cycles, each from the previous cycle's end to its own."""
+        if sorted(self.ends) != list(range(1, cycles + 1)):
+            raise SystemExit(f"cycle_end events of cycles {sorted(self.ends)}, expected 1..{cycles}")
+        return [self.ends[k] - self.ends[k - 1] for k in range(2, cycles + 1)]
+
+    def forecast_phases(self, cycles: int) -> list[float]:
+        """Seconds of cycles 2..cycles from ``cycle_start`` to the last forecast done."""
+        return [self.forecasts_done[k] - self.starts[k] for k in range(2, cycles + 1)]
+
+
+def run_study(toml: Path, log: Path) -> tuple[float, Timeline]:
+    """``enkflow run toml``: its wall seconds and its events' timeline."""
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.perf_counter()
     with open(log, "wb") as fh:
@@ -120,18 +157,7 @@ def run_study(toml: Path, log: Path) -> tuple[float, dict[int, float]]:
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"enkflow run {toml} failed (exit {rc}); see {log}")
-    ends: dict[int, float] = {}
-    for e in iter_events(load_experiment(toml).dir.events):
-        if e.get("event") == "cycle_end" and isinstance(e.get("cycle"), int):
-            ends.setdefault(e["cycle"], e["t"])
-    return wall, ends
-
-
-def periods(ends: dict[int, float], cycles: int) -> list[float]:
-    """Seconds of cycles 2..cycles, each from the previous cycle's end to its own."""
-    if sorted(ends) != list(range(1, cycles + 1)):
-        raise SystemExit(f"cycle_end events of cycles {sorted(ends)}, expected 1..{cycles}")
-    return [ends[k] - ends[k - 1] for k in range(2, cycles + 1)]
+    return wall, Timeline.of(load_experiment(toml).dir.events)
 
 
 def mean_digests(toml: Path, cycles: int) -> list[str]:
@@ -162,14 +188,16 @@ def measure(root: Path, a: argparse.Namespace, models: Models) -> dict:
                                                             models, a))
     for mode, t in (("offline", toml), ("online", online_dir / "experiment.toml")):
         say(f"{mode}: enkflow run ...")
-        wall, ends = run_study(t, root / f"{mode}.log")
-        per = periods(ends, a.cycles)
+        wall, timeline = run_study(t, root / f"{mode}.log")
+        per = timeline.periods(a.cycles)
         res[f"cycle_s_{mode}"] = per
+        res[f"forecast_phase_s_{mode}"] = timeline.forecast_phases(a.cycles)
         res[f"seconds_per_cycle_{mode}"] = sum(per) / len(per)
         res[f"wall_s_{mode}"] = wall
         res[f"means_{mode}"] = mean_digests(t, a.cycles)
         say(f"  {mode}: {res[f'seconds_per_cycle_{mode}']:.2f} s per cycle (cycles 2..{a.cycles}: "
-            f"{', '.join(f'{p:.2f}' for p in per)}), {wall:.1f} s in all")
+            f"{', '.join(f'{p:.2f}' for p in per)}; of which forecasts "
+            f"{', '.join(f'{p:.2f}' for p in res[f'forecast_phase_s_{mode}'])}), {wall:.1f} s in all")
         shutil.rmtree(t.parent / "members", ignore_errors=True)  # disk: the next run has its own copy
     res["online_equals_offline"] = res.pop("means_offline") == res.pop("means_online")
     res["ratio"] = res["seconds_per_cycle_offline"] / res["seconds_per_cycle_online"]
