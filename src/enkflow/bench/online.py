@@ -46,7 +46,8 @@ memory copy (shared memory), and seconds per cycle online against offline. One r
    (:func:`enkflow.experiment.demo_problem.prepare`, the tiny synthetic land problem,
    LETKF) with ``members`` and ``cycles``, run once offline (restart files, job
    scheme, ``runners`` pilot workers) and once online (``runners`` runners, one
-   server rank), each from its own fresh copy: ``seconds_per_cycle_*`` is the mean
+   server rank, the default ``[online] transport``: shared memory on one node), each
+   from its own fresh copy: ``seconds_per_cycle_*`` is the mean
    of ``cycle_end - cycle_start`` of its event log, ``wall_s_*`` the whole run
    (start-up included). The two analyses must agree (``online_equals_offline``).
 
