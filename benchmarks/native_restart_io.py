@@ -2,6 +2,7 @@
 and through the C runner API, at several ensemble sizes, in one run (issue 13; docs/intercept.md).
 
     python benchmarks/native_restart_io.py [--members 8 32] [--mb 52.4] [--dir DIR] [--build DIR]
+                                           [--transport auto|shm|tcp]
 
 One model, three ways; its state is one float64 variable ``x`` of ``--mb`` MB (1 MB = 1e6 bytes), and
 its "forecast" adds 1 to every element (not timed). Members run one after another on one runner, so
@@ -21,10 +22,20 @@ each figure is one member's cost without contention:
 * **C API**: ``capi_model`` (capi_model.c) with libenkflow_runner against the same server: ``exchange``
   = one expose (PUT, READY/TASK, GET into the model's array).
 
+The physical limit, **memcpy**: ``np.copyto`` of the same bytes (one state, ``--mb`` MB) from one
+array into another, both touched before (so no page faults are timed), best of 7 (:mod:`enkflow.bench.memcpy`); its
+``gbps`` is state bytes / those seconds. A member's exchange moves the state in (GET) and its forecast
+out (PUT), so the floor of a way's ``io`` is two such copies: ``*_over_two_copies`` = io / (2 x copy).
+
+``--transport`` sets ``ENKFLOW_TRANSPORT`` for the runners (the intercepted model's wrapper and the C
+API runner) and ``--transport`` of the server (:mod:`enkflow.bench.online_server`): ``shm`` exchanges
+through shared memory (the server's node is the runner's), ``tcp`` over loopback TCP, ``auto`` (the
+default) as the runners choose by themselves; run twice to see TCP beside shared memory.
+
 Per member, ``io`` is read + write (+ exchange) for each way (``files`` with and without fsync). The
 first expose of a run (a GET only) and the last (a PUT, then the wait for the analysis and STOP) are
 left out; the means are over the members in between. Ratios are files / intercept, files / C API and
-intercept / C API, from the same run. The last line is JSON.
+intercept / C API, and each way over two copies, from the same run. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -44,17 +55,25 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+from enkflow.bench.memcpy import COPY_REPEATS, memcpy_limit
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent / "native_restart_io"
 
 
-def build(out: Path, build_dir: Path | None) -> dict[str, Path]:
-    """native/ built with CMake (unless ``build_dir`` holds a build) and the two benchmark models."""
+def cmake_native(out: Path, build_dir: Path | None) -> Path:
+    """``build_dir``, or else native/ built with CMake (Release) in ``out/build``: the build's folder."""
     if build_dir is None:
         build_dir = out / "build"
         subprocess.run(["cmake", "-S", str(ROOT / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
                        check=True, stdout=subprocess.DEVNULL)
         subprocess.run(["cmake", "--build", str(build_dir), "-j", "2"], check=True, stdout=subprocess.DEVNULL)
+    return build_dir
+
+
+def build(out: Path, build_dir: Path | None) -> dict[str, Path]:
+    """native/ built with CMake (unless ``build_dir`` holds a build) and the two benchmark models."""
+    build_dir = cmake_native(out, build_dir)
     shim = next(build_dir.rglob("libenkflow_intercept.so"))
     runner_lib = next(build_dir.rglob("libenkflow_runner.so"))
     nc = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True, check=True).stdout.split()
@@ -96,14 +115,14 @@ def files_way(exe: Path, restarts: list[Path], d: Path) -> dict[str, float]:
 class BenchServer:
     """``python -m enkflow.bench.online_server``: one float64 field of ``n`` elements, ``members`` members, one cycle."""
 
-    def __init__(self, d: Path, n: int, members: int):
+    def __init__(self, d: Path, n: int, members: int, transport: str):
         d.mkdir(parents=True, exist_ok=True)
         self.d = d
         self.token = d / "token"
         self.token.write_text(secrets.token_hex(16) + "\n")
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         argv = [sys.executable, "-m", "enkflow.bench.online_server", "--dir", str(d), "--problem", "exchange",
-                "--n", str(n), "--members", str(members), "--cycles", "1", "--nsteps", "1", "--seed", "0", "--runners", "1"]
+                "--n", str(n), "--members", str(members), "--cycles", "1", "--nsteps", "1", "--seed", "0", "--runners", "1", "--transport", transport]
         self.log = open(d / "server.log", "wb")
         self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
@@ -124,14 +143,20 @@ class BenchServer:
             self.log.close()
 
 
-def intercept_way(exe: Path, shim: Path, template: Path, n: int, members: int, d: Path) -> dict[str, float]:
-    server = BenchServer(d, n, members)
+def runner_env(transport: str, **extra: str) -> dict[str, str]:
+    """The runners' environment: ``ENKFLOW_TRANSPORT`` (how they exchange with the server) and ``extra``."""
+    return dict(os.environ, ENKFLOW_TRANSPORT=transport, **extra)
+
+
+def intercept_way(exe: Path, shim: Path, template: Path, n: int, members: int, d: Path,
+                  transport: str) -> dict[str, float]:
+    server = BenchServer(d, n, members, transport)
     model_t, runner_t = d / "model.jsonl", d / "runner.jsonl"
     argv = [sys.executable, "-m", "enkflow.online.intercept", "--address", server.address, "--token-file",
             str(server.token), "--field", f"x:float64:{n}", "--path", str(template), "--shim", str(shim),
             "--timings", str(runner_t), "--", str(exe), "{restart}"]
     with open(d / "runner.log", "wb") as log:
-        rc = subprocess.run(argv, env=dict(os.environ, IO_TIMINGS=str(model_t)), stdout=log, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(argv, env=runner_env(transport, IO_TIMINGS=str(model_t)), stdout=log, stderr=subprocess.STDOUT).returncode
     server.wait()
     if rc != 0:
         raise SystemExit(f"the intercepted runner failed (exit {rc}); see {d / 'runner.log'}")
@@ -147,12 +172,12 @@ def intercept_way(exe: Path, shim: Path, template: Path, n: int, members: int, d
     return mean
 
 
-def capi_way(exe: Path, n: int, members: int, d: Path) -> dict[str, float]:
-    server = BenchServer(d, n, members)
+def capi_way(exe: Path, n: int, members: int, d: Path, transport: str) -> dict[str, float]:
+    server = BenchServer(d, n, members, transport)
     out = d / "capi.json"
     with open(d / "runner.log", "wb") as log:
         rc = subprocess.run([str(exe), server.address, str(server.token), str(n), str(out)], stdout=log,
-                            stderr=subprocess.STDOUT).returncode
+                            stderr=subprocess.STDOUT, env=runner_env(transport)).returncode
     server.wait()
     if rc != 0:
         raise SystemExit(f"the C API runner failed (exit {rc}); see {d / 'runner.log'}")
@@ -167,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mb", type=float, default=52.4, help="state (and restart) size per member, MB (1e6 bytes)")
     p.add_argument("--dir", type=Path, default=None, help="working directory (default: a temporary one, removed)")
     p.add_argument("--build", type=Path, default=None, help="an existing CMake build of native/ (default: build one)")
+    p.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto",
+                   help="ENKFLOW_TRANSPORT of the runners and the server's transport (default: auto)")
     a = p.parse_args(argv)
     if min(a.members) < 3:
         p.error("--members must be >= 3 (the first and last exchange of a run are left out)")
@@ -178,20 +205,23 @@ def main(argv: list[str] | None = None) -> int:
     a.dir.mkdir(parents=True, exist_ok=True)
     try:
         exes = build(a.dir, a.build)
-        result: dict = {"state_mb": n * 8 / 1e6, "n": n, "members": {}}
+        result: dict = {"state_mb": n * 8 / 1e6, "n": n, "transport": a.transport, "members": {}}
         for members in a.members:
             d = a.dir / f"m{members}"
             shutil.rmtree(d, ignore_errors=True)
             restarts = write_restarts(d / "restarts", members, n)
             result["restart_file_mb"] = restarts[0].stat().st_size / 1e6
             print(f"{members} members, restarts of {restarts[0].stat().st_size / 1e6:.1f} MB", flush=True)
+            limit = memcpy_limit(n)
+            copy = {"copy_s": limit.seconds, "gbps": limit.gbps, "repeats": limit.repeats}
+            print(f"  memcpy    {copy['copy_s']:.4f} s ({copy['gbps']:.1f} GB/s, best of {COPY_REPEATS})", flush=True)
             files = files_way(exes["io_model"], restarts, d)
             print(f"  files     read {files['read_s']:.4f} s  write {files['write_s']:.4f} s  fsync {files['fsync_s']:.4f} s",
                   flush=True)
-            inter = intercept_way(exes["io_model"], exes["shim"], restarts[0], n, members, d / "intercept")
+            inter = intercept_way(exes["io_model"], exes["shim"], restarts[0], n, members, d / "intercept", a.transport)
             print(f"  intercept read {inter['read_s']:.4f} s  write {inter['write_s']:.4f} s  exchange {inter['exchange_s']:.4f} s",
                   flush=True)
-            capi = capi_way(exes["capi_model"], n, members, d / "capi")
+            capi = capi_way(exes["capi_model"], n, members, d / "capi", a.transport)
             print(f"  C API     exchange {capi['exchange_s']:.4f} s", flush=True)
             shutil.rmtree(d / "restarts", ignore_errors=True)
             result["members"][str(members)] = {
@@ -200,16 +230,22 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio_files_nofsync_over_intercept": files["io_nofsync_s"] / inter["io_s"],
                 "ratio_files_over_capi": files["io_s"] / capi["io_s"],
                 "ratio_files_nofsync_over_capi": files["io_nofsync_s"] / capi["io_s"],
-                "ratio_intercept_over_capi": inter["io_s"] / capi["io_s"]}
+                "ratio_intercept_over_capi": inter["io_s"] / capi["io_s"],
+                "memcpy": copy,
+                **{f"{way}_over_two_copies": t / (2 * copy["copy_s"]) for way, t in
+                   (("files", files["io_s"]), ("files_nofsync", files["io_nofsync_s"]), ("intercept", inter["io_s"]),
+                    ("capi", capi["io_s"]))}}
         print()
-        print(f"restart read + write per member, state {n * 8 / 1e6:.1f} MB (seconds; ratio = files / way)")
-        print(f"{'members':>8} {'files':>8} {'files*':>8} {'intercept':>10} {'C API':>8} {'files/int':>10} {'files/C':>8} "
-              f"{'int/C':>6}")
+        print(f"restart read + write per member, state {n * 8 / 1e6:.1f} MB, runners' transport {a.transport} "
+              "(seconds; files/way = files' time / way's; way/2c = way's time / two memory copies)")
+        print(f"{'members':>8} {'files':>8} {'files*':>8} {'intercept':>10} {'C API':>8} {'2 copies':>9} {'files/int':>10} "
+              f"{'files/C':>8} {'int/C':>6} {'files/2c':>9} {'int/2c':>7} {'C/2c':>6}")
         for members, r in result["members"].items():
             print(f"{members:>8} {r['files']['io_s']:8.4f} {r['files']['io_nofsync_s']:8.4f} {r['intercept']['io_s']:10.4f} "
-                  f"{r['capi']['io_s']:8.4f} {r['ratio_files_over_intercept']:10.2f} {r['ratio_files_over_capi']:8.2f} "
-                  f"{r['ratio_intercept_over_capi']:6.2f}")
-        print("files* = without the fsync; page cache warm for the reads")
+                  f"{r['capi']['io_s']:8.4f} {2 * r['memcpy']['copy_s']:9.4f} {r['ratio_files_over_intercept']:10.2f} "
+                  f"{r['ratio_files_over_capi']:8.2f} {r['ratio_intercept_over_capi']:6.2f} {r['files_over_two_copies']:9.2f} "
+                  f"{r['intercept_over_two_copies']:7.2f} {r['capi_over_two_copies']:6.2f}")
+        print("files* = without the fsync; page cache warm for the reads; 2 copies = twice np.copyto of the state")
         print(json.dumps(result))
     finally:
         if tmp is not None:

@@ -39,6 +39,15 @@ def test_bench_online_tiny(mpiexec, subprocess_env, tmp_path):
     assert res["tasks"] == 2
     assert res["data_ok"] is True and res["data_problems"] == []
     assert res["online_equals_offline"] is True
+    _positive(res, "memcpy_gbps", "memcpy_s")
+    shm = ("shm_exchange_gbps", "shm_ratio", "shm_ratio_best", "shm_over_tcp")
+    if res["shm_unavailable"] is None:  # the runners are on the server's node: shared memory, against a copy
+        _positive(res, *shm)
+        assert res["shm_ratio"] == pytest.approx(res["shm_exchange_gbps"] / res["memcpy_gbps"])
+        assert res["shm_over_tcp"] == pytest.approx(res["shm_exchange_gbps"] / res["exchange_gbps"])
+        assert len(res["shm_exchange_forecast_s"]) == len(res["shm_exchange_cpu_s"]) == 1
+    else:
+        assert all(res[k] is None for k in shm)
     assert not list(tmp_path.iterdir()), "the temporary files are removed"
 
 

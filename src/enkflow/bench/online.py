@@ -1,12 +1,12 @@
-"""``enkflow bench online``: the online mode's state exchange against raw pyzmq, and seconds per
-cycle online against offline. One run, three measurements:
+"""``enkflow bench online``: the online mode's state exchange against raw pyzmq (TCP) and against a
+memory copy (shared memory), and seconds per cycle online against offline. One run, four measurements:
 
 1. *Raw pyzmq baseline* (``raw_zmq_gbps``): :mod:`enkflow.bench.online_raw`, with
    ``cycles`` timed rounds. The baseline runs twice, before and after the online
    exchange, and the faster run counts (on a shared machine a disturbed run
    would flatter the ratio).
 
-2. *Online exchange* (``exchange_gbps``). The real server (``mpiexec -n ranks
+2. *Online exchange over TCP* (``exchange_gbps``). The real server (``mpiexec -n ranks
    python -m enkflow.bench.online_server``) holding ``members`` states of
    ``state_mb`` MB (one assimilated float64 field, 1 MB = 1e6 bytes), and
    ``runners`` processes using :class:`~enkflow.online.runner.Runner` with a
@@ -23,20 +23,37 @@ cycle online against offline. One run, three measurements:
    timed cycles. Bytes: ``2 x members x cycles x state bytes`` (every member's
    state once each way).
 
-   Both rates are bytes moved / timed seconds (1 GB = 1e9 bytes); ``ratio`` is
-   exchange / raw; ``ratio_best`` the rate of the fastest exchange cycle over that
-   of the fastest raw round (of both raw runs).
+   The server makes no shared memory and the runners use loopback TCP
+   (``transport = "tcp"``), as before issue 27. Both rates are bytes moved / timed
+   seconds (1 GB = 1e9 bytes); ``ratio`` is exchange / raw; ``ratio_best`` the rate of
+   the fastest exchange cycle over that of the fastest raw round (of both raw runs).
+
+2b. *Online exchange over shared memory* (``shm_exchange_gbps``): the same study, timed
+   the same way, with server and runners on ``transport = "shm"`` (the runners are on
+   the server's node): a GET is one copy from the server rank's store segment into the
+   runner's array, a PUT one copy into the task's slot segment, the server checks the
+   slot and copies it into the ensemble off the runners' path. Against the physical
+   limit, ``memcpy_gbps``: ``np.copyto`` of one whole state between two touched arrays
+   in this process, best of 7, measured right after (:mod:`enkflow.bench.memcpy`).
+   ``shm_ratio`` = shm_exchange_gbps / memcpy_gbps (a member's exchange moves its
+   state twice, in and out, and the bytes moved count both, so 1.0 would mean each
+   direction costs one copy's time with the cycle's members one after another);
+   ``shm_ratio_best`` the fastest cycle's; ``shm_over_tcp`` = shm_exchange_gbps /
+   exchange_gbps. Where this node has no shared memory for segments, the shm keys are
+   null and ``shm_unavailable`` says why.
 
 3. *Seconds per cycle, online vs offline*: the ``enkflow demo`` problem
    (:func:`enkflow.experiment.demo_problem.prepare`, the tiny synthetic land problem,
    LETKF) with ``members`` and ``cycles``, run once offline (restart files, job
    scheme, ``runners`` pilot workers) and once online (``runners`` runners, one
-   server rank), each from its own fresh copy: ``seconds_per_cycle_*`` is the mean
+   server rank, the default ``[online] transport``: shared memory on one node), each
+   from its own fresh copy: ``seconds_per_cycle_*`` is the mean
    of ``cycle_end - cycle_start`` of its event log, ``wall_s_*`` the whole run
    (start-up included). The two analyses must agree (``online_equals_offline``).
 
 ``--check`` makes the model add 1 to every element and has the runners and the
-server checksum every state they exchange (:mod:`enkflow.bench.online_checks`).
+server checksum every state they exchange (:mod:`enkflow.bench.online_checks`), in
+both exchange studies.
 It costs passes over the data, so it is off for the timing runs.
 """
 
@@ -51,6 +68,7 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+from enkflow.bench.memcpy import CopyLimit, memcpy_limit
 from enkflow.bench.online_checks import verify
 from enkflow.bench.online_raw import raw_zmq
 from enkflow.bench.online_study import check_counts, child_env, online_study, say, scratch
@@ -60,6 +78,7 @@ from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.experiment.driver import Experiment
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
+from enkflow.online.segments import Transport, available
 
 
 def run_online(args: argparse.Namespace) -> int:
@@ -75,14 +94,23 @@ def run_online(args: argparse.Namespace) -> int:
         env = child_env()
         say("raw pyzmq baseline ...")
         raw = [raw_zmq(n, args.ranks, args.runners, args.members, args.cycles, env, args.timeout)]
-        say("online exchange ...")
-        rec = online_study(d / "exchange", problem="exchange", n=n, ranks=args.ranks, runners=args.runners,
-                           members=args.members, cycles=args.cycles + 1, check=args.check, timeout_s=args.timeout, say=say)
+        say("online exchange over TCP ...")
+        rec = _exchange_study(args, d / "exchange", n, Transport.TCP)
+        shm_unavailable = available()
+        shm_rec = None
+        if shm_unavailable is None:
+            say("online exchange over shared memory ...")
+            shm_rec = _exchange_study(args, d / "exchange-shm", n, Transport.SHM)
+        else:
+            say(f"no exchange over shared memory: {shm_unavailable}")
+        limit = memcpy_limit(n)
         say("raw pyzmq baseline again ...")
         raw.append(raw_zmq(n, args.ranks, args.runners, args.members, args.cycles, env, args.timeout))
         res = _exchange_results(args, rec, raw, state_bytes)
+        res.update(_shm_results(args, shm_rec, limit, res["exchange_gbps"]), shm_unavailable=shm_unavailable)
         if args.check:
             problems = verify(rec, args.members, args.cycles + 1)
+            problems += [f"shared memory: {p}" for p in (verify(shm_rec, args.members, args.cycles + 1) if shm_rec else [])]
             res["data_ok"] = not problems
             res["data_problems"] = problems[:10]
         if not args.no_compare:
@@ -98,6 +126,42 @@ def run_online(args: argparse.Namespace) -> int:
     return 0 if res.get("data_ok", True) else 1
 
 
+def _exchange_study(args: argparse.Namespace, d: Path, n: int, transport: Transport) -> dict:
+    """The exchange problem served by ``args.ranks`` ranks to ``args.runners`` runners over ``transport``."""
+    return online_study(d, problem="exchange", n=n, ranks=args.ranks, runners=args.runners, members=args.members,
+                        cycles=args.cycles + 1, transport=transport, check=args.check, timeout_s=args.timeout, say=say)
+
+
+def _timed_cycles(rec: dict) -> tuple[list[int], list[float]]:
+    """The timed cycles of a study's record (the first is the warm-up) and their forecast phases' seconds."""
+    diag = {int(k): v for k, v in rec["diagnostics"].items()}
+    ks = sorted(diag)[1:]
+    return ks, [diag[k]["forecast_s"] for k in ks]
+
+
+def _cpu_per_cycle(rec: dict, ks: list[int]) -> list[float]:
+    """CPU seconds of every process (server ranks and runners) in each of the cycles ``ks``: where the
+    cores are busy anyway, the ratio of two rates follows the ratio of these."""
+    return [sum(rec["forecast_cpu_s"][str(k)]) + sum(r["cpu_by_cycle"].get(str(k), 0.0) for r in rec["runners"])
+            for k in ks]
+
+
+def _shm_results(args: argparse.Namespace, rec: dict | None, limit: CopyLimit, tcp_gbps: float) -> dict:
+    """The shared-memory exchange's rate against one memory copy's (``limit``) and the TCP exchange's
+    (``tcp_gbps``); the rates are null without a record ``rec``."""
+    res: dict = {"memcpy_gbps": limit.gbps, "memcpy_s": limit.seconds}
+    if rec is None:
+        return res | dict.fromkeys(("shm_exchange_gbps", "shm_ratio", "shm_ratio_best", "shm_over_tcp",
+                                    "shm_exchange_forecast_s", "shm_exchange_cpu_s", "shm_server_forecast_cpu_s"))
+    ks, timed = _timed_cycles(rec)
+    per_cycle = 2 * args.members * limit.nbytes
+    gbps = per_cycle * len(ks) / sum(timed) / 1e9
+    return res | {"shm_exchange_gbps": gbps, "shm_ratio": gbps / limit.gbps,
+                  "shm_ratio_best": per_cycle / min(timed) / 1e9 / limit.gbps, "shm_over_tcp": gbps / tcp_gbps,
+                  "shm_exchange_forecast_s": timed, "shm_exchange_cpu_s": _cpu_per_cycle(rec, ks),
+                  "shm_server_forecast_cpu_s": [rec["forecast_cpu_s"][str(k)] for k in ks]}
+
+
 def _exchange_results(args: argparse.Namespace, rec: dict, raw: list[tuple[list[float], list[float]]],
                       state_bytes: int) -> dict:
     """The rates and their parts from the server's record ``rec`` and the raw runs' (seconds, CPU
@@ -107,8 +171,7 @@ def _exchange_results(args: argparse.Namespace, rec: dict, raw: list[tuple[list[
     best = min(range(2), key=lambda i: sum(raw_runs[i]))  # the faster run: the baseline is not the one slowed down
     raw_times = raw_runs[best]
     diag = {int(k): v for k, v in rec["diagnostics"].items()}
-    ks = sorted(diag)[1:]
-    timed = [diag[k]["forecast_s"] for k in ks]
+    ks, timed = _timed_cycles(rec)
     res: dict = {
         "exchange_gbps": moved / sum(timed) / 1e9,
         "raw_zmq_gbps": moved / sum(raw_times) / 1e9,
@@ -123,11 +186,7 @@ def _exchange_results(args: argparse.Namespace, rec: dict, raw: list[tuple[list[
                tasks=sum(diag[k]["tasks"] for k in ks),
                server_transfer_s=[diag[k]["transfer_s"] for k in ks],
                server_forecast_cpu_s=[rec["forecast_cpu_s"][str(k)] for k in ks],
-               # CPU seconds per cycle (round) of every process of each side: where the cores are busy
-               # anyway, the ratio of the rates follows the ratio of these
-               exchange_cpu_s=[sum(rec["forecast_cpu_s"][str(k)]) + sum(r["cpu_by_cycle"].get(str(k), 0.0)
-                                                                       for r in rec["runners"]) for k in ks],
-               raw_cpu_s=raw[best][1], runners_terminated=rec["runners_terminated"])
+               exchange_cpu_s=_cpu_per_cycle(rec, ks), raw_cpu_s=raw[best][1], runners_terminated=rec["runners_terminated"])
     return res
 
 
@@ -169,12 +228,22 @@ def _online_table(r: dict) -> str:
         f"{r['runners']} runners, {r['cycles']} timed cycle(s); {gb:.2f} GB moved (both directions)",
         f"  {'':28s}{'seconds':>10s}{'GB/s':>10s}",
         f"  {'raw pyzmq (same streams)':28s}{sum(r['raw_round_s']):10.3f}{r['raw_zmq_gbps']:10.3f}",
-        f"  {'enkflow online exchange':28s}{sum(r['exchange_forecast_s']):10.3f}{r['exchange_gbps']:10.3f}",
+        f"  {'enkflow exchange over TCP':28s}{sum(r['exchange_forecast_s']):10.3f}{r['exchange_gbps']:10.3f}",
         f"  ratio exchange / raw: {r['ratio']:.2f} (target >= 0.8); best cycle / best round: {r['ratio_best']:.2f}",
         f"  CPU seconds per cycle, every process: raw {sum(r['raw_cpu_s']) / len(r['raw_cpu_s']):.2f}, "
         f"exchange {sum(r['exchange_cpu_s']) / len(r['exchange_cpu_s']):.2f} (server ranks "
         f"{sum(map(sum, r['server_forecast_cpu_s'])) / len(r['server_forecast_cpu_s']):.2f}) on {r['cpus']} CPUs",
     ]
+    if r["shm_exchange_gbps"] is None:
+        lines.append(f"  no exchange over shared memory: {r['shm_unavailable']}")
+    else:
+        lines += [
+            f"  {'memory copy (np.copyto)':28s}{r['memcpy_s']:10.4f}{r['memcpy_gbps']:10.3f}   (one state, best of 7)",
+            f"  {'exchange, shared memory':28s}{sum(r['shm_exchange_forecast_s']):10.3f}{r['shm_exchange_gbps']:10.3f}",
+            f"  ratio shared memory / memory copy: {r['shm_ratio']:.2f} (target >= 0.5); best cycle: "
+            f"{r['shm_ratio_best']:.2f}; shared memory / TCP: {r['shm_over_tcp']:.2f}; CPU seconds per cycle "
+            f"{sum(r['shm_exchange_cpu_s']) / len(r['shm_exchange_cpu_s']):.2f}",
+        ]
     if "data_ok" in r:
         lines.append(f"  exchanged data checked: {'all right' if r['data_ok'] else 'WRONG: ' + '; '.join(r['data_problems'])}")
     if r.get("seconds_per_cycle_online") is not None:

@@ -24,6 +24,7 @@ from enkflow.bench.online_checks import checksum
 from enkflow.models import lorenz96 as l96
 from enkflow.online.fields import Field
 from enkflow.online.runner import Exchange, Runner
+from enkflow.online.segments import Transport
 
 
 class ExchangeTimes:
@@ -49,7 +50,7 @@ def run(a: argparse.Namespace) -> None:
     """Serve members until the server says stop; the record is written however the runner ends."""
     signal.signal(signal.SIGTERM, _terminated)  # stopped by the benchmark: its record is still written
     times = ExchangeTimes()
-    r = Runner(a.address, Path(a.token_file).read_text().strip(), on_exchange=times)
+    r = Runner(a.address, Path(a.token_file).read_text().strip(), on_exchange=times, transport=Transport(a.transport))
     tasks: list[list[int]] = []  # cycle, member, checksum got, checksum sent
     ready_in_cycle = model_s = 0.0
     cpu0 = cpu_t = time.process_time()
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=["zero", "l96"], default="zero")
     p.add_argument("--out", required=True)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--transport", choices=[t.value for t in Transport], default=Transport.AUTO.value)
     run(p.parse_args(argv))
     return 0
 

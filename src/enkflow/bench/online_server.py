@@ -18,6 +18,7 @@ from pathlib import Path
 from enkflow.bench.online_problems import exchange_problem, l96_problem
 from enkflow.jobs.events import EventLog
 from enkflow.online.scheduler import SchedulerConfig
+from enkflow.online.segments import Transport
 from enkflow.online.server import Server, ServerConfig
 from enkflow.parallel import get_comm
 
@@ -45,7 +46,8 @@ def serve(a: argparse.Namespace) -> None:
     bench = (exchange_problem(a.n, a.members, a.nsteps, a.seed, a.check, comm) if a.problem == "exchange"
              else l96_problem(a.members, a.nsteps, a.seed, a.check, comm))
     cfg = ServerConfig(token=token, heartbeat_s=1.0, heartbeat_timeout_s=120.0, address_file=d / "address",
-                       scheduler=SchedulerConfig(due_floor=600.0), min_runners=a.runners)
+                       scheduler=SchedulerConfig(due_floor=600.0), min_runners=a.runners,
+                       transport=Transport(a.transport))
     t0 = time.perf_counter()
     cpu = ForecastCPU()
     server = Server(bench.problem, cfg, comm=comm, events=EventLog(d / "events.jsonl"), observer=cpu)
@@ -72,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runners", type=int, default=1, help="hand out no member before this many runners joined")
     p.add_argument("--check", action="store_true")
+    p.add_argument("--transport", choices=[t.value for t in Transport], default=Transport.AUTO.value,
+                   help="shm: shared-memory segments for runners on this node (an error where it cannot make them); "
+                        "tcp: none; auto (default): where it can")
     serve(p.parse_args(argv))
     return 0
 

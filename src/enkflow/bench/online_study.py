@@ -24,6 +24,7 @@ from pathlib import Path
 
 from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.files import log_tail
+from enkflow.online.segments import Transport
 from enkflow.parallel.program import find_program
 
 
@@ -81,16 +82,17 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 
 def online_study(d: Path, *, problem: str, n: int, ranks: int, runners: int, members: int, cycles: int,
-                 nsteps: int = 1, check: bool = False, model: str = "zero", seed: int = 0,
+                 transport: Transport, nsteps: int = 1, check: bool = False, model: str = "zero", seed: int = 0,
                  timeout_s: float = 1800.0, say: Callable[[str], None] = lambda m: None) -> dict:
     """Run the server (``ranks`` ranks) of ``problem`` over ``cycles`` cycles with ``runners`` runners
-    in ``d``; returns the server's record (``server.json``) with the runners' (``runners``)."""
+    in ``d``, the server and the runners on ``transport``; returns the server's record (``server.json``)
+    with the runners' (``runners``)."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "token").write_text(secrets.token_hex(16) + "\n")
     env = child_env()
     argv = [sys.executable, "-m", "enkflow.bench.online_server", "--dir", str(d), "--problem", problem, "--n", str(n),
             "--members", str(members), "--cycles", str(cycles), "--nsteps", str(nsteps), "--seed", str(seed),
-            "--runners", str(runners)]
+            "--runners", str(runners), "--transport", transport.value]
     argv += ["--check"] if check else []
     if ranks > 1:
         argv = [_mpiexec(), "-n", str(ranks), *argv]
@@ -104,7 +106,7 @@ def online_study(d: Path, *, problem: str, n: int, ranks: int, runners: int, mem
             with open(d / f"runner-{i}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "enkflow.bench.online_runner", "--address", address, "--token-file",
-                     str(d / "token"), "--n", str(n), "--model", model, "--out", str(d / f"runner-{i}.json")]
+                     str(d / "token"), "--n", str(n), "--model", model, "--out", str(d / f"runner-{i}.json"), "--transport", transport.value]
                     + (["--check"] if check else []), env=env, stdout=log, stderr=subprocess.STDOUT))
         say(f"  server ({ranks} rank(s)) at {address}, {runners} runners started")
         _wait_server(d, server, procs, deadline, timeout_s)

@@ -66,10 +66,12 @@ def _add_land(bsub: argparse._SubParsersAction) -> None:
 def _add_online(bsub: argparse._SubParsersAction) -> None:
     o = bsub.add_parser(
         "online",
-        help="online mode: state exchange rate vs raw pyzmq, and seconds per cycle online vs offline",
-        description="On loopback: the rate at which the online server and its runners exchange member states "
-        "(a model that does nothing; the forecast phases timed) against a raw pyzmq transfer of the same bytes with "
-        "the same streams, both in this run; then the demo problem offline and online (seconds per cycle). "
+        help="online mode: state exchange rate vs raw pyzmq (TCP) and vs a memory copy (shared memory), and seconds "
+        "per cycle online vs offline",
+        description="On one node: the rate at which the online server and its runners exchange member states "
+        "(a model that does nothing; the forecast phases timed) over loopback TCP against a raw pyzmq transfer of the "
+        "same bytes with the same streams, and over shared memory against a memory copy (np.copyto) of the same "
+        "bytes, all in this run; then the demo problem offline and online (seconds per cycle). "
         "See enkflow.bench.online for exactly what is timed.",
     )
     o.add_argument("--state-mb", type=float, default=100.0, help="MB (1e6 bytes) of float64 state per member (default 100)")
