@@ -60,14 +60,17 @@ class Staged:
     covered: list[list[tuple[int, int]]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Accepted:
-    """Rank 0's order to take task ``task``'s staged forecast as member ``member``'s, not yet carried out."""
+    """Rank 0's order to take task ``task``'s staged forecast as member ``member``'s, not yet carried
+    out; the copy into the store has reached element ``done`` of piece ``piece``."""
 
     task: int
     member: int
     cycle: int
     staged: Staged
+    piece: int = 0
+    done: int = 0
 
 
 class DataPlane:
@@ -143,9 +146,11 @@ class DataPlane:
         # The member's other staged tasks stay: the statelessness check's repeated run may have arrived
         # before this order and is compared next; a stale one gets rank 0's DROP when it reports.
 
-    def flush(self, member: int | None = None) -> None:
+    def flush(self, member: int | None = None, budget: int | None = None) -> None:
         """Copy the accepted forecasts (of ``member`` only, unless None) into their members' columns;
-        their slots are free again."""
+        their slots are free again. With ``budget`` (bytes), stop once about that much was copied:
+        the loop copies in such steps while it is idle, so a runner's next request waits for one step
+        at most, not for a whole member."""
         todo = [a for a in self.accepted if member is None or a.member == member]
         if not todo:
             return
@@ -153,15 +158,35 @@ class DataPlane:
             # The first accepted forecast of a cycle waits until the analysis checkpoint is written (a large
             # state on a slow file system: longer than rank_timeout), beating meanwhile.
             self._ckpt.wait_analysis(self._keep_alive)
-        self.accepted = [a for a in self.accepted if member is not None and a.member != member]
+        left = budget
         for a in todo:
-            for p in a.staged.pieces:
-                lo = self.store.ranges[p.field][0]
-                self.store.column(p.field, a.member)[p.offset - lo:p.offset - lo + p.count] = p.values
-            if self.slots is not None:
-                self.slots.release(a.task)
-            if self._ckpt is not None:
-                self._ckpt.forecast(a.cycle, a.member, [self.store.column(k, a.member) for k in range(len(self.fields))])
+            left = self._copy(a, left)
+            if left is not None and left <= 0:
+                return
+
+    def _copy(self, a: Accepted, budget: int | None) -> int | None:
+        """Copy ``a``'s pieces into the store from where it stopped, ``budget`` bytes at most (None: all);
+        the budget left. Once complete, ``a`` is done: its slot is freed and the member checkpointed."""
+        pieces = a.staged.pieces
+        while a.piece < len(pieces):
+            p = pieces[a.piece]
+            n = p.count - a.done
+            if budget is not None:
+                n = min(n, max(1, budget // p.values.itemsize))
+                budget -= n * p.values.itemsize
+            lo = self.store.ranges[p.field][0] - p.offset
+            self.store.column(p.field, a.member)[a.done - lo:a.done - lo + n] = p.values[a.done:a.done + n]
+            a.done += n
+            if a.done == p.count:
+                a.piece, a.done = a.piece + 1, 0
+            if budget is not None and budget <= 0 and a.piece < len(pieces):
+                return budget
+        self.accepted = [x for x in self.accepted if x is not a]
+        if self.slots is not None:
+            self.slots.release(a.task)
+        if self._ckpt is not None:
+            self._ckpt.forecast(a.cycle, a.member, [self.store.column(k, a.member) for k in range(len(self.fields))])
+        return budget
 
     def unstage(self, task: int) -> Staged | None:
         """The task's staged pieces, no longer staged (None: none were); its slot is retired (the

@@ -62,6 +62,8 @@ from enkflow.online.wire import credential
 from enkflow.parallel import Comm, SerialComm, node_names
 from enkflow.shm_names import remove_dead_segments, shm_dir
 
+FLUSH_STEP = 1 << 21  # bytes of accepted forecasts copied between two looks at the sockets (~0.2 ms)
+
 __all__ = ["ForecastObserver", "Problem", "Server", "ServerConfig"]
 
 
@@ -346,12 +348,13 @@ class Server:
 
     def _poll(self, poller: zmq.Poller, timeout_ms: int) -> dict:
         """The sockets ready within ``timeout_ms``; the accepted forecasts are copied into the store
-        first, when nothing is ready at once (their copy is off the runners' path)."""
-        if self.data.accepted:
+        first, in steps of FLUSH_STEP bytes while nothing is ready (their copy is off the runners' path:
+        a request waits for one step at most)."""
+        while self.data.accepted:
             ready = dict(poller.poll(0))
             if ready:
                 return ready
-            self.data.flush()
+            self.data.flush(budget=FLUSH_STEP)
         return dict(poller.poll(timeout_ms))
 
     def _count_tasks(self, done: set[int], probe: int | None, control: Control) -> None:
