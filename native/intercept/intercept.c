@@ -3,8 +3,10 @@
  *
  * Started by `python -m enkflow.online.intercept` (see docs/intercept.md), which holds the runner's
  * connection to the server and hands the shim, per task, a shared memory segment (intercept_shm.h)
- * with the member's state and the path of the member's restart file (ENKFLOW_INTERCEPT_FD,
- * ENKFLOW_INTERCEPT_PATH). Without those variables the shim passes everything through.
+ * that says where the member's state is read from and where its forecast goes (in that segment, or
+ * in place, in the server's own segments), and the path of the member's restart file
+ * (ENKFLOW_INTERCEPT_FD, ENKFLOW_INTERCEPT_PATH). Without those variables the shim passes everything
+ * through.
  *
  * For the intercepted path only:
  *   nc_open / nc__open      the real file is opened read-only (its other variables, dimensions and
@@ -13,8 +15,10 @@
  *   nc_create / nc__create  the file is created diskless (in memory, never written): the model's
  *                           other variables vanish, the real restart stays as it is;
  *   nc_get_var* / nc_put_var*  (var, var1, vara, vars with unit strides; typed and untyped) on a
- *                           field: copied from / into the segment, in the field's own type only;
- *                           a write must tile the variable (each element once) before nc_close;
+ *                           field: copied from where the state is (elements this run wrote: from
+ *                           where they were written) / to where the forecast goes, in the field's
+ *                           own type only; a write must tile the variable (each element once)
+ *                           before nc_close;
  *   nc_put_var* on another variable of a file opened for writing: discarded, with a warning;
  *   nc_close                checks that every field written through the handle is complete.
  * Every other call, file and variable goes to the real libnetcdf (found with dlsym(RTLD_NEXT)).
@@ -33,15 +37,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "intercept_shm.h"
+#include "intercept_layout.h"
 
-#define MAX_FIELDS 64
+#define MAX_FIELDS ENKFLOW_SHM_MAX_FIELDS
 #define MAX_HANDLES 64
 #define MAX_WARNED 64
 
@@ -60,11 +62,10 @@ static struct {
     int state;
     int trace;
     char path[PATH_MAX];
-    unsigned char *base;
-    size_t size;
-    enkflow_shm_header *hdr;
+    enkflow_layout L;
+    enkflow_shm_header *hdr;      /* of L, once it checks out */
     enkflow_shm_field *f;
-    uint64_t elements[MAX_FIELDS];
+    const uint64_t *elements;
     uint8_t *bitmap[MAX_FIELDS];  /* written elements of a partial write generation */
     handle h[MAX_HANDLES];
     int nh;
@@ -142,14 +143,6 @@ static int fail(int code, const char *fmt, ...) {
     return code;
 }
 
-static size_t type_size(int t) {
-    switch (t) {
-    case NC_DOUBLE: case NC_INT64: return 8;
-    case NC_FLOAT: case NC_INT: return 4;
-    default: return 0;
-    }
-}
-
 static const char *type_name(int t) {
     switch (t) {
     case NC_BYTE: return "schar"; case NC_CHAR: return "text"; case NC_SHORT: return "short";
@@ -170,50 +163,15 @@ static void init(void) {
     S.trace = getenv("ENKFLOW_INTERCEPT_TRACE") && atoi(getenv("ENKFLOW_INTERCEPT_TRACE")) > 0;
     S.state = BROKEN;  /* until the segment checks out: the restart must then not be read from its file */
     snprintf(S.path, sizeof S.path, "%s", path);
-    int fd = atoi(fd_s);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < ENKFLOW_SHM_FIELDS_AT) {
-        record("ENKFLOW_INTERCEPT_FD is not a shared segment from the enkflow wrapper (run the model through "
-               "`python -m enkflow.online.intercept`)");
+    char why[ENKFLOW_SHM_ERROR];
+    int bad = enkflow_layout_map(atoi(fd_s), &S.L, why, sizeof why);
+    S.hdr = S.L.hdr;  /* errors are recorded from here on */
+    if (bad) {
+        record(why);
         return;
     }
-    /* Populated at once: the wrapper has filled it, and one fault per page would cost more. */
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
-        record("cannot map the segment of ENKFLOW_INTERCEPT_FD");
-        return;
-    }
-    S.base = p;
-    S.size = (size_t)st.st_size;
-    enkflow_shm_header *h = p;
-    if (memcmp(h->magic, ENKFLOW_SHM_MAGIC, 8) != 0 || h->version != ENKFLOW_SHM_VERSION) {
-        record("the segment of ENKFLOW_INTERCEPT_FD has another layout version: the shim and the enkflow wrapper "
-               "come from different enkflow versions");
-        return;
-    }
-    S.hdr = h;
-    if (h->nfields == 0 || h->nfields > MAX_FIELDS ||
-        ENKFLOW_SHM_FIELDS_AT + (size_t)h->nfields * sizeof(enkflow_shm_field) > S.size) {
-        fail(NC_EINVAL, "the segment announces %u fields (1 to %d are supported)", h->nfields, MAX_FIELDS);
-        return;
-    }
-    S.f = (enkflow_shm_field *)(S.base + ENKFLOW_SHM_FIELDS_AT);
-    for (uint32_t k = 0; k < h->nfields; k++) {
-        enkflow_shm_field *f = &S.f[k];
-        uint64_t n = 1;
-        if (f->ndims < 0 || f->ndims > ENKFLOW_SHM_MAX_DIMS || !type_size(f->nctype)) {
-            fail(NC_EINVAL, "field %u of the segment has %d dimensions and type %d", k, f->ndims, f->nctype);
-            return;
-        }
-        for (int d = 0; d < f->ndims; d++)
-            n *= (uint64_t)f->shape[d];
-        if (n * type_size(f->nctype) != f->nbytes || f->offset + f->nbytes > S.size) {
-            fail(NC_EINVAL, "field %.64s of the segment: %llu bytes at %llu do not fit", f->name,
-                 (unsigned long long)f->nbytes, (unsigned long long)f->offset);
-            return;
-        }
-        S.elements[k] = n;
-    }
+    S.f = S.L.f;
+    S.elements = S.L.elements;
     S.state = ACTIVE;
 }
 
@@ -381,22 +339,34 @@ static void runs(const enkflow_shm_field *f, const size_t *start, const size_t *
 }
 
 typedef struct {
-    unsigned char *data;  /* the field in the segment */
+    uint32_t k;           /* the field */
     unsigned char *mem;   /* the model's buffer, advanced run by run */
     size_t es;
-    uint8_t *bits;
+    uint8_t *bits;        /* get: the elements written so far, NULL when all or none were */
+    int written;          /* get without bits: every element was written (read it where it was written) */
     uint64_t overlap;     /* first element written twice + 1, 0 if none */
 } run_arg;
 
+#define BIT(bits, i) ((bits)[(i) >> 3] >> ((i) & 7) & 1)
+
 static void copy_get(uint64_t off, uint64_t n, void *a) {
     run_arg *r = a;
-    memcpy(r->mem, r->data + off * r->es, n * r->es);
+    if (!r->bits) {
+        enkflow_layout_get(&S.L, r->k, off, n, r->mem, r->written);
+    } else {  /* part written (this generation, the first): each stretch from where it is now */
+        for (uint64_t i = off, j; i < off + n; i = j) {
+            int bit = BIT(r->bits, i);
+            for (j = i + 1; j < off + n && BIT(r->bits, j) == bit; j++)
+                ;
+            enkflow_layout_get(&S.L, r->k, i, j - i, r->mem + (i - off) * r->es, bit);
+        }
+    }
     r->mem += n * r->es;
 }
 
 static void copy_put(uint64_t off, uint64_t n, void *a) {
     run_arg *r = a;
-    memcpy(r->data + off * r->es, r->mem, n * r->es);
+    enkflow_layout_put(&S.L, r->k, off, n, r->mem);
     r->mem += n * r->es;
     if (r->bits)
         for (uint64_t i = off; i < off + n; i++)
@@ -406,7 +376,7 @@ static void copy_put(uint64_t off, uint64_t n, void *a) {
 static void check_bits(uint64_t off, uint64_t n, void *a) {
     run_arg *r = a;
     for (uint64_t i = off; i < off + n && !r->overlap; i++)
-        if (r->bits[i >> 3] & (1u << (i & 7)))
+        if (BIT(r->bits, i))
             r->overlap = i + 1;
 }
 
@@ -442,9 +412,10 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     }
     if (S.trace)
         fprintf(stderr, "enkflow intercept: %s %s (%llu elements)\n", fn, f->name, (unsigned long long)n);
-    size_t es = type_size(f->nctype);
-    run_arg r = {S.base + f->offset, mem, es, NULL, 0};
+    run_arg r = {(uint32_t)k, mem, S.L.esize[k], NULL, f->generations > 0, 0};
     if (op == GET) {
+        if (!r.written && f->elements_written)
+            r.bits = S.bitmap[k];
         runs(f, st0, ct, copy_get, &r);
         f->elements_read += n;
         S.hdr->get_ns += now_ns() - t0;

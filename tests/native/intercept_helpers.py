@@ -1,5 +1,6 @@
 """Experiments for the interception tests: the demo problem, with a plain netCDF model binary as the
-offline model command or, through ``python -m enkflow.online.intercept``, as the online runner."""
+offline model command or, through ``python -m enkflow.online.intercept``, as the online runner; and the
+memory the shim serves a model from, without a server (:class:`ShimMemory`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import numpy as np
 
 from enkflow.experiment.config import load_experiment
 from enkflow.experiment.demo_problem import DemoSettings, prepare
+from enkflow.online.fields import Field
+from enkflow.online.intercept import Segment
+from enkflow.online.runner import Extent
 
 
 FORCING_SCRIPT = Path(__file__).resolve().parents[2] / "native" / "examples" / "demo_forcing.py"
@@ -85,3 +89,56 @@ def analyses(directory: Path, members: int, cycles: int) -> dict[str, bytes]:
         f = f"members/member_{m:04d}.nc"
         out[f] = var(directory / f).tobytes()
     return out
+
+
+class ShimMemory:
+    """Where the shim finds a task's fields, without a server. ``how``:
+
+    * ``"memfd"``: in the wrapper's memfd, as through TCP;
+    * ``"in_place"``: the state in a "store" file and the forecast in a "slot" file of its own under
+      ``directory`` (as the server's segments): each field in two extents, stored in reverse order at
+      offsets that are no multiple of the page size;
+    * ``"kept"``: in place, read and written in the slot (a state the server kept, read == write).
+    """
+
+    def __init__(self, fields: list[Field], how: str, directory: Path):
+        self.seg = Segment(fields, in_place=how != "memfd")
+        self.state: dict[str, list[np.ndarray]] = {}
+        self.forecast_at: dict[str, list[np.ndarray]] = {}
+        if how == "memfd":
+            for f in fields:
+                self.state[f.name] = self.forecast_at[f.name] = [self.seg.arrays[f.name]]
+            return
+        files = {"store": directory / "store.shm", "slot": directory / "slot.shm"}
+        pieces = [(k, f, lo, hi) for k, f in enumerate(fields) for lo, hi in _halves(f.size)][::-1]
+        offsets, at = [], 4096 + 8
+        for _, f, lo, hi in pieces:
+            offsets.append(at)
+            at += (hi - lo) * f.itemsize + 8
+        for path in files.values():
+            path.write_bytes(b"\0" * at)
+        read = files["slot" if how == "kept" else "store"]
+        extents = []
+        for (k, f, lo, hi), off in zip(pieces, offsets):
+            extents.append(Extent(k, lo, hi, str(read), off, str(files["slot"]), off))
+            self.state.setdefault(f.name, []).insert(0, np.memmap(read, f.dtype, "r+", off, (hi - lo,)))
+            self.forecast_at.setdefault(f.name, []).insert(0, np.memmap(files["slot"], f.dtype, "r+", off, (hi - lo,)))
+        self.seg.place(extents)
+
+    def set_state(self, name: str, values: np.ndarray) -> None:
+        at = 0
+        for part in self.state[name]:
+            part[:] = values[at:at + part.size]
+            at += part.size
+
+    def forecast(self, name: str) -> np.ndarray:
+        return np.concatenate(self.forecast_at[name])
+
+    def close(self) -> None:
+        self.state.clear()
+        self.forecast_at.clear()
+        self.seg.close()
+
+
+def _halves(n: int) -> list[tuple[int, int]]:
+    return [(0, n)] if n < 2 else [(0, n // 2 + 1), (n // 2 + 1, n)]

@@ -21,7 +21,7 @@ from enkflow.errors import MemberError
 from enkflow.online.fields import Field
 from enkflow.online.intercept import Segment
 
-from intercept_helpers import analyses, experiment, make_problem, run
+from intercept_helpers import ShimMemory, analyses, experiment, make_problem, run
 
 DATA = Path(__file__).parent / "data"
 MEMBERS, CYCLES = 4, 3
@@ -134,45 +134,51 @@ def _under_shim(native_build, argv: list[str], seg: Segment, path: Path) -> subp
     return subprocess.run(argv, env=env, pass_fds=(seg.fd,), capture_output=True, text=True, timeout=60)
 
 
-def test_bad_calls_on_an_intercepted_variable_get_netcdf_codes_and_clear_messages(native_build, tmp_path):
+@pytest.mark.parametrize("how", ["memfd", "in_place"])
+def test_bad_calls_on_an_intercepted_variable_get_netcdf_codes_and_clear_messages(native_build, tmp_path, how):
     restart = _restart(tmp_path / "restart.nc")
     exe = _bad_calls(tmp_path)
-    seg = Segment([Field("x", "float64", (4, 6))])
-    seg.arrays["x"][:] = 1000.0 + np.arange(24)
+    memory = ShimMemory([Field("x", "float64", (4, 6))], how, tmp_path)
+    memory.set_state("x", 1000.0 + np.arange(24))
+    seg = memory.seg
     seg.reset(1, 1, 6, 1)
     r = _under_shim(native_build, [str(exe), str(restart)], seg, restart)
     assert r.returncode == 0, r.stderr
-    rows = {line.split()[0]: int(line.split()[1]) for line in r.stdout.splitlines() if line.split()[0] not in ("value", "other")}
+    rows = {line.split()[0]: int(line.split()[1]) for line in r.stdout.splitlines()
+            if line.split()[0] not in ("value", "other", "mixed")}
     NC_EINVAL, NC_EBADTYPE, NC_EEDGE = -36, -45, -57
     assert rows == {"open": 0, "get_whole": 0, "get_wrong_type": NC_EBADTYPE, "get_strided": NC_EINVAL,
                     "get_out_of_bounds": NC_EEDGE, "get_var1": 0, "get_other_variable": 0, "put_other_variable": 0,
-                    "put_rows_0_2": 0, "put_rows_1_3_overlap": NC_EINVAL, "put_wrong_type": NC_EBADTYPE,
+                    "put_rows_0_2": 0, "get_after_half_write": 0, "put_rows_1_3_overlap": NC_EINVAL, "put_wrong_type": NC_EBADTYPE,
                     "close_after_half_write": NC_EINVAL}, r.stdout
     assert "value 1000 1023" in r.stdout  # the state from the segment, not the file's 0 .. 23
     assert "other 7" in r.stdout  # another variable from the real file
+    assert "mixed 100 111 1012 1023" in r.stdout  # what the model wrote, and the state where it wrote nothing yet
     err = r.stderr
     assert f"nc_get_var_float on variable x of {restart.resolve()}: the variable is double" in err
     assert "strided access" in err and "is written twice" in err and "written only in part (12 of 24 elements)" in err
     assert "which is not an online field: the write is discarded" in err
     # The shim records its first error for the wrapper, which fails the task with it.
     assert seg.verdict(str(restart)).startswith("nc_get_var_float on variable x")
-    assert np.array_equal(seg.arrays["x"][:12], 100.0 + np.arange(12))  # the rows written
+    assert np.array_equal(memory.forecast("x")[:12], 100.0 + np.arange(12))  # the rows written
     assert np.array_equal(netCDF4.Dataset(restart)["x"][:].ravel(), np.arange(24.0))  # the file untouched
-    seg.close()
+    memory.close()
 
 
-def test_a_restart_created_anew_is_diskless_and_its_fields_go_to_the_segment(native_build, tmp_path):
+@pytest.mark.parametrize("how", ["memfd", "in_place"])
+def test_a_restart_created_anew_is_diskless_and_its_fields_go_to_the_segment(native_build, tmp_path, how):
     restart = _restart(tmp_path / "restart.nc")
     before = restart.read_bytes()
     exe = _bad_calls(tmp_path)
-    seg = Segment([Field("x", "float64", (4, 6))])
+    memory = ShimMemory([Field("x", "float64", (4, 6))], how, tmp_path)
+    seg = memory.seg
     seg.reset(1, 1, 6, 1)
     r = _under_shim(native_build, [str(exe), str(restart), "create"], seg, restart)
     assert r.stdout.split("\n")[:4] == ["create 0 No error", "create_put_other 0 No error", "create_put_x 0 No error",
                                         "create_close 0 No error"], r.stdout + r.stderr
-    assert np.array_equal(seg.arrays["x"], -1.0 - np.arange(24)) and seg.records[0]["complete"] == 1
+    assert np.array_equal(memory.forecast("x"), -1.0 - np.arange(24)) and seg.records[0]["complete"] == 1
     assert restart.read_bytes() == before  # NC_CLOBBER did not reach the file
-    seg.close()
+    memory.close()
 
 
 @pytest.mark.parametrize("fields, code, message", [
