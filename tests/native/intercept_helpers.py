@@ -18,6 +18,7 @@ from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.online.fields import Field
 from enkflow.online.intercept import Segment
 from enkflow.online.runner import Extent
+from enkflow.shm_names import maker_pid, shm_dir
 
 
 FORCING_SCRIPT = Path(__file__).resolve().parents[2] / "native" / "examples" / "demo_forcing.py"
@@ -40,10 +41,11 @@ def make_problem(directory: Path, members: int = 4, cycles: int = 3) -> Path:
 
 def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Path | None = None, *,
                runners: int = 2, steps: int | None = None, model_steps: int | None = 6, heartbeat_timeout: float = 10.0,
-               max_failures: int = 3, online_model: str | None = None, wrapper_args: str = "") -> Path:
+               max_failures: int = 3, online_model: str | None = None, wrapper_args: str = "",
+               transport: str = "auto") -> Path:
     """A copy of the problem in ``template`` at ``directory`` whose model is the binary ``model``: offline
     as ``[model] command``, online as the intercepted runner (the command ``online_model``, default
-    ``model``). Returns the TOML path."""
+    ``model``; ``transport`` the ``[online]`` key: shm, in place, or tcp). Returns the TOML path."""
     shutil.copytree(template, directory)
     toml = directory / "experiment.toml"
     forcing = directory / "forcing.nc"
@@ -56,7 +58,8 @@ def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Pa
         text += (f'\n[online]\nrunner = "{sys.executable} -m enkflow.online.intercept --address {{address}} '
                  f'--token-file {{token_file}} --expdir {{expdir}} --shim {shim} {check}-- {online_model or model} {{{{restart}}}} '
                  f'--forcing {forcing} --length {{length}} --cycle {{{{cycle}}}}"\n'
-                 f"runners = {runners}\nheartbeat = 0.5\nheartbeat_timeout = {heartbeat_timeout}\nmax_failures = {max_failures}\n"
+                 f'runners = {runners}\ntransport = "{transport}"\nheartbeat = 0.5\n'
+                 f"heartbeat_timeout = {heartbeat_timeout}\nmax_failures = {max_failures}\n"
                  + (f"steps = {steps}\n" if steps else ""))
     toml.write_text(text)
     return toml
@@ -142,3 +145,15 @@ class ShimMemory:
 
 def _halves(n: int) -> list[tuple[int, int]]:
     return [(0, n)] if n < 2 else [(0, n // 2 + 1), (n // 2 + 1, n)]
+
+
+def online_segments() -> set[Path]:
+    """The server's shared memory segments on this node now."""
+    return set(shm_dir().glob("enkflow-online-*"))
+
+
+def left_behind(before: set[Path]) -> list[Path]:
+    """The server segments made since ``before`` whose maker has ended (others belong to studies still running
+    beside this test)."""
+    return sorted(p for p in online_segments() - before
+                  if (pid := maker_pid(p.name)) is None or not Path(f"/proc/{pid}").exists())

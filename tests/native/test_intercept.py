@@ -1,7 +1,9 @@
 """netCDF interception (docs/intercept.md): the plain-netCDF C and Fortran demo models, which know nothing
 of enkflow, run a 3-cycle online study through ``python -m enkflow.online.intercept`` and give bitwise
-the analyses of the same binary's offline run through restart files, also with a model killed mid-
-interception, a runner killed with kill -9 and a model writing half its state; a step count that does not
+the analyses of the same binary's offline run through restart files, in place (the model's netCDF calls
+copy straight from and to the server's shared memory) and through TCP, also with a model killed mid-
+interception, one killed half-way through writing its forecast in place, a runner killed with kill -9
+and a model writing half its state, leaving no shared memory segment behind; a step count that does not
 match is caught; bad netCDF calls on an intercepted variable get netCDF error codes and clear messages."""
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from enkflow.errors import MemberError
 from enkflow.online.fields import Field
 from enkflow.online.intercept import Segment
 
-from intercept_helpers import ShimMemory, analyses, experiment, make_problem, run
+from intercept_helpers import ShimMemory, analyses, experiment, left_behind, make_problem, online_segments, run
 
 DATA = Path(__file__).parent / "data"
 MEMBERS, CYCLES = 4, 3
@@ -42,12 +44,20 @@ def _events(d: Path) -> list[dict]:
     return [json.loads(line) for line in (d / "run" / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_fortran_model_through_interception_is_bitwise_its_offline_run(native_build, problem, tmp_path):
+@pytest.fixture(scope="module")
+def fortran_offline(native_build, problem, tmp_path_factory) -> dict[str, bytes]:
+    d = tmp_path_factory.mktemp("fortran") / "offline"
+    run(experiment(problem, d, native_build.exe("fortran_netcdf_model"), "offline"))
+    return analyses(d, MEMBERS, CYCLES)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_fortran_model_through_interception_is_bitwise_its_offline_run(native_build, problem, fortran_offline,
+                                                                        tmp_path, transport):
     model = native_build.exe("fortran_netcdf_model")
-    run(experiment(problem, tmp_path / "offline", model, "offline"))
-    status = run(experiment(problem, tmp_path / "online", model, "online", _shim(native_build)))
+    status = run(experiment(problem, tmp_path / "online", model, "online", _shim(native_build), transport=transport))
     assert status["state"] == "done"
-    off, on = analyses(tmp_path / "offline", MEMBERS, CYCLES), analyses(tmp_path / "online", MEMBERS, CYCLES)
+    off, on = fortran_offline, analyses(tmp_path / "online", MEMBERS, CYCLES)
     assert off.keys() == on.keys()
     for key in off:
         assert off[key] == on[key], key
@@ -61,9 +71,10 @@ def test_fortran_model_through_interception_is_bitwise_its_offline_run(native_bu
 
 def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(native_build, problem, tmp_path):
     """A model SIGKILLed while it reads through the shim, the runner process SIGKILLed while its model is
-    inside the interception, a model that writes half its state and exits 0, and a hung model killed at
-    the wrapper's --timeout: each task is failed or lost and given again, as for the Python runner, and
-    the analyses are still bitwise the offline run's."""
+    inside the interception, a model that writes half its state and exits 0, one SIGKILLed half-way through
+    writing a wrong forecast into its slot (in place), and a hung model killed at the wrapper's --timeout:
+    each task is failed or lost and given again, as for the Python runner, the analyses are still bitwise
+    the offline run's, and the server's shared memory segments are gone."""
     model = native_build.exe("c_netcdf_model")
     run(experiment(problem, tmp_path / "offline", model, "offline"))
     markers = tmp_path / "markers"
@@ -71,19 +82,21 @@ def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(
     faulty = f"{sys.executable} {DATA / 'intercept_fault_model.py'} {model} {markers}"
     # The runner's model command is the fault injector, which execs the C model when no fault is due.
     toml = experiment(problem, tmp_path / "online", model, "online", _shim(native_build), heartbeat_timeout=2.0,
-                      online_model=faulty, wrapper_args="--timeout 8")
-    os.environ["FAULTS"] = "1:2:kill-model,2:3:kill-runner,3:1:half-write,2:1:hang"
+                      online_model=faulty, wrapper_args="--timeout 8", transport="shm")
+    os.environ["FAULTS"] = "1:2:kill-model,2:3:kill-runner,3:1:half-write,2:1:hang,3:4:kill-mid-write"
+    segments = online_segments()
     try:
         status = run(toml)
     finally:
         del os.environ["FAULTS"]
+    assert left_behind(segments) == []
     assert status["state"] == "done"
     off, on = analyses(tmp_path / "offline", MEMBERS, CYCLES), analyses(tmp_path / "online", MEMBERS, CYCLES)
     for key in off:
         assert off[key] == on[key], key
     events = [e for e in _events(tmp_path / "online") if e["event"] == "task_requeue"]
     requeues = {(e["cycle"], e["member"]): e for e in events}
-    faults = {(1, 2), (2, 3), (3, 1), (2, 1)}
+    faults = {(1, 2), (2, 3), (3, 1), (2, 1), (3, 4)}
     assert faults <= set(requeues), events
     # Nothing else, unless the shared machine delayed a healthy runner's heartbeats past 2 s.
     assert all(e["reason"] in ("lost", "late") for k, e in requeues.items() if k not in faults), events
@@ -91,6 +104,7 @@ def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(
     assert requeues[(2, 3)]["reason"] == "lost"
     assert requeues[(3, 1)]["reason"] == "failed" and "must tile the variable" in requeues[(3, 1)]["error"]
     assert requeues[(2, 1)]["reason"] == "failed" and "ran longer than 8 s (--timeout)" in requeues[(2, 1)]["error"]
+    assert requeues[(3, 4)]["reason"] == "failed" and "signal 9" in requeues[(3, 4)]["error"]
     # The model whose runner was killed died with it (the shim's death signal), not after its 30 s sleep.
     wrapper, victim = (int(v) for v in (markers / "victim").read_text().split())
     deadline = time.monotonic() + 5
