@@ -1,7 +1,8 @@
 """The names enkflow gives its shared-memory segments on a node, and removing those a dead process left.
 
-A segment (an output ring, a progress page) is named ``enkflow-KIND-PID-HEX`` in ``/dev/shm`` (or the
-temporary directory where there is none), PID being its maker's. The maker removes the name at its
+A segment (an output ring, a progress page, an online server's store or task slot) is named
+``enkflow-KIND-PID-HEX`` in ``/dev/shm`` (or the temporary directory where there is none), PID being
+its maker's. The maker removes the name at its
 end, and its partner when the maker is killed; a process tree killed at once (``kill -9`` of a job,
 a lapsed lease) leaves names behind. Every process of a study that runs on a node removes them: a new
 segment's maker, a runner, a pilot at its start and end, the launcher at a run's start and end.
@@ -15,7 +16,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-_SEGMENT = re.compile(r"enkflow-output(?:-beat)?-(\d+)-[0-9a-f]{8}")  # group 1: the maker's pid
+_SEGMENT = re.compile(r"enkflow-(?:output|output-beat|online)-(\d+)-[0-9a-f]{8}")  # group 1: the maker's pid
 
 
 def shm_dir() -> Path:
@@ -34,7 +35,7 @@ def remove_dead_segments() -> list[Path]:
     """Remove the names of this node's segments whose maker is dead; returns them. A dead maker's
     segment is no longer opened by name: its partner has it mapped, and no new one is told of it."""
     removed = []
-    for p in shm_dir().glob("enkflow-output-*"):
+    for p in shm_dir().glob("enkflow-*"):
         pid = maker_pid(p.name)
         if pid is not None and not Path(f"/proc/{pid}").exists():
             try:
@@ -47,12 +48,12 @@ def remove_dead_segments() -> list[Path]:
 
 def live_makers() -> list[int]:
     """The pids of the live makers of this node's segments (each once)."""
-    pids = {maker_pid(p.name) for p in shm_dir().glob("enkflow-output-*")}
+    pids = {maker_pid(p.name) for p in shm_dir().glob("enkflow-*")}
     return sorted(pid for pid in pids if pid is not None and Path(f"/proc/{pid}").exists())
 
 
 def new_segment(kind: str) -> Path:
     """The name of a new shared-memory segment of this process (``kind``: ``output`` a ring,
-    ``output-beat`` a progress page), after :func:`remove_dead_segments`."""
+    ``output-beat`` a progress page, ``online`` a server's store or slot), after :func:`remove_dead_segments`."""
     remove_dead_segments()
     return shm_dir() / f"enkflow-{kind}-{os.getpid()}-{secrets.token_hex(4)}"

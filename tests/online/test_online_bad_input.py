@@ -35,7 +35,7 @@ from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.jobs.events import EventLog, iter_events
 from enkflow.online import Field, Problem, Runner, SchedulerConfig, Server, ServerConfig, ServerError
 from enkflow.online.store import MemoryStore
-from enkflow.online.wire import HEADER_SIZE, MAX_JSON_BYTES, Header, Kind, credential, decode_json, encode_index, encode_json
+from enkflow.online.wire import HEADER_SIZE, MAX_JSON_BYTES, PROTOCOL_VERSION, Header, Kind, credential, decode_json, encode_index, encode_json
 
 TOKEN = "the-right-token"
 N_X = 40
@@ -372,7 +372,7 @@ def test_another_protocol_version_is_refused_naming_both(tmp_path: Path, referen
     hello = Header(Kind.HELLO, c.cred, c.runner, version=99).pack()
     c.send(hello, encode_json({"name": "future", "fields": [f.as_json() for f in FIELDS]}))
     msg = c.error()
-    assert "protocol version mismatch" in msg and "version 99" in msg and "version 1" in msg
+    assert "protocol version mismatch" in msg and "version 99" in msg and f"version {PROTOCOL_VERSION}" in msg
     d = RawClient(study.server.data_addresses[0])
     d.send(Header(Kind.GET, d.cred, d.runner, 1, 1, 1, count=1, version=99).pack(), encode_index(np.array([[0, 0, N_X]])))
     assert "protocol version mismatch" in d.error()

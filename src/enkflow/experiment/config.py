@@ -198,6 +198,10 @@ class OnlineSection(Strict):
                                                             "state and require the same forecast bits")
     python: str | None = Field(default=None, description="python running the server (default: this one)")
     mpiexec: str = Field(default="mpiexec", description="MPI launcher of a server with ranks > 1")
+    transport: Literal["auto", "shm", "tcp"] = Field(
+        default="auto", description="how runners on a server rank's node exchange states: through shared memory "
+                                    "where they can (auto), always (shm: an error where they cannot) or over TCP "
+                                    "(tcp); runners that enkflow starts get it as ENKFLOW_TRANSPORT")
 
     @field_validator("runner")
     @classmethod

@@ -40,6 +40,7 @@ from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
 from enkflow.online.liveness import AliveFile, alive_period
 from enkflow.online.scheduler import SchedulerConfig
+from enkflow.online.segments import Transport
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.sockets import bus_host
 from enkflow.online.store import MemoryStore
@@ -172,7 +173,7 @@ def server_config(cfg: ExperimentConfig, token: str, port: int, curve_secret: st
                         scheduler=SchedulerConfig(o.due_floor, o.due_factor, o.max_failures),
                         checkpoint_dir=odir.checkpoints, curve_secret_key=curve_secret,
                         address_file=odir.address, stateless_check=o.stateless_check,
-                        min_runners=o.min_runners, stop_file=odir.stopping)
+                        min_runners=o.min_runners, stop_file=odir.stopping, transport=Transport(o.transport))
 
 
 def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: MemoryStore) -> None:

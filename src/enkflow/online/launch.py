@@ -44,6 +44,7 @@ from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
+from enkflow.online.segments import TRANSPORT_ENV
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
 from enkflow.parallel.program import find_program
@@ -261,7 +262,8 @@ class OnlineExperiment:
         k = self.runner_starts
         self.runner_starts += 1
         spec = JobSpec(name=f"enkflow-runner-{k}", argv=self._runner_argv(k, address), cpus=1,
-                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log", env=self._env(),
+                       time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log",
+                       env=self._env() | {TRANSPORT_ENV: self.o.transport},
                        requeue=False)
         jid = self.launcher.submit(spec)
         self.events.emit("runner_start", job=jid, runner=k)

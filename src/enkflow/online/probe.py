@@ -56,7 +56,7 @@ class StatelessProbe:
         for p in staged.pieces:
             lo = self.store.ranges[p.field][0]
             first = self.store.column(p.field, member)[p.offset - lo:p.offset - lo + p.count]
-            again = np.frombuffer(p.frame.buffer, dtype=first.dtype)
+            again = p.values
             if first.tobytes() != again.tobytes():
                 bad = np.flatnonzero(first.view(f"u{first.itemsize}") != again.view(f"u{first.itemsize}"))
                 i = int(bad[0])

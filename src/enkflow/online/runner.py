@@ -23,6 +23,12 @@ count)}``, 64-bit element counts); each rank then sends its slice straight to
 the server ranks owning those elements (N-to-M), and only rank 0 talks to the
 scheduler. A server that goes away and comes back (restarted from its
 checkpoint) is greeted again transparently; the task in hand is then dropped.
+
+With a server rank on the runner's node, the states move through shared memory
+(:mod:`enkflow.online.shm_exchange`): one copy each way, between the model's
+arrays and the server's segments. ``transport`` (else ``ENKFLOW_TRANSPORT``,
+else AUTO) forces it (SHM) or TCP. A runner whose model reads and writes the
+segments itself (the netCDF interception) calls :meth:`Runner.expose_in_place`.
 """
 
 from __future__ import annotations
@@ -43,11 +49,14 @@ from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.lease import watch_from_environment
 from enkflow.online.connection import Connection, ServerError, ServerLost, configure
 from enkflow.online.fields import Field, Ownership
-from enkflow.online.wire import Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
+from enkflow.online.segments import Transport
+from enkflow.online.shm_exchange import Extent, ShmExchange, choose_ranks
+from enkflow.online.wire import NO_SLOT, Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
 from enkflow.parallel import Comm, SerialComm
 from enkflow.shm_names import remove_dead_segments
 
 State = Mapping[str, np.ndarray] | np.ndarray
+__all__ = ["Exchange", "Extent", "Runner", "State", "run_runner_process"]
 
 
 class Exchange(Enum):
@@ -64,13 +73,17 @@ class Runner:
     ``timeout_s`` bounds every wait for the server except the wait for a task;
     ``reconnect_s`` is how long a runner waits for a lost server to come back.
     ``on_exchange(step, seconds)`` is told the wall seconds of each step of :meth:`expose`
-    that completed (benchmarks time the exchange with it).
+    that completed (benchmarks time the exchange with it). ``transport``: shared memory with the
+    server ranks on this node where possible (AUTO), required (SHM) or never (TCP); None: the
+    environment's ``ENKFLOW_TRANSPORT``, else AUTO.
     """
 
     def __init__(self, address: str, token: str, *, comm: Comm | None = None, name: str | None = None,
                  curve_server_key: str | None = None, timeout_s: float = 600.0, reconnect_s: float = 120.0,
-                 on_exchange: Callable[[Exchange, float], None] | None = None):
+                 on_exchange: Callable[[Exchange, float], None] | None = None, transport: Transport | None = None):
         self.address = address
+        self.transport = transport or Transport.from_environment()
+        self._shm = ShmExchange()
         self.comm = comm or SerialComm()
         self.name = name or f"{os.uname().nodename}:{os.getpid()}"
         self._cred = credential(token)
@@ -133,6 +146,7 @@ class Runner:
         self._epoch = int(welcome["epoch"])
         self._own = Ownership(tuple(self._fields), int(welcome["ranks"]))
         self._data = [Connection(self._ctx, a, curve_server_key=self._curve) for a in welcome["data"]]
+        self._collective(lambda: self._shm.reset(choose_ranks(welcome, self.transport)))
         if self.comm.rank == 0 and self._hb is None:
             self._hb = _Heartbeat(self._ctx, self.address, self._cred, self.id, float(welcome["heartbeat_s"]), self._curve)
 
@@ -164,7 +178,30 @@ class Runner:
         C-contiguous array of the field's dtype and slice size), or one array when the
         runner has a single field.
         """
-        arrays = self._arrays(state)
+        _, nsteps = self._exchange(self._arrays(state))
+        return state, nsteps
+
+    @property
+    def in_place(self) -> bool:
+        """Whether every piece of every field of this rank goes through shared memory (after :meth:`init`)."""
+        routes = self._routes() if self._own is not None else {}
+        return bool(routes) and all(self._shm.use[r] for r in routes)
+
+    def expose_in_place(self) -> tuple[list[Extent], int]:
+        """:meth:`expose` for a runner whose forecast another process (the model under the netCDF
+        interception) wrote into the held task's slot, and which reads the next member's state from the
+        segments itself: PUT_SLOT of the held task (if its state was fetched), READY/TASK, GET_SLOT of the
+        next task; returns the new task's extents (where its state is, where its forecast goes) and its
+        number of steps (0: stop, no extents). Raises EnkflowError unless :attr:`in_place`."""
+        if not self.in_place:
+            raise EnkflowError(f"runner {self.name}: expose_in_place needs every piece of its fields in shared memory "
+                               f"(transport {self.transport.value}; a server rank on another node, or one without "
+                               "shared memory, is reached over TCP): use expose")
+        return self._exchange(None)
+
+    def _exchange(self, arrays: list[np.ndarray] | None) -> tuple[list[Extent], int]:
+        """PUT of the held task's forecast, READY/TASK, GET of the next (``arrays`` None: in place, no
+        copies); the new task's shared-memory extents and its steps."""
         if self.task and self._have_state:
             t0 = time.perf_counter()
             self._put(arrays)
@@ -180,13 +217,13 @@ class Runner:
                 self._exchanged(Exchange.READY, t0)
                 if hdr.kind is Kind.STOP:
                     self._set_task(0, 0, hdr.cycle, 0)
-                    return state, 0
+                    return [], 0
                 self._set_task(hdr.task, hdr.member, hdr.cycle, hdr.nsteps)
                 t0 = time.perf_counter()
-                self._get(arrays)
+                extents = self._get(arrays)
                 self._exchanged(Exchange.GET, t0)
                 self._have_state = True
-                return state, self.nsteps
+                return extents, self.nsteps
             except ServerLost:
                 self._set_task(0, 0, 0, 0)
                 self._join()
@@ -209,6 +246,7 @@ class Runner:
         for c in self._data:
             c.close()
         self._data = []
+        self._shm.close()
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -277,17 +315,22 @@ class Runner:
                 if s == kind:
                     raise (ServerError if kind == "err" else ServerLost)(msg)
 
-    def _put(self, arrays: list[np.ndarray]) -> None:
+    def _put(self, arrays: list[np.ndarray] | None) -> None:
+        """The held task's forecast to the server ranks (``arrays`` None: already in its slots)."""
         task, member, cycle = self.task, self.member, self.cycle
+        starts = [off for off, _ in self._slices]
 
         def put() -> None:
             sent = []
             for r, pieces in self._routes().items():
                 idx = np.array(pieces, dtype=np.int64).reshape(-1, 3)
-                frames: list[object] = [Header(Kind.PUT, self._cred, self.id, task, member, cycle, count=len(pieces),
+                kind = Kind.PUT_SLOT if self._shm.use[r] else Kind.PUT
+                frames: list[object] = [Header(kind, self._cred, self.id, task, member, cycle, count=len(pieces),
                                                epoch=self._epoch).pack(), encode_index(idx)]
-                for k, off, cnt in pieces:
-                    frames.append(arrays[k][off - self._slices[k][0]:off - self._slices[k][0] + cnt])
+                if kind is Kind.PUT_SLOT and arrays is not None:
+                    self._shm.write(self._shm.extents[r], arrays, starts)
+                elif arrays is not None:
+                    frames.extend(arrays[k][off - starts[k]:off - starts[k] + cnt] for k, off, cnt in pieces)
                 self._data[r].send(frames)
                 sent.append(r)
             for r in sent:
@@ -301,6 +344,8 @@ class Runner:
             self._join()
         except ServerError as exc:
             self._set_task(0, 0, 0, 0)
+            if NO_SLOT in str(exc):
+                return  # a stale task (this runner was declared lost): forgotten, as a late PUT's ACK says
             raise ServerError(f"the server rejected the forecast of member {member}, cycle {cycle}: {exc}") from None
         self._set_task(0, 0, 0, 0)
 
@@ -344,30 +389,48 @@ class Runner:
                 # The server declared this runner gone (it was late or stopped): greet it again.
                 raise ServerLost(str(exc)) from None
 
-    def _get(self, arrays: list[np.ndarray]) -> None:
+    def _get(self, arrays: list[np.ndarray] | None) -> list[Extent]:
+        """The held task's state from the server ranks into ``arrays`` (None: in place, no copy); its
+        shared-memory extents."""
         task, member, cycle = self.task, self.member, self.cycle
+        starts = [off for off, _ in self._slices]
+        extents: list[Extent] = []
 
         def get() -> None:
             routes = self._routes()
             for r, pieces in routes.items():
+                kind = Kind.GET_SLOT if self._shm.use[r] else Kind.GET
                 idx = np.array(pieces, dtype=np.int64).reshape(-1, 3)
-                self._data[r].send([Header(Kind.GET, self._cred, self.id, task, member, cycle, count=len(pieces),
+                self._data[r].send([Header(kind, self._cred, self.id, task, member, cycle, count=len(pieces),
                                            epoch=self._epoch).pack(), encode_index(idx)])
             for r, pieces in routes.items():
-                hdr, frames = self._data[r].recv(self.timeout_s, lambda h: h.kind is Kind.DATA and h.task == task,
+                want = Kind.SLOT if self._shm.use[r] else Kind.DATA
+                hdr, frames = self._data[r].recv(self.timeout_s, lambda h: h.kind is want and h.task == task,
                                                  epoch=self._epoch, task=task)
-                idx = decode_index(frames[0].buffer, hdr.count)
-                if hdr.count != len(pieces) or len(frames) != 1 + hdr.count or not np.array_equal(idx, np.array(pieces).reshape(-1, 3)):
-                    raise ServerError(f"server rank {r} answered with other pieces than asked for")
-                for (k, off, cnt), fr in zip(pieces, frames[1:]):
-                    dst = arrays[k][off - self._slices[k][0]:off - self._slices[k][0] + cnt]
-                    src = np.frombuffer(fr.buffer, dtype=dst.dtype)
-                    if src.size != cnt:
-                        raise ServerError(f"server rank {r} sent {src.size} elements of field "
-                                          f"{self._fields[k].name!r}, expected {cnt}")
-                    dst[...] = src
+                if want is Kind.SLOT:
+                    got = self._shm.answer(r, pieces, hdr, frames)
+                    if arrays is not None:
+                        self._shm.read(got, arrays, starts)
+                    extents.extend(got)
+                elif arrays is not None:
+                    self._copy_data(r, pieces, hdr, frames, arrays, starts)
 
         self._collective(get)
+        return extents
+
+    def _copy_data(self, r: int, pieces: list[tuple[int, int, int]], hdr: Header, frames: list[zmq.Frame],
+                   arrays: list[np.ndarray], starts: list[int]) -> None:
+        """Server rank ``r``'s DATA reply to a GET of ``pieces``, copied into ``arrays``."""
+        idx = decode_index(frames[0].buffer, hdr.count)
+        if hdr.count != len(pieces) or len(frames) != 1 + hdr.count or not np.array_equal(idx, np.array(pieces).reshape(-1, 3)):
+            raise ServerError(f"server rank {r} answered with other pieces than asked for")
+        for (k, off, cnt), fr in zip(pieces, frames[1:]):
+            dst = arrays[k][off - starts[k]:off - starts[k] + cnt]
+            src = np.frombuffer(fr.buffer, dtype=dst.dtype)
+            if src.size != cnt:
+                raise ServerError(f"server rank {r} sent {src.size} elements of field "
+                                  f"{self._fields[k].name!r}, expected {cnt}")
+            dst[...] = src
 
 
 class _Heartbeat:

@@ -17,12 +17,19 @@ over the server's communicator. A study starts from the newest checkpoint
 (:mod:`~enkflow.online.recovery`) and may first check that the model is
 stateless (:mod:`~enkflow.online.probe`).
 
+Runners on a rank's node exchange through shared memory where they can
+(:mod:`~enkflow.online.segments`, ``ServerConfig.transport``): the rank's store
+lives in a segment they read members from, and they write forecasts into the
+rank's task slots (:mod:`~enkflow.online.slots`); the server unlinks them when
+it ends, whichever way.
+
 Each rank's loop is single-threaded (ZeroMQ sockets are not thread-safe);
 checkpoints are written by a background thread (:mod:`enkflow.online.checkpoint`).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +38,7 @@ from typing import Protocol
 import numpy as np
 import zmq
 
-from enkflow.errors import EnkflowError
+from enkflow.errors import ConfigError, EnkflowError
 from enkflow.experiment.cycling import ObservationSpace, run_cycles
 from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.fsutil import write_bytes_atomic, write_json_atomic
@@ -46,11 +53,14 @@ from enkflow.online.fields import Field, Ownership
 from enkflow.online.probe import StatelessProbe
 from enkflow.online.recovery import recover
 from enkflow.online.scheduler import Scheduler, Task
+from enkflow.online.segments import Transport, available
 from enkflow.online.server_config import ServerConfig
+from enkflow.online.slots import SlotPool
 from enkflow.online.sockets import Incarnation, bind, bind_collective, bus_host
 from enkflow.online.store import MemoryStore
 from enkflow.online.wire import credential
 from enkflow.parallel import Comm, SerialComm, node_names
+from enkflow.shm_names import remove_dead_segments, shm_dir
 
 __all__ = ["ForecastObserver", "Problem", "Server", "ServerConfig"]
 
@@ -117,13 +127,49 @@ class Server:
         self.me = Incarnation(credential(config.token),
                               self.comm.bcast(int.from_bytes(np.random.default_rng().bytes(7), "little") or 1, root=0))
         self.ckpt = ckpt.Checkpointer(config.checkpoint_dir, self.rank, self.own.fields, self.size) if config.checkpoint_dir else None
-        self.store = MemoryStore(self.own, self.comm, problem.n_members, checkpointer=self.ckpt)
+        self.slots: SlotPool | None = None
+        self.store = self._make_store()
         self.cycle = -1
         self.stats: dict[str, float] = {}
         self.diagnostics: dict[int, dict[str, float]] = {}
         self.probe = StatelessProbe(self.store, self._emit)
         self.bus: Bus | None = None
-        self._open_sockets(events)
+        try:
+            self._open_sockets(events)
+        except BaseException:
+            self._close_segments()
+            raise
+
+    def _make_store(self) -> MemoryStore:
+        """Collective: this rank's store, in a store segment unless ``transport`` is TCP or (AUTO) none
+        can be made (an ``online_shm_unavailable`` event says why); SHM without one raises ConfigError."""
+        remove_dead_segments()  # a killed server's segments (this one's predecessor)
+        want = self.cfg.transport is not Transport.TCP
+        reason = available() if want else None
+        store = None
+        if want and reason is None:
+            nonce = secrets.token_bytes(16)
+            try:
+                store = MemoryStore(self.own, self.comm, self.p.n_members, checkpointer=self.ckpt,
+                                    shm=(nonce, self.me.epoch))
+                self.slots = SlotPool(self.own.fields, store.ranges, nonce, self.me.epoch)
+            except OSError as exc:
+                reason = f"cannot make a {exc.strerror or exc} segment in {shm_dir()}"
+        reasons = self.comm.allgather_obj(reason)
+        failed = [f"server rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
+        if failed and self.cfg.transport is Transport.SHM:
+            if store is not None:
+                store.close()
+            raise ConfigError(f"shared memory was asked for but is unavailable: {'; '.join(failed)}",
+                              key="online.transport")
+        if failed:
+            self._emit("online_shm_unavailable", reason="; ".join(failed))
+        return store or MemoryStore(self.own, self.comm, self.p.n_members, checkpointer=self.ckpt)
+
+    def _close_segments(self) -> None:
+        self.store.close()
+        if self.slots is not None:
+            self.slots.close()
 
     # -- sockets ------------------------------------------------------------------------
 
@@ -135,9 +181,12 @@ class Server:
         data = bind_collective(ctx, self.comm, self.nodes, self.cfg.bind, curve_secret_key=self.cfg.curve_secret_key)
         # Every rank logs what its data socket refuses.
         self.data = DataPlane(data, self.store, self.me, log=events, ckpt=self.ckpt, report=self._report,
-                              state_for=self.probe.state_for, keep_alive=self._beat)
+                              state_for=self.probe.state_for, keep_alive=self._beat, slots=self.slots)
         mine = advertised(data.getsockopt_string(zmq.LAST_ENDPOINT))
         self.data_addresses = [str(a) for a in self.comm.allgather_obj(mine)]
+        seg = self.store.segment
+        shm = None if seg is None or self.slots is None else {"segment": str(seg.path), "nonce": self.slots.nonce.hex()}
+        self.shm = self.comm.allgather_obj(shm)
         self.control: Control | None = None
         self.coordinator: Coordinator | None = None
         address = None
@@ -147,7 +196,7 @@ class Server:
                         curve_secret_key=self.cfg.curve_secret_key)
             address = advertised(sock.getsockopt_string(zmq.LAST_ENDPOINT))
             welcome = {"epoch": self.me.epoch, "ranks": self.size, "data": self.data_addresses,
-                       "heartbeat_s": self.cfg.heartbeat_s}
+                       "heartbeat_s": self.cfg.heartbeat_s, "shm": self.shm}
             self.control = Control(sock, Scheduler(self.p.n_members, self.cfg.scheduler), self.cfg, self.me,
                                    fields=self.own.fields, welcome=welcome, nsteps=self.p.nsteps, emit=self._emit,
                                    say=self._say, on_requeue=self._dropped)
@@ -172,6 +221,7 @@ class Server:
             self.bus.close(3000)
         if self.ckpt is not None:
             self.ckpt.close()
+        self._close_segments()
 
     # -- the study ---------------------------------------------------------------------
 
@@ -254,12 +304,14 @@ class Server:
             probe = self.probe.take()
             self.control.start_cycle(k, done, probe)
             self._serve_rank0(self.control, self.coordinator)
+            self.data.end_forecast()
             self.stats["forecast_s"] = time.perf_counter() - t0
             self._count_tasks(done, probe, self.control)
             for r in range(1, self.size):
                 self._send(r, BusMessage(BusOp.END_FORECAST, cycle=k))
         elif self.bus is not None:
             self._serve_other(self.bus)
+            self.data.end_forecast()
             self.stats["forecast_s"] = time.perf_counter() - t0
         self.stats["transfer_s"] = self.data.transfer_s
         if self.observer is not None:
@@ -276,7 +328,7 @@ class Server:
             self.bus.rearm()
         control.dispatch()
         while not control.sched.complete:
-            ready = dict(poller.poll(200))
+            ready = self._poll(poller, 200)
             if control.socket in ready:
                 control.receive()
             if self.data.socket in ready:
@@ -291,6 +343,16 @@ class Server:
                 if self.bus is not None:
                     self._watch(self.bus, now)
             control.dispatch()
+
+    def _poll(self, poller: zmq.Poller, timeout_ms: int) -> dict:
+        """The sockets ready within ``timeout_ms``; the accepted forecasts are copied into the store
+        first, when nothing is ready at once (their copy is off the runners' path)."""
+        if self.data.accepted:
+            ready = dict(poller.poll(0))
+            if ready:
+                return ready
+            self.data.flush()
+        return dict(poller.poll(timeout_ms))
 
     def _count_tasks(self, done: set[int], probe: int | None, control: Control) -> None:
         """Rank 0's statistics of the cycle's tasks (``done``: the forecasts recovered; ``probe``: the
@@ -310,7 +372,7 @@ class Server:
         poller.register(bus.socket, zmq.POLLIN)
         bus.rearm()
         while True:
-            ready = dict(poller.poll(int(1000 * bus.beat_s)))
+            ready = self._poll(poller, int(1000 * bus.beat_s))
             if self.data.socket in ready:
                 self.data.receive()
             for msg in bus.pending():  # before judging silence: what is queued was heard
@@ -359,6 +421,7 @@ class Server:
         elif msg.op is BusOp.DROP:
             self.data.unstage(msg.task)
         elif msg.op is BusOp.COMPARE:
+            self.data.flush(msg.member)  # the first run's forecast, compared with this one
             diff = self.probe.compare(self.data.unstage(msg.task), msg.member)
             self._report(BusMessage(BusOp.DIFFER if diff else BusOp.SAME, msg.task, msg.member, msg.cycle,
                                     reason=diff or ""))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enkflow.online.scheduler import SchedulerConfig
+from enkflow.online.segments import Transport
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class ServerConfig:
     ``min_runners``: hand out no member before this many runners have joined (for
     benchmarks and tests that need every runner to take part). ``stop_file`` is written
     once the last cycle is done, before runners are told to stop (so that a supervisor
-    does not replace a runner that stopped because the study is over).
+    does not replace a runner that stopped because the study is over). ``transport``: AUTO puts
+    every rank's share in shared memory for runners on its node where it can (else an
+    ``online_shm_unavailable`` event, and TCP), SHM insists (a ConfigError where it cannot), TCP never.
     """
 
     token: str
@@ -40,3 +43,4 @@ class ServerConfig:
     stateless_check: bool = False
     min_runners: int = 1
     stop_file: Path | None = None
+    transport: Transport = Transport.AUTO

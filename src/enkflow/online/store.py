@@ -2,7 +2,9 @@
 
 Field ``f``'s share is an array ``(hi - lo, N)`` in Fortran order (member ``m``'s
 elements contiguous, so a member goes to and comes from a runner without a
-copy), in the field's own dtype. The assimilated shares, stacked in field
+copy), in the field's own dtype; with shared memory they live in the rank's store
+segment (:mod:`enkflow.online.segments`), from which runners on the node copy a
+member's state themselves. The assimilated shares, stacked in field
 order, are this rank's rows ``row_start:row_stop`` of the state vector: an
 :class:`~enkflow.experiment.cycling.EnsembleStore`.
 """
@@ -15,14 +17,17 @@ import numpy as np
 
 from enkflow.online.checkpoint import Checkpointer
 from enkflow.online.fields import Ownership
+from enkflow.online.segments import STORE_MAGIC, Segment
 from enkflow.parallel import Comm
 
 
 class MemoryStore:
     """This rank's shares; ``checkpointer`` (None: none) writes the analysis checkpoints, from which
-    a restarted server resumes (:meth:`checkpoint`)."""
+    a restarted server resumes (:meth:`checkpoint`). ``shm`` (nonce, epoch): the shares live in a new
+    store segment (:attr:`segment`; OSError when it cannot be made), else in private memory."""
 
-    def __init__(self, own: Ownership, comm: Comm, n_members: int, *, checkpointer: Checkpointer | None = None):
+    def __init__(self, own: Ownership, comm: Comm, n_members: int, *, checkpointer: Checkpointer | None = None,
+                 shm: tuple[bytes, int] | None = None):
         self.checkpointer = checkpointer
         self.own = own
         self.comm = comm
@@ -30,9 +35,27 @@ class MemoryStore:
         self.n_rows = own.n_rows
         self.row_start, self.row_stop = own.rows(comm.rank)
         self.ranges = [own.range(comm.rank, k) for k in range(len(own.fields))]
-        self.parts = [np.zeros((hi - lo, n_members), dtype=f.dtype, order="F")
-                      for f, (lo, hi) in zip(own.fields, self.ranges)]
+        self.segment: Segment | None = None
+        if shm is None:
+            self.parts = [np.zeros((hi - lo, n_members), dtype=f.dtype, order="F")
+                          for f, (lo, hi) in zip(own.fields, self.ranges)]
+        else:
+            nbytes = [(hi - lo) * n_members * f.itemsize for f, (lo, hi) in zip(own.fields, self.ranges)]
+            seg = self.segment = Segment.create(STORE_MAGIC, nbytes, *shm)
+            self.parts = [seg.array(k, f.dtype, (hi - lo, n_members)) for k, (f, (lo, hi)) in
+                          enumerate(zip(own.fields, self.ranges))]
         self._assim = [k for k, f in enumerate(own.fields) if f.assimilated]
+
+    def offset(self, field: int, member: int, element: int) -> int:
+        """Byte offset in the store segment of element ``element`` (of the whole field) of member ``member``."""
+        assert self.segment is not None, "the store has no segment"
+        lo, hi = self.ranges[field]
+        return self.segment.regions[field] + ((member - 1) * (hi - lo) + element - lo) * self.own.fields[field].itemsize
+
+    def close(self) -> None:
+        """Unlink and unmap the store segment, if there is one."""
+        if self.segment is not None:
+            self.segment.close()
 
     def column(self, field: int, member: int) -> np.ndarray:
         """Member ``member``'s (1-based) share of field ``field``: a contiguous view, (hi - lo,)."""

@@ -12,12 +12,16 @@ Every message is a multipart ZeroMQ message whose first frame is a
     member     i64  1-based member, 0 for none
     cycle      i64
     nsteps     i64  steps to run (TASK), 0 = stop; in READY the runner's previous wait for a task, microseconds
-    count      u64  the number of pieces that follow (PUT/GET/DATA)
+    count      u64  the number of pieces that follow (PUT/GET/DATA, PUT_SLOT/GET_SLOT/SLOT)
     epoch      u64  the server's incarnation (a restarted server has a new one)
 
 Then, by kind: a UTF-8 JSON frame (HELLO, WELCOME, ERROR: metadata only,
 never pickle), or a piece index (``count`` x 3 int64: field, offset, element
 count) followed by ``count`` raw array frames, sent and received without copies.
+GET_SLOT and PUT_SLOT carry the index alone: the bytes are in shared memory
+(:mod:`enkflow.online.segments`); SLOT echoes the index, then a JSON frame
+``{"read": PATH, "write": PATH, "at": [[read_byte_offset, write_byte_offset], ...]}``
+(one pair per piece, in the index's order).
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ import numpy as np
 from enkflow.errors import EnkflowError
 
 MAGIC = b"ENKF"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _FMT = "<4sHH32sQQqqqQQ"
 HEADER_SIZE = struct.calcsize(_FMT)
 MAX_JSON_BYTES = 1 << 20
+# The refusal of a PUT_SLOT whose task has no slot (a stale task: its runner was declared lost, its
+# slot retired); the runner forgets that task as a late PUT's ACK would have it do.
+NO_SLOT = "has no slot on server rank"
 
 
 class ProtocolError(EnkflowError):
@@ -49,7 +56,7 @@ class VersionMismatch(ProtocolError):
 
 class Kind(IntEnum):
     HELLO = 1  # runner -> control: JSON {fields, name, ranks}; reply WELCOME or ERROR
-    WELCOME = 2  # control -> runner: JSON {data addresses, ownership, heartbeat}
+    WELCOME = 2  # control -> runner: JSON {data addresses, ownership, heartbeat, shm: per rank {segment, nonce} or null}
     READY = 3  # runner -> control: idle, wants a task; reply TASK (deferred until one is free) or STOP
     TASK = 4  # control -> runner: member, cycle, nsteps, task
     STOP = 5  # control -> runner: the study is over (nsteps = 0)
@@ -61,6 +68,9 @@ class Kind(IntEnum):
     FAIL = 11  # runner -> control: the model failed on this task, JSON {error}
     BYE = 12  # runner -> control: leaving (its task, if any, goes to another runner)
     ERROR = 13  # any reply: JSON {error}
+    GET_SLOT = 14  # runner -> data rank: index, as GET; reply SLOT or ERROR
+    SLOT = 15  # data rank -> runner: index (echo) + JSON {read, write, at}: where the pieces are in shared memory
+    PUT_SLOT = 16  # runner -> data rank: index; the pieces are in the task's slot; reply ACK or ERROR
 
 
 def credential(token: str | bytes) -> bytes:

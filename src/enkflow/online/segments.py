@@ -1,0 +1,202 @@
+"""Shared-memory segments of the online data plane: the server rank's store and its task slots.
+
+A runner on the server's node exchanges member states through these files in
+``/dev/shm`` instead of its TCP connection: it copies a member's state out of
+the server rank's *store segment* and its forecast into the task's *slot
+segment*, and only a small notification (GET_SLOT, SLOT, PUT_SLOT) goes over
+the data socket (:mod:`enkflow.online.wire`). Both kinds are
+``shm_dir()/enkflow-online-PID-HEX8`` (:func:`enkflow.shm_names.new_segment`),
+mode 0600 (no other user can open them), a 4096-byte header page then the data,
+each field's region 4096-aligned. The header, little-endian::
+
+    magic    8s   b"ENKFSTOR" (store) or b"ENKFSLOT" (slot)
+    version  u32  SEGMENT_VERSION
+    pad      u32
+    nonce    16s  random, one per server rank incarnation, the same in its store and its slots
+    epoch    u64  the server's incarnation (as in the wire header)
+
+The server unlinks its segments on every exit path; a killed server's names
+are removed by the next process of the study on the node
+(:func:`enkflow.shm_names.remove_dead_segments`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from enkflow.errors import ConfigError
+from enkflow.online.wire import ProtocolError
+from enkflow.shm_names import new_segment, shm_dir
+
+STORE_MAGIC = b"ENKFSTOR"
+SLOT_MAGIC = b"ENKFSLOT"
+SEGMENT_VERSION = 1
+HEADER_BYTES = 4096
+ALIGN = 4096
+_HEADER = "<8sII16sQ"
+TRANSPORT_ENV = "ENKFLOW_TRANSPORT"
+
+
+class Transport(Enum):
+    """How runners on the server's node exchange states: shared memory where they can (AUTO), always
+    (SHM: an error where they cannot), or never (TCP)."""
+
+    AUTO = "auto"
+    SHM = "shm"
+    TCP = "tcp"
+
+    @classmethod
+    def from_environment(cls) -> "Transport":
+        """``ENKFLOW_TRANSPORT`` (AUTO when unset); another value is a ConfigError naming the variable."""
+        value = os.environ.get(TRANSPORT_ENV, "").strip().lower()
+        if not value:
+            return cls.AUTO
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"{TRANSPORT_ENV}={value!r} is not one of {', '.join(t.value for t in cls)}",
+                              key=TRANSPORT_ENV) from None
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    """A segment's first bytes; ``nonce`` 16 bytes."""
+
+    magic: bytes
+    nonce: bytes
+    epoch: int
+    version: int = SEGMENT_VERSION
+
+    def pack(self) -> bytes:
+        return struct.pack(_HEADER, self.magic, self.version, 0, self.nonce, self.epoch)
+
+    @classmethod
+    def unpack(cls, b: bytes) -> "SegmentHeader":
+        magic, version, _, nonce, epoch = struct.unpack_from(_HEADER, b)
+        return cls(magic, nonce, epoch, version)
+
+
+def region_offsets(nbytes: Sequence[int]) -> tuple[list[int], int]:
+    """Byte offsets of regions of ``nbytes`` each after the header page, each 4096-aligned, and the total size."""
+    offsets, at = [], HEADER_BYTES
+    for n in nbytes:
+        offsets.append(at)
+        at += -(-int(n) // ALIGN) * ALIGN
+    return offsets, max(at, HEADER_BYTES + ALIGN)
+
+
+def _unmap(mapping: mmap.mmap) -> None:
+    """Unmap ``mapping`` unless arrays over it still live (then it goes with the last of them)."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass
+
+
+class Segment:
+    """A segment the server made: ``regions[k]`` byte offset of region ``k``; :meth:`close` unlinks and unmaps."""
+
+    def __init__(self, path: Path, mapping: mmap.mmap, regions: list[int]):
+        self.path, self._map, self.regions = path, mapping, regions
+
+    @classmethod
+    def create(cls, magic: bytes, nbytes: Sequence[int], nonce: bytes, epoch: int) -> "Segment":
+        """A new segment with regions of ``nbytes`` bytes; OSError (ENOSPC: /dev/shm full) when it cannot be
+        made, never a SIGBUS later: every byte is allocated here."""
+        regions, size = region_offsets(nbytes)
+        path = new_segment("online")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        mapping[:HEADER_BYTES] = SegmentHeader(magic, nonce, epoch).pack().ljust(HEADER_BYTES, b"\0")
+        return cls(path, mapping, regions)
+
+    def array(self, region: int, dtype: str, shape: tuple[int, int]) -> np.ndarray:
+        """Region ``region`` as a Fortran-order ``shape`` array (a view of the shared memory)."""
+        flat = np.frombuffer(self._map, dtype=dtype, count=shape[0] * shape[1], offset=self.regions[region])
+        return flat.reshape(shape, order="F")
+
+    def close(self) -> None:
+        """Unlink the name and unmap (a runner that still has it mapped keeps its own mapping); twice is harmless."""
+        self.path.unlink(missing_ok=True)
+        _unmap(self._map)
+
+
+def check_store(path: str, nonce: str, epoch: int) -> str | None:
+    """Why a runner cannot use the store segment ``path`` of a server rank whose WELCOME gave ``nonce``
+    (hex) and ``epoch``; None when it can (same node, same user, the same incarnation)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return f"cannot open it ({exc.strerror}: another node, or another user)"
+    try:
+        head = os.pread(fd, struct.calcsize(_HEADER), 0)
+    finally:
+        os.close(fd)
+    if len(head) < struct.calcsize(_HEADER):
+        return "it is shorter than its header"
+    h = SegmentHeader.unpack(head)
+    if h.magic != STORE_MAGIC:
+        return f"bad magic {h.magic!r}, expected {STORE_MAGIC!r}"
+    if h.version != SEGMENT_VERSION:
+        return f"segment layout version {h.version}, this runner reads version {SEGMENT_VERSION}"
+    if h.nonce.hex() != nonce or h.epoch != epoch:
+        return "it belongs to another server (its nonce or epoch differs from the WELCOME's)"
+    return None
+
+
+def available() -> str | None:
+    """Why this node has no shared memory for segments (None: it has)."""
+    if shm_dir() != Path("/dev/shm"):
+        return "no writable /dev/shm"
+    return None
+
+
+class MappedSegments:
+    """A runner's mappings of the server's segments, by path: each mapped once (MAP_POPULATE: the pages
+    fault in once per runner, not per member), the store read-only and slots read-write."""
+
+    def __init__(self) -> None:
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def view(self, path: str, offset: int, dtype: np.dtype, count: int, *, writable: bool) -> np.ndarray:
+        """``count`` elements of ``dtype`` at byte ``offset`` of the segment ``path`` (mapped on first use)."""
+        m = self._maps.get(path)
+        if m is None:
+            try:
+                m = self._maps[path] = self._map(path, writable)
+            except OSError as exc:
+                raise ProtocolError(f"cannot map the server's segment {path}: {exc.strerror or exc}") from None
+        if offset < HEADER_BYTES or offset + count * dtype.itemsize > len(m):
+            raise ProtocolError(f"the server named bytes [{offset}, {offset + count * dtype.itemsize}) of segment "
+                              f"{path}, which has {len(m)}")
+        return np.frombuffer(m, dtype=dtype, count=count, offset=offset)
+
+    @staticmethod
+    def _map(path: str, writable: bool) -> mmap.mmap:
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=prot)
+        finally:
+            os.close(fd)
+
+    def clear(self) -> None:
+        """Unmap every segment (the server's incarnation changed, or the runner leaves)."""
+        for m in self._maps.values():
+            _unmap(m)
+        self._maps.clear()

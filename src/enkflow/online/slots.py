@@ -1,0 +1,90 @@
+"""A server rank's task slots: shared-memory segments into which runners on its node write forecasts.
+
+A slot holds one task's forecast on this rank: every field's share, one
+column's worth (:mod:`enkflow.online.segments`). It is bound to a task from
+the task's first GET_SLOT until the forecast is accepted and copied into the
+member's columns (then it is free for another task), or until the task is
+dropped, found stale or its cycle ends: then it is *retired*, unlinked and
+unmapped, never reused, so a late writer that still has it mapped writes into
+memory nobody reads. The free pool grows on demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from enkflow.online.fields import Field
+from enkflow.online.segments import SLOT_MAGIC, Segment
+
+
+@dataclass
+class Slot:
+    """A slot segment; ``member`` of the task bound to it (0: free). ``views[k]``: field ``k``'s share,
+    ``(hi - lo,)`` elements of ``ranges[k]``."""
+
+    segment: Segment
+    views: list[np.ndarray]
+    member: int = 0
+
+    def offset(self, field: int, element: int, lo: int, itemsize: int) -> int:
+        """Byte offset in the slot of element ``element`` of field ``field`` (whose share starts at ``lo``)."""
+        return self.segment.regions[field] + (element - lo) * itemsize
+
+
+class SlotPool:
+    """This rank's slots for ``fields`` with the share ``ranges[k] = (lo, hi)``; ``nonce`` and ``epoch`` go in
+    every slot's header."""
+
+    def __init__(self, fields: tuple[Field, ...], ranges: list[tuple[int, int]], nonce: bytes, epoch: int):
+        self._fields, self._ranges, self.nonce, self._epoch = fields, ranges, nonce, epoch
+        self._free: list[Slot] = []
+        self._bound: dict[int, Slot] = {}
+
+    def bind(self, task: int, member: int) -> Slot:
+        """The slot of ``task`` (member ``member``): the one bound to it, else a free one, else a new one.
+        OSError when a new one cannot be made (/dev/shm full)."""
+        slot = self._bound.get(task)
+        if slot is None:
+            slot = self._free.pop() if self._free else self._new()
+            slot.member = member
+            self._bound[task] = slot
+        return slot
+
+    def bound(self, task: int) -> Slot | None:
+        """The slot bound to ``task`` (None: none, or it was retired)."""
+        return self._bound.get(task)
+
+    def release(self, task: int) -> None:
+        """``task``'s forecast was copied out of its slot: the slot is free for another task."""
+        slot = self._bound.pop(task, None)
+        if slot is not None:
+            slot.member = 0
+            self._free.append(slot)
+
+    def retire(self, task: int) -> None:
+        """``task`` is dropped or stale: its slot is unlinked and unmapped, never reused."""
+        slot = self._bound.pop(task, None)
+        if slot is not None:
+            slot.views.clear()
+            slot.segment.close()
+
+    def retire_bound(self) -> None:
+        """The cycle ended: retire every slot still bound (their tasks are stale)."""
+        for task in list(self._bound):
+            self.retire(task)
+
+    def close(self) -> None:
+        """Unlink and unmap every slot."""
+        self.retire_bound()
+        for slot in self._free:
+            slot.views.clear()
+            slot.segment.close()
+        self._free.clear()
+
+    def _new(self) -> Slot:
+        nbytes = [(hi - lo) * f.itemsize for f, (lo, hi) in zip(self._fields, self._ranges)]
+        seg = Segment.create(SLOT_MAGIC, nbytes, self.nonce, self._epoch)
+        views = [seg.array(k, f.dtype, (hi - lo, 1))[:, 0] for k, (f, (lo, hi)) in enumerate(zip(self._fields, self._ranges))]
+        return Slot(seg, views)
