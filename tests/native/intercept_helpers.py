@@ -17,8 +17,7 @@ from enkflow.experiment.config import load_experiment
 from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.online.fields import Field
 from enkflow.online.intercept import Segment
-from enkflow.online.runner import Extent
-from enkflow.shm_names import maker_pid, shm_dir
+from enkflow.online.shm_exchange import Extent
 
 
 FORCING_SCRIPT = Path(__file__).resolve().parents[2] / "native" / "examples" / "demo_forcing.py"
@@ -146,14 +145,3 @@ class ShimMemory:
 def _halves(n: int) -> list[tuple[int, int]]:
     return [(0, n)] if n < 2 else [(0, n // 2 + 1), (n // 2 + 1, n)]
 
-
-def online_segments() -> set[Path]:
-    """The server's shared memory segments on this node now."""
-    return set(shm_dir().glob("enkflow-online-*"))
-
-
-def left_behind(before: set[Path]) -> list[Path]:
-    """The server segments made since ``before`` whose maker has ended (others belong to studies still running
-    beside this test)."""
-    return sorted(p for p in online_segments() - before
-                  if (pid := maker_pid(p.name)) is None or not Path(f"/proc/{pid}").exists())

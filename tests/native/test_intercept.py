@@ -22,8 +22,9 @@ import pytest
 from enkflow.errors import MemberError
 from enkflow.online.fields import Field
 from enkflow.online.intercept import Segment
+from enkflow.shm_names import shm_dir
 
-from intercept_helpers import ShimMemory, analyses, experiment, left_behind, make_problem, online_segments, run
+from intercept_helpers import ShimMemory, analyses, experiment, make_problem, run
 
 DATA = Path(__file__).parent / "data"
 MEMBERS, CYCLES = 4, 3
@@ -42,6 +43,12 @@ def _shim(native_build) -> Path:
 
 def _events(d: Path) -> list[dict]:
     return [json.loads(line) for line in (d / "run" / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _segments_left(d: Path) -> list[Path]:
+    """The shared memory segments the study's server made that are still there."""
+    pid = next(e["pid"] for e in _events(d) if e["event"] == "online_start")
+    return sorted(shm_dir().glob(f"enkflow-online-{pid}-*"))
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +74,9 @@ def test_fortran_model_through_interception_is_bitwise_its_offline_run(native_bu
     done = [e for e in _events(tmp_path / "online") if e["event"] == "task_done"]
     assert len(done) == MEMBERS * CYCLES
     assert [e["ok"] for e in _events(tmp_path / "online") if e["event"] == "stateless_check"] == [True]
+    logs = "".join(p.read_text() for p in (tmp_path / "online" / "run" / "online" / "logs").glob("runner-*.log"))
+    assert logs.count("in place: the model reads and writes" if transport == "shm" else "through TCP: the model") == 2
+    assert _segments_left(tmp_path / "online") == []
 
 
 def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(native_build, problem, tmp_path):
@@ -84,12 +94,11 @@ def test_c_model_through_interception_is_bitwise_its_offline_run_despite_faults(
     toml = experiment(problem, tmp_path / "online", model, "online", _shim(native_build), heartbeat_timeout=2.0,
                       online_model=faulty, wrapper_args="--timeout 8", transport="shm")
     os.environ["FAULTS"] = "1:2:kill-model,2:3:kill-runner,3:1:half-write,2:1:hang,3:4:kill-mid-write"
-    segments = online_segments()
     try:
         status = run(toml)
     finally:
         del os.environ["FAULTS"]
-    assert left_behind(segments) == []
+    assert _segments_left(tmp_path / "online") == []
     assert status["state"] == "done"
     off, on = analyses(tmp_path / "offline", MEMBERS, CYCLES), analyses(tmp_path / "online", MEMBERS, CYCLES)
     for key in off:

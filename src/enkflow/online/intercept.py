@@ -50,7 +50,8 @@ from enkflow.fsutil import read_json
 from enkflow.online.connection import ServerError
 from enkflow.online.experiment import experiment_fields
 from enkflow.online.fields import Field
-from enkflow.online.runner import Extent, Runner, run_runner_process
+from enkflow.online.runner import Runner, run_runner_process
+from enkflow.online.shm_exchange import Extent
 from enkflow.state import StateLayout
 
 # The segment's layout: native/intercept/intercept_shm.h (change both together, with the version).
@@ -299,6 +300,9 @@ class InterceptRunner:
         """Serve tasks until the server says stop; returns the exit status."""
         self.runner.init(self.fields)
         seg = Segment(self.fields, in_place=self.runner.in_place)
+        print("enkflow intercept: " + ("in place: the model reads and writes the server's shared memory" if seg.in_place
+                                       else "through TCP: the model reads and writes this runner's copy of the state"),
+              file=sys.stderr, flush=True)
         try:
             nsteps = self._exchange(seg)
             while nsteps:
