@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -380,6 +381,17 @@ static void check_bits(uint64_t off, uint64_t n, void *a) {
             r->overlap = i + 1;
 }
 
+/* A large get fills the model's buffer: the first touch of each 4 KiB page of fresh memory (a buffer just
+ * allocated, as a model that reads its restart at start has) is a page fault, which costs several times the
+ * copy of the page. Asking for huge pages where the buffer spans them makes that one fault per 2 MiB. Only a
+ * hint: memory the kernel cannot back so (not anonymous, or huge pages off) is left as it is. */
+static void huge_pages_for(void *mem, size_t bytes) {
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t lo = ((uintptr_t)mem + huge - 1) & ~(huge - 1), hi = ((uintptr_t)mem + bytes) & ~(huge - 1);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+}
+
 /* One get or put on a field. ``memtype`` NC_NAT for the untyped calls; ``start``/``count`` NULL for the
  * whole variable; ``one`` for var1 (``start`` is the index). */
 static int access_field(int op, const char *fn, handle *h, int k, nc_type memtype, const size_t *start,
@@ -414,6 +426,7 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
         fprintf(stderr, "enkflow intercept: %s %s (%llu elements)\n", fn, f->name, (unsigned long long)n);
     run_arg r = {(uint32_t)k, mem, S.L.esize[k], NULL, f->generations > 0, 0};
     if (op == GET) {
+        huge_pages_for(mem, n * r.es);
         if (!r.written && f->elements_written)
             r.bits = S.bitmap[k];
         runs(f, st0, ct, copy_get, &r);

@@ -66,8 +66,10 @@ typedef struct {
     const char *path;
 } opened;
 
-/* ``bytes`` at ``off`` of segment ``s``, mapped and populated (one page fault per page would cost more than
- * the copy); the memfd (``s`` 0) is mapped already, at ``base``. */
+/* ``bytes`` at ``off`` of segment ``s``, mapped; the memfd (``s`` 0) is mapped already, at ``base``. A writable
+ * mapping is populated at once: one page fault per 4 KiB page written would cost about twice the copy. A
+ * read-only one is not: the kernel maps 16 pages of the segment's memory per read fault, cheaper than
+ * setting up every page table entry here. */
 static unsigned char *map_range(const opened *seg, uint32_t s, unsigned char *base, uint64_t off, uint64_t bytes,
                                 int prot, char *why, size_t len) {
     if (off > seg[s].size || bytes > seg[s].size - off || (s == 0 && off < ENKFLOW_SHM_DATA_AT)) {
@@ -78,7 +80,8 @@ static unsigned char *map_range(const opened *seg, uint32_t s, unsigned char *ba
     if (s == 0)
         return base + off;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), at = off / page * page;
-    void *p = mmap(NULL, off + bytes - at, prot, MAP_SHARED | MAP_POPULATE, seg[s].fd, (off_t)at);
+    int populate = prot & PROT_WRITE ? MAP_POPULATE : 0;
+    void *p = mmap(NULL, off + bytes - at, prot, MAP_SHARED | populate, seg[s].fd, (off_t)at);
     if (p == MAP_FAILED) {
         why_(why, len, "cannot map %llu bytes of %s: %s", (unsigned long long)bytes, seg[s].path, strerror(errno));
         return NULL;
