@@ -67,6 +67,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from enkflow.shm_names import maker_pid, shm_dir
 from enkflow_testing.faults import kill_tree, strace_path, wait_gone, wal_logs
 
 SCENARIOS = ("runner-kill", "runner-stop", "server-before-ckpt", "server-after-ckpt", "server-analysis", "join-leave",
@@ -113,6 +114,7 @@ class OnlineTrialResult:
     server_restarts: int = 0
     injected: bool = True  # the fault happened as planned (strace fired, the victim existed)
     clean_leave: bool | None = None  # join-leave: the SIGTERMed runner said BYE
+    segments_left: list = field(default_factory=list)  # the run's online shared-memory segments left behind
 
     @property
     def expected(self) -> int:
@@ -425,6 +427,7 @@ rank_timeout = {self.rank_timeout:g}
         res = OnlineTrialResult(n, scenario, cycle=cycle or rng.randint(1, last))
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.run_timeout
+        segments = set(shm_dir().glob("enkflow-online-*"))
         proc = self._start()
         ev = EventTail(self.run_dir / "events.jsonl")
         ctx = _Trial(self, proc, ev, res, rng, deadline)
@@ -449,6 +452,10 @@ rank_timeout = {self.rank_timeout:g}
                 kill_tree(proc.pid, self.root)
                 proc.wait()
         left = wait_gone(self.root, 20.0)
+        # Every process of the run is gone: a new name of a dead maker is one the run left behind (a
+        # live maker's is another study's, on this shared machine).
+        res.segments_left = sorted(p.name for p in set(shm_dir().glob("enkflow-online-*")) - segments
+                                   if not Path(f"/proc/{maker_pid(p.name)}").exists())
         ev.poll()
         ctx.account()
         if res.rc != 0:

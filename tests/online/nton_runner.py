@@ -32,6 +32,7 @@ def main() -> None:
     runner = Runner((d / "address").read_text().strip(), (d / "token").read_text().strip(), comm=comm)
     sl = {f.name: slices(f.size, comm.rank, comm.size) for f in FIELDS}
     runner.init(FIELDS, slices=sl)
+    print(f"runner rank {comm.rank}: in_place={runner.in_place}", flush=True)  # shared memory for every piece
     state = {f.name: np.zeros(sl[f.name][1], dtype=f.dtype) for f in FIELDS}
     state, nsteps = runner.expose(state)
     while nsteps:

@@ -17,6 +17,8 @@ Crafted messages go through raw ZeroMQ DEALER sockets.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -29,13 +31,17 @@ import pytest
 import zmq
 
 from enkflow.analysis import ETKF, ObsSet
-from enkflow.errors import MemberError
+from enkflow.errors import ConfigError, EnkflowError, MemberError
 from enkflow.experiment.cycling import ArrayStore, ObservationSpace
 from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.jobs.events import EventLog, iter_events
 from enkflow.online import Field, Problem, Runner, SchedulerConfig, Server, ServerConfig, ServerError
+from enkflow.online import server as server_module
+from enkflow.online.segments import MappedSegments, Transport
 from enkflow.online.store import MemoryStore
-from enkflow.online.wire import HEADER_SIZE, MAX_JSON_BYTES, PROTOCOL_VERSION, Header, Kind, credential, decode_json, encode_index, encode_json
+from enkflow.online.wire import (HEADER_SIZE, MAX_JSON_BYTES, NO_SLOT, PROTOCOL_VERSION, Header, Kind, credential, decode_json,
+                                 encode_index, encode_json)
+from enkflow.shm_names import shm_dir
 
 TOKEN = "the-right-token"
 N_X = 40
@@ -708,3 +714,183 @@ def test_a_task_whose_get_failed_is_given_back_not_sent_as_a_forecast(tmp_path: 
     failed = [e for e in study.events("task_requeue") if e.get("reason") == "failed"]
     assert len(failed) == 1 and "never arrived" in json.dumps(study.events("task_fail") or failed)
     assert len(sent) == N_MEMBERS * len(CYCLES)  # every PUT was a real forecast; none for the failed task
+
+
+# -- shared memory: the transport chosen, bad input and a runner stopped while it writes its slot ---------
+
+
+def own_segments() -> list[Path]:
+    """The online segments this process made (the servers of these tests run in it) that still exist."""
+    return sorted(shm_dir().glob(f"enkflow-online-{os.getpid()}-*"))
+
+
+def test_runners_choose_shared_memory_on_the_servers_node_and_both_ways_give_the_same_bits(
+        tmp_path: Path, reference: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    for sub in ("auto", "tcp"):
+        (tmp_path / sub).mkdir()
+    study = Study(tmp_path / "auto")  # the reference ran over shared memory (AUTO): runners on the server's node
+    auto = Runner(study.address, TOKEN, name="auto", timeout_s=WAIT_S, reconnect_s=2.0)
+    tcp = Runner(study.address, TOKEN, name="tcp", timeout_s=WAIT_S, reconnect_s=2.0, transport=Transport.TCP)
+    auto.init(FIELDS)
+    tcp.init(FIELDS)
+    assert auto.in_place and not tcp.in_place
+    with pytest.raises(EnkflowError, match="expose_in_place needs every piece of its fields in shared memory"):
+        tcp.expose_in_place()
+    tcp.close()
+    # The interception's way: the model reads and writes the segments itself, the runner copies nothing.
+    maps = MappedSegments()
+
+    def in_place() -> None:
+        extents, n = auto.expose_in_place()
+        while n:
+            (e,) = extents
+            x = maps.view(e.read_path, e.read_offset, np.dtype(np.float64), e.hi - e.lo, writable=False)
+            maps.view(e.write_path, e.write_offset, np.dtype(np.float64), e.hi - e.lo, writable=True)[...] = \
+                model(x, auto.cycle, n)
+            extents, n = auto.expose_in_place()
+        auto.close()
+        maps.clear()
+
+    t = threading.Thread(target=in_place, daemon=True)
+    t.start()
+    study.runner("good-1")
+    np.testing.assert_array_equal(study.finish(), reference)
+    t.join(WAIT_S)
+    assert not t.is_alive() and any(e["runner"] == "auto" for e in study.events("task_assign"))
+    # A server without shared memory: AUTO runners use TCP, and give the same bits; SHM insists, and cannot.
+    study = Study(tmp_path / "tcp", transport=Transport.TCP)
+    shm = Runner(study.address, TOKEN, name="shm", timeout_s=WAIT_S, reconnect_s=2.0, transport=Transport.SHM)
+    with pytest.raises(ServerError, match="shared memory was asked for, but server rank 0's store segment .none. cannot "
+                                          "be used: the server rank has no shared memory"):
+        shm.init(FIELDS)
+    shm.close()
+    study.runner("good-1")
+    study.runner("good-2")
+    np.testing.assert_array_equal(study.finish(), reference)
+    assert not study.runner_errors and not own_segments()
+    monkeypatch.setenv("ENKFLOW_TRANSPORT", "udp")
+    with pytest.raises(ConfigError, match="ENKFLOW_TRANSPORT='udp' is not one of auto, shm, tcp"):
+        Runner(study.address, TOKEN)
+
+
+def test_a_server_without_shared_memory_serves_tcp_or_refuses_to_start(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "available", lambda: "no writable /dev/shm")
+    with pytest.raises(ConfigError, match="shared memory was asked for but is unavailable: server rank 0: no writable"):
+        Server(problem(), server_config(transport=Transport.SHM))
+    server = Server(problem(), server_config(), events=EventLog(tmp_path / "events.jsonl"))
+    server.close()
+    (ev,) = [e for e in iter_events(tmp_path / "events.jsonl") if e["event"] == "online_shm_unavailable"]
+    assert ev["reason"] == "server rank 0: no writable /dev/shm" and server.shm == [None]
+    assert not own_segments()
+
+
+def get_slot(c: RawClient, d: RawClient, task: Header) -> dict:
+    """GET_SLOT of the raw client's task: the SLOT reply's JSON (where its state is, where its forecast goes)."""
+    d.send(d.header(Kind.GET_SLOT, task=task.task, member=task.member, cycle=task.cycle, count=1),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)))
+    hdr, frames = d.recv()
+    assert hdr.kind is Kind.SLOT, f"expected SLOT, got {hdr.kind.name}"
+    return decode_json(frames[1], "slot")
+
+
+def test_a_bad_forecast_in_shared_memory_is_refused_as_over_tcp(tmp_path: Path, reference: np.ndarray) -> None:
+    study, gate = gated_study(tmp_path)
+    c, (d,), task = join_raw(study)
+    maps = MappedSegments()
+    where = get_slot(c, d, task)
+    state = maps.view(where["read"], where["at"][0][0], np.dtype(np.float64), N_X, writable=False)
+    np.testing.assert_array_equal(state, initial_ensemble()[:, task.member - 1])
+    # Elements the rank does not own: refused as a PUT of them is; the task goes back, its slot is retired.
+    d.send(d.header(Kind.PUT_SLOT, task=task.task, member=task.member, cycle=1, count=1),
+           encode_index(np.array([[0, 30, 20]], dtype=np.int64)))
+    assert "elements [30, 50) are not within [0, 40)" in d.error()
+    d.send(d.header(Kind.PUT_SLOT, task=task.task, member=task.member, cycle=1, count=1),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)))
+    assert f"task {task.task} (member {task.member}) {NO_SLOT} 0: stale, or its state was never fetched" in d.error()
+    # A NaN written into the slot: the message of a NaN sent over TCP.
+    c.send(c.header(Kind.READY))
+    task, _ = c.recv()
+    where = get_slot(c, d, task)
+    slot = maps.view(where["write"], where["at"][0][1], np.dtype(np.float64), N_X, writable=True)
+    slot[...] = model(initial_ensemble()[:, task.member - 1], 1, NSTEPS)
+    slot[7] = np.nan
+    d.send(d.header(Kind.PUT_SLOT, task=task.task, member=task.member, cycle=1, count=1),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)))
+    assert f"member {task.member}, field 'x': element 7 is nan (NaN or Inf in the forecast)" in d.error()
+    maps.clear()
+    c.send(c.header(Kind.BYE))
+    gate.open()
+    np.testing.assert_array_equal(study.finish(), reference)
+    assert [e["reason"] for e in study.events("task_requeue")] == ["rejected", "rejected"]
+    assert not own_segments()
+    c.close()
+    d.close()
+
+
+# The victim: its first forecast goes into the slot as garbage, then it stops itself (SIGSTOP) before
+# the real forecast and the PUT_SLOT; the test kills it, or continues it once it was declared lost.
+VICTIM = """
+import os, signal, sys
+import numpy as np
+from enkflow.online import Runner
+from enkflow.online.shm_exchange import ShmExchange
+from test_online_bad_input import FIELDS, N_X, TOKEN, model
+write = ShmExchange.write
+def stop_in_write(self, extents, arrays, starts):
+    ShmExchange.write = write
+    write(self, extents, [np.full(N_X, 1e9)], starts)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    write(self, extents, arrays, starts)
+ShmExchange.write = stop_in_write
+r = Runner(sys.argv[1], TOKEN, name="victim", timeout_s=20.0, reconnect_s=5.0)
+r.init(FIELDS)
+assert r.in_place
+x = np.zeros(N_X)
+x, n = r.expose(x)
+while n:
+    x[...] = model(x, r.cycle, n)
+    x, n = r.expose(x)
+r.close()
+"""
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _wait(pred: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not pred():
+        assert time.monotonic() < deadline, f"waited in vain for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("fault", ["kill", "cont"])
+def test_a_runner_stopped_while_it_writes_its_slot_changes_nothing(tmp_path: Path, reference: np.ndarray,
+                                                                   subprocess_env: dict[str, str], fault: str) -> None:
+    """kill -9 in the middle of writing the forecast into the slot, or SIGSTOP past the heartbeat
+    timeout and SIGCONT: the late PUT_SLOT is refused (the slot was retired), the member redone."""
+    study = Study(tmp_path, heartbeat_timeout_s=1.0)
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, study.address], cwd=HERE, env=subprocess_env)
+    try:
+        _wait(lambda: victim.poll() is not None or _stopped(victim.pid), "the victim to stop in its write")
+        assert victim.poll() is None, "the victim ended before it wrote a forecast"
+        gate = Gate()
+        study.runner("good-1", gate=gate)
+        study.runner("good-2", gate=gate)
+        _wait(lambda: any(e["reason"] == "lost" for e in study.events("task_requeue")), "the victim to be lost")
+        if fault == "kill":
+            victim.kill()
+        else:
+            victim.send_signal(signal.SIGCONT)
+            _wait(lambda: any(NO_SLOT in r for r in rejects(study)), "the late PUT_SLOT's refusal")
+        gate.open()
+        np.testing.assert_array_equal(study.finish(), reference)
+        assert victim.wait(WAIT_S) == (-signal.SIGKILL if fault == "kill" else 0)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+    assert [e["reason"] for e in study.events("task_requeue")] == ["lost"]
+    assert not study.runner_errors and not own_segments()

@@ -39,6 +39,7 @@ def _check(res) -> None:
     assert res.rc == 0, res.detail
     assert res.outcome == "equal", res.detail
     assert res.recompute_ok, f"{res.recomputed} forecasts redone, {res.expected} were interrupted: {res.row()}"
+    assert not res.segments_left, f"shared-memory segments left in /dev/shm: {res.segments_left}"
 
 
 @pytest.mark.parametrize("scenario, kw", [

@@ -7,10 +7,11 @@ pyzmq is imported in this package only. :class:`Runner` is the model side
 
 from enkflow.online.connection import ServerError, ServerLost
 from enkflow.online.fields import Field
-from enkflow.online.runner import Runner
+from enkflow.online.runner import Extent, Runner
 from enkflow.online.scheduler import SchedulerConfig
+from enkflow.online.segments import Transport
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.wire import PROTOCOL_VERSION, ProtocolError
 
-__all__ = ["Field", "PROTOCOL_VERSION", "Problem", "ProtocolError", "Runner", "SchedulerConfig", "Server",
-           "ServerConfig", "ServerError", "ServerLost"]
+__all__ = ["Extent", "Field", "PROTOCOL_VERSION", "Problem", "ProtocolError", "Runner", "SchedulerConfig", "Server",
+           "ServerConfig", "ServerError", "ServerLost", "Transport"]

@@ -24,11 +24,9 @@ the server ranks owning those elements (N-to-M), and only rank 0 talks to the
 scheduler. A server that goes away and comes back (restarted from its
 checkpoint) is greeted again transparently; the task in hand is then dropped.
 
-With a server rank on the runner's node, the states move through shared memory
-(:mod:`enkflow.online.shm_exchange`): one copy each way, between the model's
-arrays and the server's segments. ``transport`` (else ``ENKFLOW_TRANSPORT``,
-else AUTO) forces it (SHM) or TCP. A runner whose model reads and writes the
-segments itself (the netCDF interception) calls :meth:`Runner.expose_in_place`.
+With a server rank on its node, a runner copies states once each way between the model's
+arrays and the server's shared memory (:mod:`enkflow.online.shm_exchange`; ``transport``);
+the netCDF interception, whose model copies itself, calls :meth:`Runner.expose_in_place`.
 """
 
 from __future__ import annotations
@@ -139,7 +137,9 @@ class Runner:
         self._join()
 
     def _join(self) -> None:
-        """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME."""
+        """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME and maps
+        the segments of the server ranks on its node (a killed server's names removed first)."""
+        remove_dead_segments()
         welcome = self._from_rank0(self._hello)
         for c in self._data:
             c.close()
@@ -193,11 +193,14 @@ class Runner:
         segments itself: PUT_SLOT of the held task (if its state was fetched), READY/TASK, GET_SLOT of the
         next task; returns the new task's extents (where its state is, where its forecast goes) and its
         number of steps (0: stop, no extents). Raises EnkflowError unless :attr:`in_place`."""
+        self._check_in_place()
+        return self._exchange(None)
+
+    def _check_in_place(self) -> None:
         if not self.in_place:
             raise EnkflowError(f"runner {self.name}: expose_in_place needs every piece of its fields in shared memory "
                                f"(transport {self.transport.value}; a server rank on another node, or one without "
                                "shared memory, is reached over TCP): use expose")
-        return self._exchange(None)
 
     def _exchange(self, arrays: list[np.ndarray] | None) -> tuple[list[Extent], int]:
         """PUT of the held task's forecast, READY/TASK, GET of the next (``arrays`` None: in place, no
@@ -227,6 +230,8 @@ class Runner:
             except ServerLost:
                 self._set_task(0, 0, 0, 0)
                 self._join()
+                if arrays is None:  # a restarted server (on another node?) may no longer be in reach of memory
+                    self._check_in_place()
 
     def fail(self, error: str) -> None:
         """Report that the model failed on the member it holds (the server gives it to another runner)."""

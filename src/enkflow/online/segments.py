@@ -177,6 +177,7 @@ class MappedSegments:
         """``count`` elements of ``dtype`` at byte ``offset`` of the segment ``path`` (mapped on first use)."""
         m = self._maps.get(path)
         if m is None:
+            self._forget_unlinked()
             try:
                 m = self._maps[path] = self._map(path, writable)
             except OSError as exc:
@@ -185,6 +186,11 @@ class MappedSegments:
             raise ProtocolError(f"the server named bytes [{offset}, {offset + count * dtype.itemsize}) of segment "
                               f"{path}, which has {len(m)}")
         return np.frombuffer(m, dtype=dtype, count=count, offset=offset)
+
+    def _forget_unlinked(self) -> None:
+        """Unmap the segments the server has removed (retired slots): their memory goes once unmapped."""
+        for path in [p for p in self._maps if not os.path.exists(p)]:
+            _unmap(self._maps.pop(path))
 
     @staticmethod
     def _map(path: str, writable: bool) -> mmap.mmap:

@@ -154,7 +154,7 @@ class Server:
                                     shm=(nonce, self.me.epoch))
                 self.slots = SlotPool(self.own.fields, store.ranges, nonce, self.me.epoch)
             except OSError as exc:
-                reason = f"cannot make a {exc.strerror or exc} segment in {shm_dir()}"
+                reason = f"cannot make a segment in {shm_dir()}: {exc.strerror or exc}"
         reasons = self.comm.allgather_obj(reason)
         failed = [f"server rank {r}: {why}" for r, why in enumerate(reasons) if why is not None]
         if failed and self.cfg.transport is Transport.SHM:
