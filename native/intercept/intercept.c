@@ -36,20 +36,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "intercept_layout.h"
+#include "intercept_box.h"
+#include "intercept_core.h"
 
 #define MAX_FIELDS ENKFLOW_SHM_MAX_FIELDS
 #define MAX_HANDLES 64
 #define MAX_WARNED 64
 
 enum { INERT = 1, ACTIVE = 2, BROKEN = 3 };
-enum { GET, PUT };
 
 typedef struct {
     int ncid;
@@ -89,7 +86,7 @@ static int find_netcdf(struct dl_phdr_info *info, size_t size, void *out) {
     return 0;
 }
 
-static void *next_symbol(const char *name) {
+void *enkflow_next_symbol(const char *name) {
     void *p = dlsym(RTLD_NEXT, name);
     if (!p) {
         static void *local;
@@ -108,7 +105,7 @@ static void *next_symbol(const char *name) {
 
 #define REAL(name) ((__typeof__(&name))real_##name())
 #define DEFINE_REAL(name) \
-    static void *real_##name(void) { static void *p; if (!p) p = next_symbol(#name); return p; }
+    static void *real_##name(void) { static void *p; if (!p) p = enkflow_next_symbol(#name); return p; }
 
 DEFINE_REAL(nc_inq_varid)
 DEFINE_REAL(nc_inq_varname)
@@ -127,8 +124,7 @@ static void record(const char *msg) {
     }
 }
 
-/* Report an error: returns ``code`` (a netCDF status). */
-static int fail(int code, const char *fmt, ...) {
+int enkflow_fail(int code, const char *fmt, ...) {
     char msg[ENKFLOW_SHM_ERROR];
     va_list ap;
     va_start(ap, fmt);
@@ -137,7 +133,7 @@ static int fail(int code, const char *fmt, ...) {
     /* The real nc_strerror: a libnetcdf outside the global scope leaves the direct symbol unresolved. */
     static const char *(*strerror_fn)(int);
     if (!strerror_fn)
-        strerror_fn = (const char *(*)(int))next_symbol("nc_strerror");
+        strerror_fn = (const char *(*)(int))enkflow_next_symbol("nc_strerror");
     if (n >= 0 && (size_t)n < sizeof msg - 40 && strerror_fn)
         snprintf(msg + n, sizeof msg - (size_t)n, " (%s)", strerror_fn(code));
     record(msg);
@@ -204,8 +200,7 @@ static int canonical(const char *path, char *out) {
     return 1;
 }
 
-/* 1: ``path`` is the intercepted restart; -1: it is, but the shim could not set up (an error). */
-static int target(const char *path) {
+int enkflow_target(const char *path) {
     init();
     if (S.state == INERT || !path)
         return 0;
@@ -238,10 +233,10 @@ static int check_var(int ncid, int varid, uint32_t k, const char *where) {
     if ((st = REAL(nc_inq_vartype)(ncid, varid, &t)) || (st = REAL(nc_inq_varndims)(ncid, varid, &nd)))
         return st;
     if (t != f->nctype)
-        return fail(NC_EBADTYPE, "variable %s of %s is %s in the file, the online field is %s", f->name, where,
+        return enkflow_fail(NC_EBADTYPE, "variable %s of %s is %s in the file, the online field is %s", f->name, where,
                     type_name(t), type_name(f->nctype));
     if (nd != f->ndims)
-        return fail(NC_EINVAL, "variable %s of %s has %d dimensions, the online field %d", f->name, where, nd, f->ndims);
+        return enkflow_fail(NC_EINVAL, "variable %s of %s has %d dimensions, the online field %d", f->name, where, nd, f->ndims);
     if ((st = REAL(nc_inq_vardimid)(ncid, varid, dims)))
         return st;
     int nunlim = 0, unlim[NC_MAX_DIMS];
@@ -255,7 +250,7 @@ static int check_var(int ncid, int varid, uint32_t k, const char *where) {
         for (int u = 0; u < nunlim; u++)
             is_unlim |= unlim[u] == dims[d];
         if (len != (size_t)f->shape[d] && !(is_unlim && len == 0))
-            return fail(NC_EINVAL, "variable %s of %s: dimension %d has %zu elements, the online field %lld", f->name,
+            return enkflow_fail(NC_EINVAL, "variable %s of %s: dimension %d has %zu elements, the online field %lld", f->name,
                         where, d, len, (long long)f->shape[d]);
     }
     return NC_NOERR;
@@ -263,7 +258,7 @@ static int check_var(int ncid, int varid, uint32_t k, const char *where) {
 
 static int add_handle(int ncid, int created, int writable) {
     if (S.nh == MAX_HANDLES)
-        return fail(NC_ENFILE, "more than %d handles of %s open at once", MAX_HANDLES, S.path);
+        return enkflow_fail(NC_ENFILE, "more than %d handles of %s open at once", MAX_HANDLES, S.path);
     handle *h = &S.h[S.nh++];
     memset(h, 0, sizeof *h);
     h->ncid = ncid;
@@ -276,7 +271,7 @@ static int add_handle(int ncid, int created, int writable) {
     for (uint32_t k = 0; k < S.hdr->nfields; k++) {
         int st = REAL(nc_inq_varid)(ncid, S.f[k].name, &h->varid[k]);
         if (st == NC_ENOTVAR)
-            return fail(NC_ENOTVAR, "the online field %s is not a variable of %s", S.f[k].name, S.path);
+            return enkflow_fail(NC_ENOTVAR, "the online field %s is not a variable of %s", S.f[k].name, S.path);
         if (st || (st = check_var(ncid, h->varid[k], k, S.path)))
             return st;
     }
@@ -310,88 +305,6 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Calls ``fn(offset, n, arg)`` for each contiguous run (C order) of the box start/count of field ``f``. */
-static void runs(const enkflow_shm_field *f, const size_t *start, const size_t *count,
-                 void (*fn)(uint64_t off, uint64_t n, void *arg), void *arg) {
-    int nd = f->ndims;
-    if (nd == 0) {
-        fn(0, 1, arg);
-        return;
-    }
-    for (int d = 0; d < nd; d++)
-        if (count[d] == 0)
-            return;
-    size_t idx[ENKFLOW_SHM_MAX_DIMS] = {0};
-    uint64_t stride[ENKFLOW_SHM_MAX_DIMS];
-    stride[nd - 1] = 1;
-    for (int d = nd - 2; d >= 0; d--)
-        stride[d] = stride[d + 1] * (uint64_t)f->shape[d + 1];
-    for (;;) {
-        uint64_t off = 0;
-        for (int d = 0; d < nd; d++)
-            off += (start[d] + (d < nd - 1 ? idx[d] : 0)) * stride[d];
-        fn(off, count[nd - 1], arg);
-        int d = nd - 2;
-        while (d >= 0 && ++idx[d] == count[d])
-            idx[d--] = 0;
-        if (d < 0)
-            return;
-    }
-}
-
-typedef struct {
-    uint32_t k;           /* the field */
-    unsigned char *mem;   /* the model's buffer, advanced run by run */
-    size_t es;
-    uint8_t *bits;        /* get: the elements written so far, NULL when all or none were */
-    int written;          /* get without bits: every element was written (read it where it was written) */
-    uint64_t overlap;     /* first element written twice + 1, 0 if none */
-} run_arg;
-
-#define BIT(bits, i) ((bits)[(i) >> 3] >> ((i) & 7) & 1)
-
-static void copy_get(uint64_t off, uint64_t n, void *a) {
-    run_arg *r = a;
-    if (!r->bits) {
-        enkflow_layout_get(&S.L, r->k, off, n, r->mem, r->written);
-    } else {  /* part written (this generation, the first): each stretch from where it is now */
-        for (uint64_t i = off, j; i < off + n; i = j) {
-            int bit = BIT(r->bits, i);
-            for (j = i + 1; j < off + n && BIT(r->bits, j) == bit; j++)
-                ;
-            enkflow_layout_get(&S.L, r->k, i, j - i, r->mem + (i - off) * r->es, bit);
-        }
-    }
-    r->mem += n * r->es;
-}
-
-static void copy_put(uint64_t off, uint64_t n, void *a) {
-    run_arg *r = a;
-    enkflow_layout_put(&S.L, r->k, off, n, r->mem);
-    r->mem += n * r->es;
-    if (r->bits)
-        for (uint64_t i = off; i < off + n; i++)
-            r->bits[i >> 3] |= (uint8_t)(1u << (i & 7));
-}
-
-static void check_bits(uint64_t off, uint64_t n, void *a) {
-    run_arg *r = a;
-    for (uint64_t i = off; i < off + n && !r->overlap; i++)
-        if (BIT(r->bits, i))
-            r->overlap = i + 1;
-}
-
-/* A large get fills the model's buffer: the first touch of each 4 KiB page of fresh memory (a buffer just
- * allocated, as a model that reads its restart at start has) is a page fault, which costs several times the
- * copy of the page. Asking for huge pages where the buffer spans them makes that one fault per 2 MiB. Only a
- * hint: memory the kernel cannot back so (not anonymous, or huge pages off) is left as it is. */
-static void huge_pages_for(void *mem, size_t bytes) {
-    const uintptr_t huge = (uintptr_t)2 << 20;
-    uintptr_t lo = ((uintptr_t)mem + huge - 1) & ~(huge - 1), hi = ((uintptr_t)mem + bytes) & ~(huge - 1);
-    if (hi > lo)
-        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-}
-
 /* One get or put on a field. ``memtype`` NC_NAT for the untyped calls; ``start``/``count`` NULL for the
  * whole variable; ``one`` for var1 (``start`` is the index). */
 static int access_field(int op, const char *fn, handle *h, int k, nc_type memtype, const size_t *start,
@@ -399,15 +312,15 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     enkflow_shm_field *f = &S.f[k];
     uint64_t t0 = now_ns();
     if (memtype != NC_NAT && memtype != f->nctype)
-        return fail(NC_EBADTYPE, "%s on variable %s of %s: the variable is %s, read and written only as such when "
+        return enkflow_fail(NC_EBADTYPE, "%s on variable %s of %s: the variable is %s, read and written only as such when "
                     "intercepted (no conversion)", fn, f->name, S.path, type_name(f->nctype));
     if (imap)
-        return fail(NC_EINVAL, "%s on variable %s of %s: mapped access (varm) is not intercepted", fn, f->name, S.path);
+        return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: mapped access (varm) is not intercepted", fn, f->name, S.path);
     int nd = f->ndims;
     if (stride)
         for (int d = 0; d < nd; d++)
             if (stride[d] != 1)
-                return fail(NC_EINVAL, "%s on variable %s of %s: strided access (stride %td in dimension %d) is not "
+                return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: strided access (stride %td in dimension %d) is not "
                             "intercepted", fn, f->name, S.path, stride[d], d);
     size_t st0[ENKFLOW_SHM_MAX_DIMS], ct[ENKFLOW_SHM_MAX_DIMS];
     uint64_t n = 1;
@@ -415,27 +328,25 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
         st0[d] = start ? start[d] : 0;
         ct[d] = one ? 1 : count ? count[d] : (size_t)f->shape[d];
         if (st0[d] > (size_t)f->shape[d] || (one && st0[d] == (size_t)f->shape[d]))
-            return fail(NC_EINVALCOORDS, "%s on variable %s of %s: start %zu in dimension %d of %lld", fn, f->name,
+            return enkflow_fail(NC_EINVALCOORDS, "%s on variable %s of %s: start %zu in dimension %d of %lld", fn, f->name,
                         S.path, st0[d], d, (long long)f->shape[d]);
         if (ct[d] > (size_t)f->shape[d] - st0[d])  /* not st0 + ct, which a huge count wraps around */
-            return fail(NC_EEDGE, "%s on variable %s of %s: start %zu + count %zu in dimension %d of %lld", fn,
+            return enkflow_fail(NC_EEDGE, "%s on variable %s of %s: start %zu + count %zu in dimension %d of %lld", fn,
                         f->name, S.path, st0[d], ct[d], d, (long long)f->shape[d]);
         n *= ct[d];
     }
     if (S.trace)
         fprintf(stderr, "enkflow intercept: %s %s (%llu elements)\n", fn, f->name, (unsigned long long)n);
-    run_arg r = {(uint32_t)k, mem, S.L.esize[k], NULL, f->generations > 0, 0};
     if (op == GET) {
-        huge_pages_for(mem, n * r.es);
-        if (!r.written && f->elements_written)
-            r.bits = S.bitmap[k];
-        runs(f, st0, ct, copy_get, &r);
+        enkflow_huge_pages_for(mem, n * S.L.esize[k]);
+        int written = f->generations > 0;  /* else the first write may be under way: its bitmap says */
+        enkflow_box_get(&S.L, (uint32_t)k, st0, ct, mem, written || !f->elements_written ? NULL : S.bitmap[k], written);
         f->elements_read += n;
         S.hdr->get_ns += now_ns() - t0;
         return NC_NOERR;
     }
     if (!h->writable)
-        return fail(NC_EPERM, "%s on variable %s: %s was opened read-only", fn, f->name, S.path);
+        return enkflow_fail(NC_EPERM, "%s on variable %s: %s was opened read-only", fn, f->name, S.path);
     if (n == 0) {  /* an empty hyperslab writes nothing, and starts no new write of the variable */
         S.hdr->put_ns += now_ns() - t0;
         return NC_NOERR;
@@ -447,17 +358,16 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
             memset(S.bitmap[k], 0, (S.elements[k] + 7) / 8);
     }
     if (n == S.elements[k] && f->elements_written == 0) {
-        runs(f, st0, ct, copy_put, &r);  /* the whole variable at once: no bookkeeping per element */
+        enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, NULL);  /* the whole variable at once: no bookkeeping */
     } else {
         if (!S.bitmap[k] && !(S.bitmap[k] = calloc((S.elements[k] + 7) / 8, 1)))
-            return fail(NC_ENOMEM, "%s on variable %s: no memory for the write map", fn, f->name);
-        r.bits = S.bitmap[k];
-        runs(f, st0, ct, check_bits, &r);
-        if (r.overlap)
-            return fail(NC_EINVAL, "%s on variable %s of %s: element %llu (C order) is written twice; the hyperslabs "
-                        "written must tile the variable, each element once", fn, f->name, S.path,
-                        (unsigned long long)(r.overlap - 1));
-        runs(f, st0, ct, copy_put, &r);
+            return enkflow_fail(NC_ENOMEM, "%s on variable %s: no memory for the write map", fn, f->name);
+        uint64_t overlap = enkflow_box_overlap(&S.L, (uint32_t)k, st0, ct, S.bitmap[k]);
+        if (overlap)
+            return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: element %llu (C order) is written twice; the "
+                                "hyperslabs written must tile the variable, each element once", fn, f->name, S.path,
+                                (unsigned long long)(overlap - 1));
+        enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, S.bitmap[k]);
     }
     f->elements_written += n;
     h->touched |= 1ull << k;
@@ -478,11 +388,8 @@ static int warned(const char *name) {
     return 0;
 }
 
-enum { KIND_VAR, KIND_VAR1, KIND_VARA, KIND_VARS, KIND_VARM };
-
-/* A get/put on ``ncid``/``varid``: handled here (*handled = 1, returns the status) or left to the real call. */
-static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtype, int kind, const size_t *start,
-                     const size_t *count, const ptrdiff_t *stride, const ptrdiff_t *imap, void *mem, int *handled) {
+int enkflow_intercept(int op, const char *fn, int ncid, int varid, nc_type memtype, int kind, const size_t *start,
+                      const size_t *count, const ptrdiff_t *stride, const ptrdiff_t *imap, void *mem, int *handled) {
     *handled = 0;
     if (S.state != ACTIVE || !S.nh)
         return NC_NOERR;
@@ -513,204 +420,49 @@ static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtyp
     }
     *handled = 1;
     if (kind != KIND_VAR && !start && S.f[k].ndims > 0)  /* libnetcdf's answer: no default start */
-        return fail(NC_EINVALCOORDS, "%s on variable %s of %s: no start index (NULL)", fn, S.f[k].name, S.path);
+        return enkflow_fail(NC_EINVALCOORDS, "%s on variable %s of %s: no start index (NULL)", fn, S.f[k].name, S.path);
     return access_field(op, fn, h, k, memtype, start, count, kind == KIND_VAR1, stride, imap, mem);
 }
 
-/* A model whose wrapper is gone (killed) is killed with it: its forecast could go nowhere. A process the
- * wrapper started is tied to it; it then names itself the parent for its own children, so that a model
- * behind a shell script dies with the shell, which died with the wrapper. A process whose parent is not
- * the one named (started by a program without the shim) is left alone. */
-__attribute__((constructor)) static void die_with_wrapper(void) {
-    const char *parent = getenv("ENKFLOW_INTERCEPT_PARENT");
-    if (parent && getenv("ENKFLOW_INTERCEPT_FD") && (pid_t)atol(parent) == getppid()) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char self[32];
-        snprintf(self, sizeof self, "%ld", (long)getpid());
-        setenv("ENKFLOW_INTERCEPT_PARENT", self, 1);
-    }
+int enkflow_tracing(void) {
+    return S.trace;
 }
 
-/* -- opening and closing -------------------------------------------------------------------------- */
-
-static int opened(const char *path, int mode, int ncid) {
+/* A handle of the intercepted restart: its fields checked; counted among the opens the wrapper checks. */
+static int add_opened(int ncid, int created, int writable) {
     S.hdr->opens++;
-    int st = add_handle(ncid, 0, (mode & NC_WRITE) != 0);
-    if (st) {
-        forget(ncid);
-        ((__typeof__(&nc_close))next_symbol("nc_close"))(ncid);
-    }
-    (void)path;
-    return st;
-}
-
-int nc_open(const char *path, int mode, int *ncidp) {
-    static __typeof__(&nc_open) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_open")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc_open of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, mode, ncidp);
-    int st = real(path, mode & ~NC_WRITE, ncidp);
-    if (S.trace)
-        fprintf(stderr, "enkflow intercept: nc_open %s (mode %#x) -> %d\n", path, mode, st);
-    return st ? st : opened(path, mode, *ncidp);
-}
-
-int nc__open(const char *path, int mode, size_t *chunksizehintp, int *ncidp) {
-    static __typeof__(&nc__open) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc__open")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc__open of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, mode, chunksizehintp, ncidp);
-    int st = real(path, mode & ~NC_WRITE, chunksizehintp, ncidp);
-    return st ? st : opened(path, mode, *ncidp);
-}
-
-static int created(int ncid) {
-    S.hdr->opens++;
-    int st = add_handle(ncid, 1, 1);
+    int st = add_handle(ncid, created, writable);
     if (st)
         forget(ncid);
     return st;
 }
 
-int nc_create(const char *path, int cmode, int *ncidp) {
-    static __typeof__(&nc_create) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_create")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc_create of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, cmode, ncidp);
-    int st = real(path, (cmode | NC_DISKLESS) & ~(NC_PERSIST | NC_NOCLOBBER), ncidp);
-    if (S.trace)
-        fprintf(stderr, "enkflow intercept: nc_create %s (mode %#x, diskless) -> %d\n", path, cmode, st);
-    return st ? st : created(*ncidp);
+int enkflow_opened(int ncid, int mode) {
+    int st = add_opened(ncid, 0, (mode & NC_WRITE) != 0);
+    if (st)
+        ((__typeof__(&nc_close))enkflow_next_symbol("nc_close"))(ncid);
+    return st;
 }
 
-int nc__create(const char *path, int cmode, size_t initialsz, size_t *chunksizehintp, int *ncidp) {
-    static __typeof__(&nc__create) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc__create")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc__create of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, cmode, initialsz, chunksizehintp, ncidp);
-    int st = real(path, (cmode | NC_DISKLESS) & ~(NC_PERSIST | NC_NOCLOBBER), initialsz, chunksizehintp, ncidp);
-    return st ? st : created(*ncidp);
+int enkflow_created(int ncid) {
+    return add_opened(ncid, 1, 1);
 }
 
-int nc_close(int ncid) {
-    static __typeof__(&nc_close) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_close")))
-        return NC_ENOTNC;
+int enkflow_closing(int ncid) {
     handle *h = S.state == ACTIVE ? find(ncid) : NULL;
     int bad = NC_NOERR;
     if (h) {
         for (uint32_t k = 0; k < S.hdr->nfields; k++)
             if ((h->touched >> k & 1) && !S.f[k].complete && !bad)
-                bad = fail(NC_EINVAL, "nc_close of %s: variable %s was written only in part (%llu of %llu elements); "
-                           "the hyperslabs written must tile the variable", S.path, S.f[k].name,
-                           (unsigned long long)S.f[k].elements_written, (unsigned long long)S.elements[k]);
+                bad = enkflow_fail(NC_EINVAL, "nc_close of %s: variable %s was written only in part (%llu of %llu "
+                                   "elements); the hyperslabs written must tile the variable", S.path, S.f[k].name,
+                                   (unsigned long long)S.f[k].elements_written, (unsigned long long)S.elements[k]);
         forget(ncid);
     }
-    int st = real(ncid);
-    return bad ? bad : st;
+    return bad;
 }
 
-int nc_abort(int ncid) {
-    static __typeof__(&nc_abort) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_abort")))
-        return NC_ENOTNC;
+void enkflow_aborting(int ncid) {
     if (S.state == ACTIVE)
         forget(ncid);
-    return real(ncid);
 }
-
-/* -- the data calls -------------------------------------------------------------------------------- */
-
-#define PASS(name, ...)                                                                      \
-    static __typeof__(&name) real;                                                           \
-    if (!real && !(real = (__typeof__(real))next_symbol(#name)))                             \
-        return NC_ENOTNC;                                                                    \
-    return real(__VA_ARGS__)
-
-#define WRAP_TYPE(sfx, T, PT, MT)                                                                                          \
-    int nc_get_var##sfx(int ncid, int varid, T *ip) {                                                               \
-        int done, st = intercept(GET, "nc_get_var" #sfx, ncid, varid, MT, KIND_VAR, NULL, NULL, NULL, NULL, ip, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_var##sfx, ncid, varid, ip);                                                                       \
-    }                                                                                                                 \
-    int nc_put_var##sfx(int ncid, int varid, PT *op) {                                                         \
-        int done, st = intercept(PUT, "nc_put_var" #sfx, ncid, varid, MT, KIND_VAR, NULL, NULL, NULL, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_var##sfx, ncid, varid, op);                                                                       \
-    }                                                                                                                 \
-    int nc_get_var1##sfx(int ncid, int varid, const size_t *ix, T *ip) {                                            \
-        int done, st = intercept(GET, "nc_get_var1" #sfx, ncid, varid, MT, KIND_VAR1, ix, NULL, NULL, NULL, ip, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_var1##sfx, ncid, varid, ix, ip);                                                                  \
-    }                                                                                                                 \
-    int nc_put_var1##sfx(int ncid, int varid, const size_t *ix, PT *op) {                                      \
-        int done, st = intercept(PUT, "nc_put_var1" #sfx, ncid, varid, MT, KIND_VAR1, ix, NULL, NULL, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_var1##sfx, ncid, varid, ix, op);                                                                  \
-    }                                                                                                                 \
-    int nc_get_vara##sfx(int ncid, int varid, const size_t *s, const size_t *c, T *ip) {                            \
-        int done, st = intercept(GET, "nc_get_vara" #sfx, ncid, varid, MT, KIND_VARA, s, c, NULL, NULL, ip, &done);  \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_vara##sfx, ncid, varid, s, c, ip);                                                                \
-    }                                                                                                                 \
-    int nc_put_vara##sfx(int ncid, int varid, const size_t *s, const size_t *c, PT *op) {                      \
-        int done, st = intercept(PUT, "nc_put_vara" #sfx, ncid, varid, MT, KIND_VARA, s, c, NULL, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_vara##sfx, ncid, varid, s, c, op);                                                                \
-    }                                                                                                                 \
-    int nc_get_vars##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d, T *ip) {        \
-        int done, st = intercept(GET, "nc_get_vars" #sfx, ncid, varid, MT, KIND_VARS, s, c, d, NULL, ip, &done);     \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_vars##sfx, ncid, varid, s, c, d, ip);                                                             \
-    }                                                                                                                 \
-    int nc_put_vars##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d, PT *op) {  \
-        int done, st = intercept(PUT, "nc_put_vars" #sfx, ncid, varid, MT, KIND_VARS, s, c, d, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_vars##sfx, ncid, varid, s, c, d, op);                                                             \
-    }                                                                                                                 \
-    int nc_get_varm##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d,                 \
-                         const ptrdiff_t *m, T *ip) {                                                                 \
-        int done, st = intercept(GET, "nc_get_varm" #sfx, ncid, varid, MT, KIND_VARM, s, c, d, m, ip, &done);        \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_varm##sfx, ncid, varid, s, c, d, m, ip);                                                          \
-    }                                                                                                                 \
-    int nc_put_varm##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d,                 \
-                         const ptrdiff_t *m, PT *op) {                                                           \
-        int done, st = intercept(PUT, "nc_put_varm" #sfx, ncid, varid, MT, KIND_VARM, s, c, d, m, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_varm##sfx, ncid, varid, s, c, d, m, op);                                                          \
-    }
-
-#define NC_LONG_TYPE (sizeof(long) == sizeof(int) ? NC_INT : NC_INT64)
-
-WRAP_TYPE(_text, char, const char, NC_CHAR)
-WRAP_TYPE(_schar, signed char, const signed char, NC_BYTE)
-WRAP_TYPE(_uchar, unsigned char, const unsigned char, NC_UBYTE)
-WRAP_TYPE(_ubyte, unsigned char, const unsigned char, NC_UBYTE)
-WRAP_TYPE(_short, short, const short, NC_SHORT)
-WRAP_TYPE(_ushort, unsigned short, const unsigned short, NC_USHORT)
-WRAP_TYPE(_int, int, const int, NC_INT)
-WRAP_TYPE(_uint, unsigned int, const unsigned int, NC_UINT)
-WRAP_TYPE(_long, long, const long, NC_LONG_TYPE)
-WRAP_TYPE(_float, float, const float, NC_FLOAT)
-WRAP_TYPE(_double, double, const double, NC_DOUBLE)
-WRAP_TYPE(_longlong, long long, const long long, NC_INT64)
-WRAP_TYPE(_ulonglong, unsigned long long, const unsigned long long, NC_UINT64)
-WRAP_TYPE(_string, char *, const char *, NC_STRING)
-WRAP_TYPE(, void, const void, NC_NAT)

@@ -8,6 +8,9 @@
 
 #include "intercept_shm.h"
 
+/* The shim's own functions stay out of the model's symbol scope (the shim is preloaded into it). */
+#define ENKFLOW_INTERNAL __attribute__((visibility("hidden")))
+
 /* One extent, mapped: element lo of the field is at rd (to read) and at wr (to write). */
 typedef struct {
     uint64_t lo, hi;
@@ -25,13 +28,13 @@ typedef struct {
 
 /* Maps the memfd ``fd`` and the segments it names into ``L``. 0 on success; otherwise -1 with the reason in
  * ``why`` (``len`` bytes). */
-int enkflow_layout_map(int fd, enkflow_layout *L, char *why, size_t len);
+ENKFLOW_INTERNAL int enkflow_layout_map(int fd, enkflow_layout *L, char *why, size_t len);
 
 /* Copies elements [off, off + n) of field ``k`` to ``mem``: from where they are read, or (``written``) from
  * where they are written. */
-void enkflow_layout_get(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, void *mem, int written);
+ENKFLOW_INTERNAL void enkflow_layout_get(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, void *mem, int written);
 
 /* Copies ``mem`` to where elements [off, off + n) of field ``k`` are written. */
-void enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, const void *mem);
+ENKFLOW_INTERNAL void enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, const void *mem);
 
 #endif
