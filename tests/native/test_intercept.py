@@ -243,6 +243,21 @@ def test_a_model_that_never_opens_its_restart_or_skips_a_state_variable_is_no_fo
     seg.close()
 
 
+def test_in_place_a_field_the_model_did_not_write_keeps_its_values_in_the_forecast(tmp_path):
+    """As a file would: the wrapper copies a carried field the model left alone from the store into the slot
+    (the slot may hold another task's forecast); what the model wrote stays as it is."""
+    memory = ShimMemory([Field("x", "float64", (4, 6)), Field("age", "int32", (5,), assimilated=False)], "in_place",
+                        tmp_path)
+    memory.set_state("age", np.arange(5, dtype=np.int32))
+    for part in memory.forecast_at["age"]:
+        part[:] = -7  # an earlier task's forecast in the slot
+    memory.seg.reset(2, 1, 6, 9)
+    memory.seg.records[0]["generations"] = 1  # x written by the model
+    memory.seg.keep_unwritten()
+    assert np.array_equal(memory.forecast("age"), np.arange(5)) and not memory.forecast("x").any()
+    memory.close()
+
+
 def test_the_wrapper_refuses_bad_arguments_before_it_connects(native_build, tmp_path, capsys):
     from enkflow.online.intercept import main
 
