@@ -3,8 +3,10 @@
  *
  * Started by `python -m enkflow.online.intercept` (see docs/intercept.md), which holds the runner's
  * connection to the server and hands the shim, per task, a shared memory segment (intercept_shm.h)
- * with the member's state and the path of the member's restart file (ENKFLOW_INTERCEPT_FD,
- * ENKFLOW_INTERCEPT_PATH). Without those variables the shim passes everything through.
+ * that says where the member's state is read from and where its forecast goes (in that segment, or
+ * in place, in the server's own segments), and the path of the member's restart file
+ * (ENKFLOW_INTERCEPT_FD, ENKFLOW_INTERCEPT_PATH). Without those variables the shim passes everything
+ * through.
  *
  * For the intercepted path only:
  *   nc_open / nc__open      the real file is opened read-only (its other variables, dimensions and
@@ -13,8 +15,10 @@
  *   nc_create / nc__create  the file is created diskless (in memory, never written): the model's
  *                           other variables vanish, the real restart stays as it is;
  *   nc_get_var* / nc_put_var*  (var, var1, vara, vars with unit strides; typed and untyped) on a
- *                           field: copied from / into the segment, in the field's own type only;
- *                           a write must tile the variable (each element once) before nc_close;
+ *                           field: copied from where the state is (elements this run wrote: from
+ *                           where they were written) / to where the forecast goes, in the field's
+ *                           own type only; a write must tile the variable (each element once)
+ *                           before nc_close;
  *   nc_put_var* on another variable of a file opened for writing: discarded, with a warning;
  *   nc_close                checks that every field written through the handle is complete.
  * Every other call, file and variable goes to the real libnetcdf (found with dlsym(RTLD_NEXT)).
@@ -32,21 +36,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "intercept_shm.h"
+#include "intercept_box.h"
+#include "intercept_core.h"
 
-#define MAX_FIELDS 64
+#define MAX_FIELDS ENKFLOW_SHM_MAX_FIELDS
 #define MAX_HANDLES 64
 #define MAX_WARNED 64
 
 enum { INERT = 1, ACTIVE = 2, BROKEN = 3 };
-enum { GET, PUT };
 
 typedef struct {
     int ncid;
@@ -60,11 +60,10 @@ static struct {
     int state;
     int trace;
     char path[PATH_MAX];
-    unsigned char *base;
-    size_t size;
-    enkflow_shm_header *hdr;
+    enkflow_layout L;
+    enkflow_shm_header *hdr;      /* of L, once it checks out */
     enkflow_shm_field *f;
-    uint64_t elements[MAX_FIELDS];
+    const uint64_t *elements;
     uint8_t *bitmap[MAX_FIELDS];  /* written elements of a partial write generation */
     handle h[MAX_HANDLES];
     int nh;
@@ -87,7 +86,7 @@ static int find_netcdf(struct dl_phdr_info *info, size_t size, void *out) {
     return 0;
 }
 
-static void *next_symbol(const char *name) {
+void *enkflow_next_symbol(const char *name) {
     void *p = dlsym(RTLD_NEXT, name);
     if (!p) {
         static void *local;
@@ -106,7 +105,7 @@ static void *next_symbol(const char *name) {
 
 #define REAL(name) ((__typeof__(&name))real_##name())
 #define DEFINE_REAL(name) \
-    static void *real_##name(void) { static void *p; if (!p) p = next_symbol(#name); return p; }
+    static void *real_##name(void) { static void *p; if (!p) p = enkflow_next_symbol(#name); return p; }
 
 DEFINE_REAL(nc_inq_varid)
 DEFINE_REAL(nc_inq_varname)
@@ -125,8 +124,7 @@ static void record(const char *msg) {
     }
 }
 
-/* Report an error: returns ``code`` (a netCDF status). */
-static int fail(int code, const char *fmt, ...) {
+int enkflow_fail(int code, const char *fmt, ...) {
     char msg[ENKFLOW_SHM_ERROR];
     va_list ap;
     va_start(ap, fmt);
@@ -135,19 +133,11 @@ static int fail(int code, const char *fmt, ...) {
     /* The real nc_strerror: a libnetcdf outside the global scope leaves the direct symbol unresolved. */
     static const char *(*strerror_fn)(int);
     if (!strerror_fn)
-        strerror_fn = (const char *(*)(int))next_symbol("nc_strerror");
+        strerror_fn = (const char *(*)(int))enkflow_next_symbol("nc_strerror");
     if (n >= 0 && (size_t)n < sizeof msg - 40 && strerror_fn)
         snprintf(msg + n, sizeof msg - (size_t)n, " (%s)", strerror_fn(code));
     record(msg);
     return code;
-}
-
-static size_t type_size(int t) {
-    switch (t) {
-    case NC_DOUBLE: case NC_INT64: return 8;
-    case NC_FLOAT: case NC_INT: return 4;
-    default: return 0;
-    }
 }
 
 static const char *type_name(int t) {
@@ -170,50 +160,15 @@ static void init(void) {
     S.trace = getenv("ENKFLOW_INTERCEPT_TRACE") && atoi(getenv("ENKFLOW_INTERCEPT_TRACE")) > 0;
     S.state = BROKEN;  /* until the segment checks out: the restart must then not be read from its file */
     snprintf(S.path, sizeof S.path, "%s", path);
-    int fd = atoi(fd_s);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < ENKFLOW_SHM_FIELDS_AT) {
-        record("ENKFLOW_INTERCEPT_FD is not a shared segment from the enkflow wrapper (run the model through "
-               "`python -m enkflow.online.intercept`)");
+    char why[ENKFLOW_SHM_ERROR];
+    int bad = enkflow_layout_map(atoi(fd_s), &S.L, why, sizeof why);
+    S.hdr = S.L.hdr;  /* errors are recorded from here on */
+    if (bad) {
+        record(why);
         return;
     }
-    /* Populated at once: the wrapper has filled it, and one fault per page would cost more. */
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (p == MAP_FAILED) {
-        record("cannot map the segment of ENKFLOW_INTERCEPT_FD");
-        return;
-    }
-    S.base = p;
-    S.size = (size_t)st.st_size;
-    enkflow_shm_header *h = p;
-    if (memcmp(h->magic, ENKFLOW_SHM_MAGIC, 8) != 0 || h->version != ENKFLOW_SHM_VERSION) {
-        record("the segment of ENKFLOW_INTERCEPT_FD has another layout version: the shim and the enkflow wrapper "
-               "come from different enkflow versions");
-        return;
-    }
-    S.hdr = h;
-    if (h->nfields == 0 || h->nfields > MAX_FIELDS ||
-        ENKFLOW_SHM_FIELDS_AT + (size_t)h->nfields * sizeof(enkflow_shm_field) > S.size) {
-        fail(NC_EINVAL, "the segment announces %u fields (1 to %d are supported)", h->nfields, MAX_FIELDS);
-        return;
-    }
-    S.f = (enkflow_shm_field *)(S.base + ENKFLOW_SHM_FIELDS_AT);
-    for (uint32_t k = 0; k < h->nfields; k++) {
-        enkflow_shm_field *f = &S.f[k];
-        uint64_t n = 1;
-        if (f->ndims < 0 || f->ndims > ENKFLOW_SHM_MAX_DIMS || !type_size(f->nctype)) {
-            fail(NC_EINVAL, "field %u of the segment has %d dimensions and type %d", k, f->ndims, f->nctype);
-            return;
-        }
-        for (int d = 0; d < f->ndims; d++)
-            n *= (uint64_t)f->shape[d];
-        if (n * type_size(f->nctype) != f->nbytes || f->offset + f->nbytes > S.size) {
-            fail(NC_EINVAL, "field %.64s of the segment: %llu bytes at %llu do not fit", f->name,
-                 (unsigned long long)f->nbytes, (unsigned long long)f->offset);
-            return;
-        }
-        S.elements[k] = n;
-    }
+    S.f = S.L.f;
+    S.elements = S.L.elements;
     S.state = ACTIVE;
 }
 
@@ -245,8 +200,7 @@ static int canonical(const char *path, char *out) {
     return 1;
 }
 
-/* 1: ``path`` is the intercepted restart; -1: it is, but the shim could not set up (an error). */
-static int target(const char *path) {
+int enkflow_target(const char *path) {
     init();
     if (S.state == INERT || !path)
         return 0;
@@ -279,10 +233,10 @@ static int check_var(int ncid, int varid, uint32_t k, const char *where) {
     if ((st = REAL(nc_inq_vartype)(ncid, varid, &t)) || (st = REAL(nc_inq_varndims)(ncid, varid, &nd)))
         return st;
     if (t != f->nctype)
-        return fail(NC_EBADTYPE, "variable %s of %s is %s in the file, the online field is %s", f->name, where,
+        return enkflow_fail(NC_EBADTYPE, "variable %s of %s is %s in the file, the online field is %s", f->name, where,
                     type_name(t), type_name(f->nctype));
     if (nd != f->ndims)
-        return fail(NC_EINVAL, "variable %s of %s has %d dimensions, the online field %d", f->name, where, nd, f->ndims);
+        return enkflow_fail(NC_EINVAL, "variable %s of %s has %d dimensions, the online field %d", f->name, where, nd, f->ndims);
     if ((st = REAL(nc_inq_vardimid)(ncid, varid, dims)))
         return st;
     int nunlim = 0, unlim[NC_MAX_DIMS];
@@ -296,7 +250,7 @@ static int check_var(int ncid, int varid, uint32_t k, const char *where) {
         for (int u = 0; u < nunlim; u++)
             is_unlim |= unlim[u] == dims[d];
         if (len != (size_t)f->shape[d] && !(is_unlim && len == 0))
-            return fail(NC_EINVAL, "variable %s of %s: dimension %d has %zu elements, the online field %lld", f->name,
+            return enkflow_fail(NC_EINVAL, "variable %s of %s: dimension %d has %zu elements, the online field %lld", f->name,
                         where, d, len, (long long)f->shape[d]);
     }
     return NC_NOERR;
@@ -304,7 +258,7 @@ static int check_var(int ncid, int varid, uint32_t k, const char *where) {
 
 static int add_handle(int ncid, int created, int writable) {
     if (S.nh == MAX_HANDLES)
-        return fail(NC_ENFILE, "more than %d handles of %s open at once", MAX_HANDLES, S.path);
+        return enkflow_fail(NC_ENFILE, "more than %d handles of %s open at once", MAX_HANDLES, S.path);
     handle *h = &S.h[S.nh++];
     memset(h, 0, sizeof *h);
     h->ncid = ncid;
@@ -317,7 +271,7 @@ static int add_handle(int ncid, int created, int writable) {
     for (uint32_t k = 0; k < S.hdr->nfields; k++) {
         int st = REAL(nc_inq_varid)(ncid, S.f[k].name, &h->varid[k]);
         if (st == NC_ENOTVAR)
-            return fail(NC_ENOTVAR, "the online field %s is not a variable of %s", S.f[k].name, S.path);
+            return enkflow_fail(NC_ENOTVAR, "the online field %s is not a variable of %s", S.f[k].name, S.path);
         if (st || (st = check_var(ncid, h->varid[k], k, S.path)))
             return st;
     }
@@ -351,65 +305,6 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Calls ``fn(offset, n, arg)`` for each contiguous run (C order) of the box start/count of field ``f``. */
-static void runs(const enkflow_shm_field *f, const size_t *start, const size_t *count,
-                 void (*fn)(uint64_t off, uint64_t n, void *arg), void *arg) {
-    int nd = f->ndims;
-    if (nd == 0) {
-        fn(0, 1, arg);
-        return;
-    }
-    for (int d = 0; d < nd; d++)
-        if (count[d] == 0)
-            return;
-    size_t idx[ENKFLOW_SHM_MAX_DIMS] = {0};
-    uint64_t stride[ENKFLOW_SHM_MAX_DIMS];
-    stride[nd - 1] = 1;
-    for (int d = nd - 2; d >= 0; d--)
-        stride[d] = stride[d + 1] * (uint64_t)f->shape[d + 1];
-    for (;;) {
-        uint64_t off = 0;
-        for (int d = 0; d < nd; d++)
-            off += (start[d] + (d < nd - 1 ? idx[d] : 0)) * stride[d];
-        fn(off, count[nd - 1], arg);
-        int d = nd - 2;
-        while (d >= 0 && ++idx[d] == count[d])
-            idx[d--] = 0;
-        if (d < 0)
-            return;
-    }
-}
-
-typedef struct {
-    unsigned char *data;  /* the field in the segment */
-    unsigned char *mem;   /* the model's buffer, advanced run by run */
-    size_t es;
-    uint8_t *bits;
-    uint64_t overlap;     /* first element written twice + 1, 0 if none */
-} run_arg;
-
-static void copy_get(uint64_t off, uint64_t n, void *a) {
-    run_arg *r = a;
-    memcpy(r->mem, r->data + off * r->es, n * r->es);
-    r->mem += n * r->es;
-}
-
-static void copy_put(uint64_t off, uint64_t n, void *a) {
-    run_arg *r = a;
-    memcpy(r->data + off * r->es, r->mem, n * r->es);
-    r->mem += n * r->es;
-    if (r->bits)
-        for (uint64_t i = off; i < off + n; i++)
-            r->bits[i >> 3] |= (uint8_t)(1u << (i & 7));
-}
-
-static void check_bits(uint64_t off, uint64_t n, void *a) {
-    run_arg *r = a;
-    for (uint64_t i = off; i < off + n && !r->overlap; i++)
-        if (r->bits[i >> 3] & (1u << (i & 7)))
-            r->overlap = i + 1;
-}
-
 /* One get or put on a field. ``memtype`` NC_NAT for the untyped calls; ``start``/``count`` NULL for the
  * whole variable; ``one`` for var1 (``start`` is the index). */
 static int access_field(int op, const char *fn, handle *h, int k, nc_type memtype, const size_t *start,
@@ -417,15 +312,15 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     enkflow_shm_field *f = &S.f[k];
     uint64_t t0 = now_ns();
     if (memtype != NC_NAT && memtype != f->nctype)
-        return fail(NC_EBADTYPE, "%s on variable %s of %s: the variable is %s, read and written only as such when "
+        return enkflow_fail(NC_EBADTYPE, "%s on variable %s of %s: the variable is %s, read and written only as such when "
                     "intercepted (no conversion)", fn, f->name, S.path, type_name(f->nctype));
     if (imap)
-        return fail(NC_EINVAL, "%s on variable %s of %s: mapped access (varm) is not intercepted", fn, f->name, S.path);
+        return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: mapped access (varm) is not intercepted", fn, f->name, S.path);
     int nd = f->ndims;
     if (stride)
         for (int d = 0; d < nd; d++)
             if (stride[d] != 1)
-                return fail(NC_EINVAL, "%s on variable %s of %s: strided access (stride %td in dimension %d) is not "
+                return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: strided access (stride %td in dimension %d) is not "
                             "intercepted", fn, f->name, S.path, stride[d], d);
     size_t st0[ENKFLOW_SHM_MAX_DIMS], ct[ENKFLOW_SHM_MAX_DIMS];
     uint64_t n = 1;
@@ -433,25 +328,25 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
         st0[d] = start ? start[d] : 0;
         ct[d] = one ? 1 : count ? count[d] : (size_t)f->shape[d];
         if (st0[d] > (size_t)f->shape[d] || (one && st0[d] == (size_t)f->shape[d]))
-            return fail(NC_EINVALCOORDS, "%s on variable %s of %s: start %zu in dimension %d of %lld", fn, f->name,
+            return enkflow_fail(NC_EINVALCOORDS, "%s on variable %s of %s: start %zu in dimension %d of %lld", fn, f->name,
                         S.path, st0[d], d, (long long)f->shape[d]);
         if (ct[d] > (size_t)f->shape[d] - st0[d])  /* not st0 + ct, which a huge count wraps around */
-            return fail(NC_EEDGE, "%s on variable %s of %s: start %zu + count %zu in dimension %d of %lld", fn,
+            return enkflow_fail(NC_EEDGE, "%s on variable %s of %s: start %zu + count %zu in dimension %d of %lld", fn,
                         f->name, S.path, st0[d], ct[d], d, (long long)f->shape[d]);
         n *= ct[d];
     }
     if (S.trace)
         fprintf(stderr, "enkflow intercept: %s %s (%llu elements)\n", fn, f->name, (unsigned long long)n);
-    size_t es = type_size(f->nctype);
-    run_arg r = {S.base + f->offset, mem, es, NULL, 0};
     if (op == GET) {
-        runs(f, st0, ct, copy_get, &r);
+        enkflow_huge_pages_for(mem, n * S.L.esize[k]);
+        int written = f->generations > 0;  /* else the first write may be under way: its bitmap says */
+        enkflow_box_get(&S.L, (uint32_t)k, st0, ct, mem, written || !f->elements_written ? NULL : S.bitmap[k], written);
         f->elements_read += n;
         S.hdr->get_ns += now_ns() - t0;
         return NC_NOERR;
     }
     if (!h->writable)
-        return fail(NC_EPERM, "%s on variable %s: %s was opened read-only", fn, f->name, S.path);
+        return enkflow_fail(NC_EPERM, "%s on variable %s: %s was opened read-only", fn, f->name, S.path);
     if (n == 0) {  /* an empty hyperslab writes nothing, and starts no new write of the variable */
         S.hdr->put_ns += now_ns() - t0;
         return NC_NOERR;
@@ -463,17 +358,16 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
             memset(S.bitmap[k], 0, (S.elements[k] + 7) / 8);
     }
     if (n == S.elements[k] && f->elements_written == 0) {
-        runs(f, st0, ct, copy_put, &r);  /* the whole variable at once: no bookkeeping per element */
+        enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, NULL);  /* the whole variable at once: no bookkeeping */
     } else {
         if (!S.bitmap[k] && !(S.bitmap[k] = calloc((S.elements[k] + 7) / 8, 1)))
-            return fail(NC_ENOMEM, "%s on variable %s: no memory for the write map", fn, f->name);
-        r.bits = S.bitmap[k];
-        runs(f, st0, ct, check_bits, &r);
-        if (r.overlap)
-            return fail(NC_EINVAL, "%s on variable %s of %s: element %llu (C order) is written twice; the hyperslabs "
-                        "written must tile the variable, each element once", fn, f->name, S.path,
-                        (unsigned long long)(r.overlap - 1));
-        runs(f, st0, ct, copy_put, &r);
+            return enkflow_fail(NC_ENOMEM, "%s on variable %s: no memory for the write map", fn, f->name);
+        uint64_t overlap = enkflow_box_overlap(&S.L, (uint32_t)k, st0, ct, S.bitmap[k]);
+        if (overlap)
+            return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: element %llu (C order) is written twice; the "
+                                "hyperslabs written must tile the variable, each element once", fn, f->name, S.path,
+                                (unsigned long long)(overlap - 1));
+        enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, S.bitmap[k]);
     }
     f->elements_written += n;
     h->touched |= 1ull << k;
@@ -494,11 +388,8 @@ static int warned(const char *name) {
     return 0;
 }
 
-enum { KIND_VAR, KIND_VAR1, KIND_VARA, KIND_VARS, KIND_VARM };
-
-/* A get/put on ``ncid``/``varid``: handled here (*handled = 1, returns the status) or left to the real call. */
-static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtype, int kind, const size_t *start,
-                     const size_t *count, const ptrdiff_t *stride, const ptrdiff_t *imap, void *mem, int *handled) {
+int enkflow_intercept(int op, const char *fn, int ncid, int varid, nc_type memtype, int kind, const size_t *start,
+                      const size_t *count, const ptrdiff_t *stride, const ptrdiff_t *imap, void *mem, int *handled) {
     *handled = 0;
     if (S.state != ACTIVE || !S.nh)
         return NC_NOERR;
@@ -529,204 +420,49 @@ static int intercept(int op, const char *fn, int ncid, int varid, nc_type memtyp
     }
     *handled = 1;
     if (kind != KIND_VAR && !start && S.f[k].ndims > 0)  /* libnetcdf's answer: no default start */
-        return fail(NC_EINVALCOORDS, "%s on variable %s of %s: no start index (NULL)", fn, S.f[k].name, S.path);
+        return enkflow_fail(NC_EINVALCOORDS, "%s on variable %s of %s: no start index (NULL)", fn, S.f[k].name, S.path);
     return access_field(op, fn, h, k, memtype, start, count, kind == KIND_VAR1, stride, imap, mem);
 }
 
-/* A model whose wrapper is gone (killed) is killed with it: its forecast could go nowhere. A process the
- * wrapper started is tied to it; it then names itself the parent for its own children, so that a model
- * behind a shell script dies with the shell, which died with the wrapper. A process whose parent is not
- * the one named (started by a program without the shim) is left alone. */
-__attribute__((constructor)) static void die_with_wrapper(void) {
-    const char *parent = getenv("ENKFLOW_INTERCEPT_PARENT");
-    if (parent && getenv("ENKFLOW_INTERCEPT_FD") && (pid_t)atol(parent) == getppid()) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char self[32];
-        snprintf(self, sizeof self, "%ld", (long)getpid());
-        setenv("ENKFLOW_INTERCEPT_PARENT", self, 1);
-    }
+int enkflow_tracing(void) {
+    return S.trace;
 }
 
-/* -- opening and closing -------------------------------------------------------------------------- */
-
-static int opened(const char *path, int mode, int ncid) {
+/* A handle of the intercepted restart: its fields checked; counted among the opens the wrapper checks. */
+static int add_opened(int ncid, int created, int writable) {
     S.hdr->opens++;
-    int st = add_handle(ncid, 0, (mode & NC_WRITE) != 0);
-    if (st) {
-        forget(ncid);
-        ((__typeof__(&nc_close))next_symbol("nc_close"))(ncid);
-    }
-    (void)path;
-    return st;
-}
-
-int nc_open(const char *path, int mode, int *ncidp) {
-    static __typeof__(&nc_open) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_open")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc_open of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, mode, ncidp);
-    int st = real(path, mode & ~NC_WRITE, ncidp);
-    if (S.trace)
-        fprintf(stderr, "enkflow intercept: nc_open %s (mode %#x) -> %d\n", path, mode, st);
-    return st ? st : opened(path, mode, *ncidp);
-}
-
-int nc__open(const char *path, int mode, size_t *chunksizehintp, int *ncidp) {
-    static __typeof__(&nc__open) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc__open")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc__open of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, mode, chunksizehintp, ncidp);
-    int st = real(path, mode & ~NC_WRITE, chunksizehintp, ncidp);
-    return st ? st : opened(path, mode, *ncidp);
-}
-
-static int created(int ncid) {
-    S.hdr->opens++;
-    int st = add_handle(ncid, 1, 1);
+    int st = add_handle(ncid, created, writable);
     if (st)
         forget(ncid);
     return st;
 }
 
-int nc_create(const char *path, int cmode, int *ncidp) {
-    static __typeof__(&nc_create) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_create")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc_create of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, cmode, ncidp);
-    int st = real(path, (cmode | NC_DISKLESS) & ~(NC_PERSIST | NC_NOCLOBBER), ncidp);
-    if (S.trace)
-        fprintf(stderr, "enkflow intercept: nc_create %s (mode %#x, diskless) -> %d\n", path, cmode, st);
-    return st ? st : created(*ncidp);
+int enkflow_opened(int ncid, int mode) {
+    int st = add_opened(ncid, 0, (mode & NC_WRITE) != 0);
+    if (st)
+        ((__typeof__(&nc_close))enkflow_next_symbol("nc_close"))(ncid);
+    return st;
 }
 
-int nc__create(const char *path, int cmode, size_t initialsz, size_t *chunksizehintp, int *ncidp) {
-    static __typeof__(&nc__create) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc__create")))
-        return NC_ENOTNC;
-    int t = target(path);
-    if (t < 0)
-        return fail(NC_EINVAL, "nc__create of %s: the interception is not set up (see the line above)", path);
-    if (!t)
-        return real(path, cmode, initialsz, chunksizehintp, ncidp);
-    int st = real(path, (cmode | NC_DISKLESS) & ~(NC_PERSIST | NC_NOCLOBBER), initialsz, chunksizehintp, ncidp);
-    return st ? st : created(*ncidp);
+int enkflow_created(int ncid) {
+    return add_opened(ncid, 1, 1);
 }
 
-int nc_close(int ncid) {
-    static __typeof__(&nc_close) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_close")))
-        return NC_ENOTNC;
+int enkflow_closing(int ncid) {
     handle *h = S.state == ACTIVE ? find(ncid) : NULL;
     int bad = NC_NOERR;
     if (h) {
         for (uint32_t k = 0; k < S.hdr->nfields; k++)
             if ((h->touched >> k & 1) && !S.f[k].complete && !bad)
-                bad = fail(NC_EINVAL, "nc_close of %s: variable %s was written only in part (%llu of %llu elements); "
-                           "the hyperslabs written must tile the variable", S.path, S.f[k].name,
-                           (unsigned long long)S.f[k].elements_written, (unsigned long long)S.elements[k]);
+                bad = enkflow_fail(NC_EINVAL, "nc_close of %s: variable %s was written only in part (%llu of %llu "
+                                   "elements); the hyperslabs written must tile the variable", S.path, S.f[k].name,
+                                   (unsigned long long)S.f[k].elements_written, (unsigned long long)S.elements[k]);
         forget(ncid);
     }
-    int st = real(ncid);
-    return bad ? bad : st;
+    return bad;
 }
 
-int nc_abort(int ncid) {
-    static __typeof__(&nc_abort) real;
-    if (!real && !(real = (__typeof__(real))next_symbol("nc_abort")))
-        return NC_ENOTNC;
+void enkflow_aborting(int ncid) {
     if (S.state == ACTIVE)
         forget(ncid);
-    return real(ncid);
 }
-
-/* -- the data calls -------------------------------------------------------------------------------- */
-
-#define PASS(name, ...)                                                                      \
-    static __typeof__(&name) real;                                                           \
-    if (!real && !(real = (__typeof__(real))next_symbol(#name)))                             \
-        return NC_ENOTNC;                                                                    \
-    return real(__VA_ARGS__)
-
-#define WRAP_TYPE(sfx, T, PT, MT)                                                                                          \
-    int nc_get_var##sfx(int ncid, int varid, T *ip) {                                                               \
-        int done, st = intercept(GET, "nc_get_var" #sfx, ncid, varid, MT, KIND_VAR, NULL, NULL, NULL, NULL, ip, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_var##sfx, ncid, varid, ip);                                                                       \
-    }                                                                                                                 \
-    int nc_put_var##sfx(int ncid, int varid, PT *op) {                                                         \
-        int done, st = intercept(PUT, "nc_put_var" #sfx, ncid, varid, MT, KIND_VAR, NULL, NULL, NULL, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_var##sfx, ncid, varid, op);                                                                       \
-    }                                                                                                                 \
-    int nc_get_var1##sfx(int ncid, int varid, const size_t *ix, T *ip) {                                            \
-        int done, st = intercept(GET, "nc_get_var1" #sfx, ncid, varid, MT, KIND_VAR1, ix, NULL, NULL, NULL, ip, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_var1##sfx, ncid, varid, ix, ip);                                                                  \
-    }                                                                                                                 \
-    int nc_put_var1##sfx(int ncid, int varid, const size_t *ix, PT *op) {                                      \
-        int done, st = intercept(PUT, "nc_put_var1" #sfx, ncid, varid, MT, KIND_VAR1, ix, NULL, NULL, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_var1##sfx, ncid, varid, ix, op);                                                                  \
-    }                                                                                                                 \
-    int nc_get_vara##sfx(int ncid, int varid, const size_t *s, const size_t *c, T *ip) {                            \
-        int done, st = intercept(GET, "nc_get_vara" #sfx, ncid, varid, MT, KIND_VARA, s, c, NULL, NULL, ip, &done);  \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_vara##sfx, ncid, varid, s, c, ip);                                                                \
-    }                                                                                                                 \
-    int nc_put_vara##sfx(int ncid, int varid, const size_t *s, const size_t *c, PT *op) {                      \
-        int done, st = intercept(PUT, "nc_put_vara" #sfx, ncid, varid, MT, KIND_VARA, s, c, NULL, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_vara##sfx, ncid, varid, s, c, op);                                                                \
-    }                                                                                                                 \
-    int nc_get_vars##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d, T *ip) {        \
-        int done, st = intercept(GET, "nc_get_vars" #sfx, ncid, varid, MT, KIND_VARS, s, c, d, NULL, ip, &done);     \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_vars##sfx, ncid, varid, s, c, d, ip);                                                             \
-    }                                                                                                                 \
-    int nc_put_vars##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d, PT *op) {  \
-        int done, st = intercept(PUT, "nc_put_vars" #sfx, ncid, varid, MT, KIND_VARS, s, c, d, NULL, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_vars##sfx, ncid, varid, s, c, d, op);                                                             \
-    }                                                                                                                 \
-    int nc_get_varm##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d,                 \
-                         const ptrdiff_t *m, T *ip) {                                                                 \
-        int done, st = intercept(GET, "nc_get_varm" #sfx, ncid, varid, MT, KIND_VARM, s, c, d, m, ip, &done);        \
-        if (done) return st;                                                                                          \
-        PASS(nc_get_varm##sfx, ncid, varid, s, c, d, m, ip);                                                          \
-    }                                                                                                                 \
-    int nc_put_varm##sfx(int ncid, int varid, const size_t *s, const size_t *c, const ptrdiff_t *d,                 \
-                         const ptrdiff_t *m, PT *op) {                                                           \
-        int done, st = intercept(PUT, "nc_put_varm" #sfx, ncid, varid, MT, KIND_VARM, s, c, d, m, (void *)op, &done); \
-        if (done) return st;                                                                                          \
-        PASS(nc_put_varm##sfx, ncid, varid, s, c, d, m, op);                                                          \
-    }
-
-#define NC_LONG_TYPE (sizeof(long) == sizeof(int) ? NC_INT : NC_INT64)
-
-WRAP_TYPE(_text, char, const char, NC_CHAR)
-WRAP_TYPE(_schar, signed char, const signed char, NC_BYTE)
-WRAP_TYPE(_uchar, unsigned char, const unsigned char, NC_UBYTE)
-WRAP_TYPE(_ubyte, unsigned char, const unsigned char, NC_UBYTE)
-WRAP_TYPE(_short, short, const short, NC_SHORT)
-WRAP_TYPE(_ushort, unsigned short, const unsigned short, NC_USHORT)
-WRAP_TYPE(_int, int, const int, NC_INT)
-WRAP_TYPE(_uint, unsigned int, const unsigned int, NC_UINT)
-WRAP_TYPE(_long, long, const long, NC_LONG_TYPE)
-WRAP_TYPE(_float, float, const float, NC_FLOAT)
-WRAP_TYPE(_double, double, const double, NC_DOUBLE)
-WRAP_TYPE(_longlong, long long, const long long, NC_INT64)
-WRAP_TYPE(_ulonglong, unsigned long long, const unsigned long long, NC_UINT64)
-WRAP_TYPE(_string, char *, const char *, NC_STRING)
-WRAP_TYPE(, void, const void, NC_NAT)

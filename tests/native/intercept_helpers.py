@@ -1,5 +1,6 @@
 """Experiments for the interception tests: the demo problem, with a plain netCDF model binary as the
-offline model command or, through ``python -m enkflow.online.intercept``, as the online runner."""
+offline model command or, through ``python -m enkflow.online.intercept``, as the online runner; and the
+memory the shim serves a model from, without a server (:class:`ShimMemory`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import numpy as np
 
 from enkflow.experiment.config import load_experiment
 from enkflow.experiment.demo_problem import DemoSettings, prepare
+from enkflow.online.fields import Field
+from enkflow.online.intercept import Segment
+from enkflow.online.shm_exchange import Extent
 
 
 FORCING_SCRIPT = Path(__file__).resolve().parents[2] / "native" / "examples" / "demo_forcing.py"
@@ -36,10 +40,11 @@ def make_problem(directory: Path, members: int = 4, cycles: int = 3) -> Path:
 
 def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Path | None = None, *,
                runners: int = 2, steps: int | None = None, model_steps: int | None = 6, heartbeat_timeout: float = 10.0,
-               max_failures: int = 3, online_model: str | None = None, wrapper_args: str = "") -> Path:
+               max_failures: int = 3, online_model: str | None = None, wrapper_args: str = "",
+               transport: str = "auto") -> Path:
     """A copy of the problem in ``template`` at ``directory`` whose model is the binary ``model``: offline
     as ``[model] command``, online as the intercepted runner (the command ``online_model``, default
-    ``model``). Returns the TOML path."""
+    ``model``; ``transport`` the ``[online]`` key: shm, in place, or tcp). Returns the TOML path."""
     shutil.copytree(template, directory)
     toml = directory / "experiment.toml"
     forcing = directory / "forcing.nc"
@@ -52,7 +57,8 @@ def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Pa
         text += (f'\n[online]\nrunner = "{sys.executable} -m enkflow.online.intercept --address {{address}} '
                  f'--token-file {{token_file}} --expdir {{expdir}} --shim {shim} {check}-- {online_model or model} {{{{restart}}}} '
                  f'--forcing {forcing} --length {{length}} --cycle {{{{cycle}}}}"\n'
-                 f"runners = {runners}\nheartbeat = 0.5\nheartbeat_timeout = {heartbeat_timeout}\nmax_failures = {max_failures}\n"
+                 f'runners = {runners}\ntransport = "{transport}"\nheartbeat = 0.5\n'
+                 f"heartbeat_timeout = {heartbeat_timeout}\nmax_failures = {max_failures}\n"
                  + (f"steps = {steps}\n" if steps else ""))
     toml.write_text(text)
     return toml
@@ -85,3 +91,57 @@ def analyses(directory: Path, members: int, cycles: int) -> dict[str, bytes]:
         f = f"members/member_{m:04d}.nc"
         out[f] = var(directory / f).tobytes()
     return out
+
+
+class ShimMemory:
+    """Where the shim finds a task's fields, without a server. ``how``:
+
+    * ``"memfd"``: in the wrapper's memfd, as through TCP;
+    * ``"in_place"``: the state in a "store" file and the forecast in a "slot" file of its own under
+      ``directory`` (as the server's segments): each field in two extents, stored in reverse order at
+      offsets that are no multiple of the page size;
+    * ``"kept"``: in place, read and written in the slot (a state the server kept, read == write).
+    """
+
+    def __init__(self, fields: list[Field], how: str, directory: Path):
+        self.seg = Segment(fields, in_place=how != "memfd")
+        self.state: dict[str, list[np.ndarray]] = {}
+        self.forecast_at: dict[str, list[np.ndarray]] = {}
+        if how == "memfd":
+            for f in fields:
+                self.state[f.name] = self.forecast_at[f.name] = [self.seg.arrays[f.name]]
+            return
+        files = {"store": directory / "store.shm", "slot": directory / "slot.shm"}
+        pieces = [(k, f, lo, hi) for k, f in enumerate(fields) for lo, hi in _halves(f.size)][::-1]
+        offsets, at = [], 4096 + 8
+        for _, f, lo, hi in pieces:
+            offsets.append(at)
+            at += (hi - lo) * f.itemsize + 8
+        for path in files.values():
+            path.write_bytes(b"\0" * at)
+        read = files["slot" if how == "kept" else "store"]
+        extents = []
+        for (k, f, lo, hi), off in zip(pieces, offsets):
+            extents.append(Extent(k, lo, hi, str(read), off, str(files["slot"]), off))
+            self.state.setdefault(f.name, []).insert(0, np.memmap(read, f.dtype, "r+", off, (hi - lo,)))
+            self.forecast_at.setdefault(f.name, []).insert(0, np.memmap(files["slot"], f.dtype, "r+", off, (hi - lo,)))
+        self.seg.place(extents)
+
+    def set_state(self, name: str, values: np.ndarray) -> None:
+        at = 0
+        for part in self.state[name]:
+            part[:] = values[at:at + part.size]
+            at += part.size
+
+    def forecast(self, name: str) -> np.ndarray:
+        return np.concatenate(self.forecast_at[name])
+
+    def close(self) -> None:
+        self.state.clear()
+        self.forecast_at.clear()
+        self.seg.close()
+
+
+def _halves(n: int) -> list[tuple[int, int]]:
+    return [(0, n)] if n < 2 else [(0, n // 2 + 1), (n // 2 + 1, n)]
+

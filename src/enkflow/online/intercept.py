@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import mmap
 import os
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,59 +51,123 @@ from enkflow.online.connection import ServerError
 from enkflow.online.experiment import experiment_fields
 from enkflow.online.fields import Field
 from enkflow.online.runner import Runner, run_runner_process
+from enkflow.online.shm_exchange import Extent
 from enkflow.state import StateLayout
 
 # The segment's layout: native/intercept/intercept_shm.h (change both together, with the version).
 MAGIC = b"ENKFSHM1"
-VERSION = 1
-FIELDS_AT = 4096
+VERSION = 2
 MAX_DIMS = 16
-MAX_FIELDS = 64
+MAX_FIELDS, MAX_SEGMENTS, MAX_EXTENTS = 64, 64, 1024
+PATH_BYTES = 256
+FIELDS_AT = 4096
+SEGMENTS_AT = FIELDS_AT + 512 * MAX_FIELDS
+EXTENTS_AT = SEGMENTS_AT + PATH_BYTES * MAX_SEGMENTS
+DATA_AT = EXTENTS_AT + 48 * MAX_EXTENTS
 _HEADER = np.dtype({
     "names": ["magic", "version", "nfields", "member", "cycle", "nsteps", "task", "opens", "get_ns", "put_ns",
-              "error_set", "error"],
-    "formats": ["S8", "<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<u8", "<u8", "<u8", "<u4", "S4016"],
-    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 80],
+              "error_set", "nsegments", "nextents", "error"],
+    "formats": ["S8", "<u4", "<u4", "<i8", "<i8", "<i8", "<i8", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4", "S4008"],
+    "offsets": [0, 8, 12, 16, 24, 32, 40, 48, 56, 64, 72, 76, 80, 88],
     "itemsize": 4096})
 _FIELD = np.dtype({
-    "names": ["name", "nctype", "ndims", "shape", "offset", "nbytes", "elements_read", "elements_written", "complete",
-              "generations", "assimilated"],
-    "formats": ["S256", "<i4", "<i4", ("<i8", (MAX_DIMS,)), "<u8", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4"],
-    "offsets": [0, 256, 260, 264, 392, 400, 408, 416, 424, 428, 432],
+    "names": ["name", "nctype", "ndims", "shape", "extent0", "nextents", "nbytes", "elements_read", "elements_written",
+              "complete", "generations", "assimilated"],
+    "formats": ["S256", "<i4", "<i4", ("<i8", (MAX_DIMS,)), "<u4", "<u4", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4"],
+    "offsets": [0, 256, 260, 264, 392, 396, 400, 408, 416, 424, 428, 432],
     "itemsize": 512})
+_EXTENT = np.dtype({
+    "names": ["elem_lo", "elem_hi", "read_seg", "write_seg", "read_off", "write_off"],
+    "formats": ["<u8", "<u8", "<u4", "<u4", "<u8", "<u8"],
+    "offsets": [0, 8, 16, 20, 24, 32],
+    "itemsize": 48})
 _NC_TYPES = {"int32": 4, "float32": 5, "float64": 6, "int64": 10}  # NC_INT, NC_FLOAT, NC_DOUBLE, NC_INT64
 MODEL_FIELDS = ("member", "cycle", "steps", "task", "restart")
 
 
 class Segment:
-    """The memory shared with the shim: a header, one record per field, then each field's data (C order)."""
+    """The memory shared with the shim: a header, the field records, the segment table and the extents
+    (where each field's elements are read from and written to), then, through TCP, each field's data (C order).
 
-    def __init__(self, fields: Sequence[Field]):
+    ``in_place``: the fields are in the server's segments, which :meth:`place` names per task; the
+    memfd then holds no data (``arrays`` is empty).
+    """
+
+    def __init__(self, fields: Sequence[Field], *, in_place: bool = False):
         if not 1 <= len(fields) <= MAX_FIELDS:
             raise InputError(f"the interception handles 1 to {MAX_FIELDS} fields, the experiment has {len(fields)}",
                              item="fields")
-        offset = _align(FIELDS_AT + _FIELD.itemsize * len(fields))
-        layout = []
+        offset, layout = DATA_AT, []
         for f in fields:
             if len(f.shape) > MAX_DIMS or len(f.name.encode()) >= 256:
                 raise InputError(f"field {f.name!r}: more than {MAX_DIMS} dimensions or a name of 256 bytes or more",
                                  item=f.name)
-            layout.append((f, offset))
-            offset = _align(offset + f.size * f.itemsize)
+            layout.append(offset)
+            offset = offset if in_place else _align(offset + f.size * f.itemsize)
         self.size = offset
         self.fd = os.memfd_create("enkflow-intercept", 0)
         os.ftruncate(self.fd, self.size)
         self._mm = mmap.mmap(self.fd, self.size)
         self.header = np.ndarray((), _HEADER, buffer=self._mm)
         self.records = np.ndarray((len(fields),), _FIELD, buffer=self._mm, offset=FIELDS_AT)
+        self._table = np.ndarray((MAX_SEGMENTS,), f"S{PATH_BYTES}", buffer=self._mm, offset=SEGMENTS_AT)
+        self._extents = np.ndarray((MAX_EXTENTS,), _EXTENT, buffer=self._mm, offset=EXTENTS_AT)
         self.arrays: dict[str, np.ndarray] = {}
         self.fields = tuple(fields)
+        self.in_place = in_place
+        self.placed: list[Extent] = []
         self.header["magic"], self.header["version"], self.header["nfields"] = MAGIC, VERSION, len(fields)
-        for rec, (f, off) in zip(self.records, layout):
+        for rec, f in zip(self.records, fields):
             rec["name"], rec["nctype"], rec["ndims"] = f.name.encode(), _NC_TYPES[f.dtype], len(f.shape)
             rec["shape"][:len(f.shape)] = f.shape
-            rec["offset"], rec["nbytes"], rec["assimilated"] = off, f.size * f.itemsize, int(f.assimilated)
-            self.arrays[f.name] = np.ndarray((f.size,), f.dtype, buffer=self._mm, offset=off)
+            rec["nbytes"], rec["assimilated"] = f.size * f.itemsize, int(f.assimilated)
+        if not in_place:
+            self._write_extents([(k, 0, f.size, 0, off, 0, off) for k, (f, off) in enumerate(zip(fields, layout))
+                                 if f.size], [""])
+            for f, off in zip(fields, layout):
+                self.arrays[f.name] = np.ndarray((f.size,), f.dtype, buffer=self._mm, offset=off)
+
+    def place(self, extents: Sequence[Extent]) -> None:
+        """In place, before a model run: the runner's extents of the task (where the member's state is
+        read from, and where its forecast goes), written into the tables for the shim."""
+        ordered = sorted(extents, key=lambda e: (e.field, e.lo))
+        paths = [""] + sorted({e.read_path for e in ordered} | {e.write_path for e in ordered})
+        if len(paths) > MAX_SEGMENTS or len(ordered) > MAX_EXTENTS:
+            raise InputError(f"the interception maps at most {MAX_SEGMENTS - 1} segments in {MAX_EXTENTS} extents; this "
+                             f"task's state is in {len(paths) - 1} in {len(ordered)} (fewer server ranks would do)",
+                             item="extents")
+        seg = {p: i for i, p in enumerate(paths)}
+        self._write_extents([(e.field, e.lo, e.hi, seg[e.read_path], e.read_offset, seg[e.write_path], e.write_offset)
+                             for e in ordered], paths)
+        self.placed = ordered
+
+    def _write_extents(self, rows: list[tuple[int, int, int, int, int, int, int]], paths: list[str]) -> None:
+        """``rows`` (field, lo, hi, read segment, read offset, write segment, write offset), by field and lo."""
+        for i, p in enumerate(paths):
+            raw = p.encode()
+            if len(raw) >= PATH_BYTES:
+                raise InputError(f"segment path {p!r} is {PATH_BYTES} bytes or longer", item="extents")
+            self._table[i] = raw
+        ext = self._extents
+        for i, (_, lo, hi, rseg, roff, wseg, woff) in enumerate(rows):
+            ext[i] = (lo, hi, rseg, wseg, roff, woff)
+        fields = np.array([r[0] for r in rows], dtype=np.int64)
+        self.records["extent0"] = np.searchsorted(fields, np.arange(len(self.fields)))
+        self.records["nextents"] = np.bincount(fields, minlength=len(self.fields))
+        self.header["nsegments"], self.header["nextents"] = len(paths), len(rows)
+
+    def keep_unwritten(self) -> None:
+        """In place, after a forecast: the fields the model did not write (carried ones: a file would keep
+        their values) copied from where the member's state is read to where the forecast goes."""
+        for k, rec in enumerate(self.records):
+            if rec["generations"]:
+                continue
+            itemsize = self.fields[k].itemsize
+            for e in self.placed:
+                if e.field == k and (e.read_path, e.read_offset) != (e.write_path, e.write_offset):
+                    with _mapped(e.write_path, e.write_offset, (e.hi - e.lo) * itemsize, writable=True) as dst, \
+                            _mapped(e.read_path, e.read_offset, (e.hi - e.lo) * itemsize) as src:
+                        dst[:] = src
 
     def reset(self, member: int, cycle: int, nsteps: int, task: int) -> None:
         """Before each model run: the task, and the shim's records cleared."""
@@ -133,9 +198,27 @@ class Segment:
 
     def close(self) -> None:
         self.arrays.clear()
-        del self.header, self.records
+        del self.header, self.records, self._table, self._extents
         self._mm.close()
         os.close(self.fd)
+
+
+@contextlib.contextmanager
+def _mapped(path: str, offset: int, nbytes: int, *, writable: bool = False) -> Iterator[memoryview]:
+    """``nbytes`` at byte ``offset`` of the segment file ``path``, mapped."""
+    at = offset - offset % mmap.ALLOCATIONGRANULARITY
+    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        mm = mmap.mmap(fd, offset + nbytes - at, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0),
+                       offset=at)
+    finally:
+        os.close(fd)
+    view = memoryview(mm)[offset - at:]
+    try:
+        yield view
+    finally:
+        view.release()
+        mm.close()
 
 
 def _align(n: int, to: int = 4096) -> int:
@@ -216,26 +299,41 @@ class InterceptRunner:
     def run(self) -> int:
         """Serve tasks until the server says stop; returns the exit status."""
         self.runner.init(self.fields)
-        seg = Segment(self.fields)
+        seg = Segment(self.fields, in_place=self.runner.in_place)
+        print("enkflow intercept: " + ("in place: the model reads and writes the server's shared memory" if seg.in_place
+                                       else "through TCP: the model reads and writes this runner's copy of the state"),
+              file=sys.stderr, flush=True)
         try:
-            state, nsteps = self.runner.expose(seg.arrays)
+            nsteps = self._exchange(seg)
             while nsteps:
                 error = self._task(seg, nsteps)
                 if error:
                     print(f"enkflow intercept: member {self.runner.member}, cycle {self.runner.cycle}: {error}",
                           file=sys.stderr, flush=True)
                     self.runner.fail(error)
+                elif seg.in_place:
+                    seg.keep_unwritten()
                 t0 = time.perf_counter()
                 try:
-                    state, nsteps = self.runner.expose(state)
+                    nsteps = self._exchange(seg)
                 except ServerError as exc:  # a rejected forecast: the server reschedules it; go on
                     print(f"enkflow intercept: {exc}", file=sys.stderr, flush=True)
-                    state, nsteps = self.runner.expose(state)
+                    nsteps = self._exchange(seg)
                 if self.timings:
                     self.timings[-1]["exchange_s"] = time.perf_counter() - t0
             return 0
         finally:
             seg.close()
+
+    def _exchange(self, seg: Segment) -> int:
+        """The forecast held sent back (through the segment, or in place: the model wrote it into the
+        task's slot) and the next member's state fetched; returns the steps to run (0: stop)."""
+        if not seg.in_place:
+            return self.runner.expose(seg.arrays)[1]
+        extents, nsteps = self.runner.expose_in_place()
+        if nsteps:
+            seg.place(extents)
+        return nsteps
 
     def _task(self, seg: Segment, nsteps: int) -> str | None:
         r = self.runner

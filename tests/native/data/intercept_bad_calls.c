@@ -46,6 +46,9 @@ int main(int argc, char **argv) {
     report("put_other_variable", nc_put_var_double(ncid, other, buf));
     for (int i = 0; i < 24; i++) buf[i] = 100.0 + i;
     report("put_rows_0_2", nc_put_vara_double(ncid, x, start, count, buf));
+    report("get_after_half_write", nc_get_var_double(ncid, x, buf));  /* rows 0-1 written, 2-3 the state */
+    printf("mixed %g %g %g %g\n", buf[0], buf[11], buf[12], buf[23]);
+    for (int i = 0; i < 24; i++) buf[i] = 100.0 + i;
     start[0] = 1;
     report("put_rows_1_3_overlap", nc_put_vara_double(ncid, x, start, count, buf));
     report("put_wrong_type", nc_put_var_float(ncid, x, fbuf));

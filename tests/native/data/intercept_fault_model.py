@@ -5,6 +5,8 @@ shim: ``intercept_fault_model.py MODEL MARKERS ARGS...``. Faults (``$FAULTS`` = 
   kill-runner  read the state, then SIGKILL the wrapper (the runner process): the shim's death signal
                takes this process with it
   half-write   read the state, write only the first half of it with nc_put_vara and exit 0
+  kill-mid-write  read the state, write a wrong first half of it, then SIGKILL itself before the rest
+               (in place, that half is in the task's slot: it must never be accepted)
   hang         read the state, then sleep (the wrapper's --timeout kills it)
 """
 
@@ -39,6 +41,10 @@ if kind == "half-write":
     with netCDF4.Dataset(restart, "a") as ds:
         ds["soil_moisture"][: x.size // 2] = x[: x.size // 2]
     sys.exit(0)
+if kind == "kill-mid-write":
+    with netCDF4.Dataset(restart, "a") as ds:
+        ds["soil_moisture"][: x.shape[0] // 2] = -x[: x.shape[0] // 2]
+        os.kill(os.getpid(), signal.SIGKILL)
 if kind == "hang":
     time.sleep(120)
 sys.exit(f"unknown fault {kind}")

@@ -1,7 +1,8 @@
 /* Writes to a restart opened with NC_WRITE, one line of output each: "NAME STATUS [VALUES]".
  * tests/native/test_intercept_same_as_libnetcdf.py runs it on a plain file and on an intercepted restart and
  * wants the same lines. Variables: x double (4, 6), s float scalar, n int64 (3), other double (3).
- * The hyperslabs of x tile it out of order; invalid writes come first and write nothing.
+ * The hyperslabs of x tile it out of order; invalid writes come first and write nothing; then x is
+ * rewritten in two halves, read back half-way.
  *   intercept_writes_as_libnetcdf PATH */
 #include <netcdf.h>
 #include <stdint.h>
@@ -51,5 +52,21 @@ int main(int argc, char **argv) {
     rep("get_n", nc_get_var_longlong(a, n, lo));
     printf("n %lld %lld %lld\n", lo[0], lo[1], lo[2]);
     rep("close_again", nc_close(a));
+    /* A rewrite (a new write of x after a complete one), read back half-way and at the end. */
+    for (int i = 0; i < 24; i++) buf[i] = 0.25 * i;
+    rep("reopen_write", nc_open(argv[1], NC_WRITE, &a));
+    st[0] = 2, st[1] = 0, ct[0] = 2, ct[1] = 6;
+    rep("rewrite_rows_2_3", nc_put_vara_double(a, x, st, ct, buf + 12));
+    rep("get_mid_rewrite", nc_get_var_double(a, x, out));
+    for (int i = 0; i < 24; i++) printf("%s%g", i ? " " : "x ", out[i]);
+    printf("\n");
+    st[0] = 0;
+    rep("rewrite_rows_0_1", nc_put_vara_double(a, x, st, ct, buf));
+    rep("close_rewrite", nc_close(a));
+    rep("reopen_read", nc_open(argv[1], NC_NOWRITE, &a));
+    rep("get_rewritten", nc_get_var_double(a, x, out));
+    for (int i = 0; i < 24; i++) printf("%s%g", i ? " " : "x ", out[i]);
+    printf("\n");
+    rep("close_last", nc_close(a));
     return 0;
 }
