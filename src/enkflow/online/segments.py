@@ -109,21 +109,10 @@ class Segment:
 
     @classmethod
     def create(cls, magic: bytes, nbytes: Sequence[int], nonce: bytes, epoch: int) -> "Segment":
-        """A new segment with regions of ``nbytes`` bytes; OSError (ENOSPC: /dev/shm full) when it cannot be
-        made, never a SIGBUS later: every byte is allocated here."""
-        regions, size = region_offsets(nbytes)
-        path = new_segment("online")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(fd)
-        mapping[:HEADER_BYTES] = SegmentHeader(magic, nonce, epoch).pack().ljust(HEADER_BYTES, b"\0")
-        return cls(path, mapping, regions)
+        """A new segment with regions of ``nbytes`` bytes, all at once (:class:`SegmentMaker`)."""
+        maker = SegmentMaker(magic, nbytes, nonce, epoch)
+        maker.step(None)
+        return maker.made()
 
     def array(self, region: int, dtype: str, shape: tuple[int, int]) -> np.ndarray:
         """Region ``region`` as a Fortran-order ``shape`` array (a view of the shared memory)."""
@@ -132,6 +121,61 @@ class Segment:
 
     def close(self) -> None:
         """Unlink the name and unmap (a runner that still has it mapped keeps its own mapping); twice is harmless."""
+        self.path.unlink(missing_ok=True)
+        _unmap(self._map)
+
+
+class SegmentMaker:
+    """A new segment with regions of ``nbytes`` bytes, made in steps (:meth:`step`) so that a server can
+    make one while it has nothing else to do.
+
+    Each step allocates its bytes (``posix_fallocate``: a full /dev/shm fails here with ENOSPC, never
+    with a SIGBUS later) and touches every page of them through this process's mapping. The touch is
+    what makes a fresh segment cheap to use: an allocated tmpfs page is only cleared at its first
+    access, one page fault per 4 KiB, which costs several times the copy of the page (for a 52 MB slot,
+    about 20 ms; a model mapping the slot would pay it inside its restart read). The name is handed to
+    no one before :meth:`made`; :meth:`abandon` removes it.
+    """
+
+    def __init__(self, magic: bytes, nbytes: Sequence[int], nonce: bytes, epoch: int):
+        self.regions, self.size = region_offsets(nbytes)
+        self.header = SegmentHeader(magic, nonce, epoch)
+        self.path = new_segment("online")
+        self.done = 0  # bytes allocated and touched
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            self._fd = fd
+            os.ftruncate(fd, self.size)
+            self._map = mmap.mmap(fd, self.size, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+
+    def step(self, budget: int | None) -> bool:
+        """Allocate and touch the next ``budget`` bytes (None: all that is left); True once complete. OSError
+        (ENOSPC: /dev/shm is full) abandons the segment."""
+        n = self.size - self.done if budget is None else min(budget, self.size - self.done)
+        try:
+            os.posix_fallocate(self._fd, self.done, n)
+        except BaseException:
+            self.abandon()
+            raise
+        pages = np.frombuffer(self._map, dtype=np.uint8, count=n, offset=self.done)
+        pages[::mmap.PAGESIZE] = 0  # the first write to each page (the allocation left it unwritten)
+        self.done += n
+        return self.done == self.size
+
+    def made(self) -> Segment:
+        """The complete segment, its header written (after :meth:`step` returned True)."""
+        assert self.done == self.size, "the segment is not complete"
+        self._map[:HEADER_BYTES] = self.header.pack().ljust(HEADER_BYTES, b"\0")
+        os.close(self._fd)
+        return Segment(self.path, self._map, self.regions)
+
+    def abandon(self) -> None:
+        """Unlink and unmap the unfinished segment."""
+        os.close(self._fd)
         self.path.unlink(missing_ok=True)
         _unmap(self._map)
 

@@ -347,14 +347,18 @@ class Server:
             control.dispatch()
 
     def _poll(self, poller: zmq.Poller, timeout_ms: int) -> dict:
-        """The sockets ready within ``timeout_ms``; the accepted forecasts are copied into the store
-        first, in steps of FLUSH_STEP bytes while nothing is ready (their copy is off the runners' path:
-        a request waits for one step at most)."""
-        while self.data.accepted:
+        """The sockets ready within ``timeout_ms``. While nothing is ready, the rank works in steps of
+        FLUSH_STEP bytes (a request waits for one step at most): it copies the accepted forecasts into
+        the store, then, while no slot is free, makes a spare one (both off the runners' path)."""
+        slots = self.slots
+        while self.data.accepted or (slots is not None and slots.wants_spare):
             ready = dict(poller.poll(0))
             if ready:
                 return ready
-            self.data.flush(budget=FLUSH_STEP)
+            if self.data.accepted:
+                self.data.flush(budget=FLUSH_STEP)
+            elif slots is not None:
+                slots.prepare(FLUSH_STEP)
         return dict(poller.poll(timeout_ms))
 
     def _count_tasks(self, done: set[int], probe: int | None, control: Control) -> None:

@@ -6,7 +6,11 @@ the task's first GET_SLOT until the forecast is accepted and copied into the
 member's columns (then it is free for another task), or until the task is
 dropped, found stale or its cycle ends: then it is *retired*, unlinked and
 unmapped, never reused, so a late writer that still has it mapped writes into
-memory nobody reads. The free pool grows on demand.
+memory nobody reads. The free pool grows on demand, and ahead of it: while no
+slot is free, the rank's loop makes a spare one in small steps when it has
+nothing else to do (:meth:`SlotPool.prepare`), so that a task's GET_SLOT
+rarely waits for a new slot (for a 52 MB slot, its making and first touch take
+30 ms or more, which a model would otherwise pay inside its restart read).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from enkflow.online.fields import Field
-from enkflow.online.segments import SLOT_MAGIC, Segment
+from enkflow.online.segments import SLOT_MAGIC, SegmentMaker
 
 
 @dataclass
@@ -41,6 +45,8 @@ class SlotPool:
         self._fields, self._ranges, self.nonce, self._epoch = fields, ranges, nonce, epoch
         self._free: list[Slot] = []
         self._bound: dict[int, Slot] = {}
+        self._making: SegmentMaker | None = None  # the spare slot under way
+        self._spares = True  # False once making a spare failed (/dev/shm full): slots are then made on demand
 
     def bind(self, task: int, member: int) -> Slot:
         """The slot of ``task`` (member ``member``): the one bound to it, else a free one, else a new one.
@@ -55,6 +61,23 @@ class SlotPool:
     def bound(self, task: int) -> Slot | None:
         """The slot bound to ``task`` (None: none, or it was retired)."""
         return self._bound.get(task)
+
+    @property
+    def wants_spare(self) -> bool:
+        """Whether :meth:`prepare` has work: no slot is free (and spares can be made)."""
+        return self._spares and not self._free
+
+    def prepare(self, budget: int) -> None:
+        """Idle time: about ``budget`` more bytes of a spare slot made; once complete, it is free. A failure
+        (/dev/shm full) ends the making of spares: a later GET_SLOT then reports it."""
+        try:
+            if self._making is None:
+                self._making = self._maker()
+            if self._making.step(budget):
+                self._free.append(self._slot(self._making))
+                self._making = None
+        except OSError:
+            self._making, self._spares = None, False
 
     def release(self, task: int) -> None:
         """``task``'s forecast was copied out of its slot: the slot is free for another task."""
@@ -76,15 +99,27 @@ class SlotPool:
             self.retire(task)
 
     def close(self) -> None:
-        """Unlink and unmap every slot."""
+        """Unlink and unmap every slot, and the spare under way."""
         self.retire_bound()
         for slot in self._free:
             slot.views.clear()
             slot.segment.close()
         self._free.clear()
+        if self._making is not None:
+            self._making.abandon()
+            self._making = None
 
     def _new(self) -> Slot:
-        nbytes = [(hi - lo) * f.itemsize for f, (lo, hi) in zip(self._fields, self._ranges)]
-        seg = Segment.create(SLOT_MAGIC, nbytes, self.nonce, self._epoch)
+        """A slot now: the spare under way finished, or a new one."""
+        maker, self._making = self._making or self._maker(), None
+        maker.step(None)
+        return self._slot(maker)
+
+    def _maker(self) -> SegmentMaker:
+        return SegmentMaker(SLOT_MAGIC, [(hi - lo) * f.itemsize for f, (lo, hi) in zip(self._fields, self._ranges)],
+                            self.nonce, self._epoch)
+
+    def _slot(self, maker: SegmentMaker) -> Slot:
+        seg = maker.made()
         views = [seg.array(k, f.dtype, (hi - lo, 1))[:, 0] for k, (f, (lo, hi)) in enumerate(zip(self._fields, self._ranges))]
         return Slot(seg, views)
