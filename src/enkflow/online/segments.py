@@ -111,7 +111,7 @@ class Segment:
     def create(cls, magic: bytes, nbytes: Sequence[int], nonce: bytes, epoch: int) -> "Segment":
         """A new segment with regions of ``nbytes`` bytes, all at once (:class:`SegmentMaker`)."""
         maker = SegmentMaker(magic, nbytes, nonce, epoch)
-        maker.step(None)
+        maker.step(None, touch=False)
         return maker.made()
 
     def array(self, region: int, dtype: str, shape: tuple[int, int]) -> np.ndarray:
@@ -130,11 +130,11 @@ class SegmentMaker:
     make one while it has nothing else to do.
 
     Each step allocates its bytes (``posix_fallocate``: a full /dev/shm fails here with ENOSPC, never
-    with a SIGBUS later) and touches every page of them through this process's mapping. The touch is
-    what makes a fresh segment cheap to use: an allocated tmpfs page is only cleared at its first
-    access, one page fault per 4 KiB, which costs several times the copy of the page (for a 52 MB slot,
-    about 20 ms; a model mapping the slot would pay it inside its restart read). The name is handed to
-    no one before :meth:`made`; :meth:`abandon` removes it.
+    with a SIGBUS later) and, with ``touch``, touches every page of them through this process's
+    mapping. The touch is what makes a fresh segment cheap to use: an allocated tmpfs page is only
+    cleared at its first access, one page fault per 4 KiB, which costs several times the copy of the
+    page (for a 52 MB slot, about 20 ms, which a model mapping the slot would pay inside its restart
+    read). The name is handed to no one before :meth:`made`; :meth:`abandon` removes it.
     """
 
     def __init__(self, magic: bytes, nbytes: Sequence[int], nonce: bytes, epoch: int):
@@ -152,17 +152,18 @@ class SegmentMaker:
             self.path.unlink(missing_ok=True)
             raise
 
-    def step(self, budget: int | None) -> bool:
-        """Allocate and touch the next ``budget`` bytes (None: all that is left); True once complete. OSError
-        (ENOSPC: /dev/shm is full) abandons the segment."""
+    def step(self, budget: int | None, *, touch: bool = True) -> bool:
+        """Allocate (and ``touch``) the next ``budget`` bytes (None: all that is left); True once complete.
+        OSError (ENOSPC: /dev/shm is full) abandons the segment."""
         n = self.size - self.done if budget is None else min(budget, self.size - self.done)
         try:
             os.posix_fallocate(self._fd, self.done, n)
         except BaseException:
             self.abandon()
             raise
-        pages = np.frombuffer(self._map, dtype=np.uint8, count=n, offset=self.done)
-        pages[::mmap.PAGESIZE] = 0  # the first write to each page (the allocation left it unwritten)
+        if touch:
+            pages = np.frombuffer(self._map, dtype=np.uint8, count=n, offset=self.done)
+            pages[::mmap.PAGESIZE] = 0  # the first write to each page (the allocation left it unwritten)
         self.done += n
         return self.done == self.size
 

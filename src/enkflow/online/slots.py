@@ -110,9 +110,10 @@ class SlotPool:
             self._making = None
 
     def _new(self) -> Slot:
-        """A slot now: the spare under way finished, or a new one."""
+        """A slot now: the spare under way finished, or a new one. What is left is not touched: with many
+        runners starting at once, their models clear their slots' pages in parallel, not this rank."""
         maker, self._making = self._making or self._maker(), None
-        maker.step(None)
+        maker.step(None, touch=False)
         return self._slot(maker)
 
     def _maker(self) -> SegmentMaker:
