@@ -10,7 +10,9 @@ memory nobody reads. The free pool grows on demand, and ahead of it: while no
 slot is free, the rank's loop makes a spare one in small steps when it has
 nothing else to do (:meth:`SlotPool.prepare`), so that a task's GET_SLOT
 rarely waits for a new slot (for a 52 MB slot, its making and first touch take
-30 ms or more, which a model would otherwise pay inside its restart read).
+30 ms or more, which a model would otherwise pay inside its restart read). The
+price: one slot's memory that may go unused (a rank whose runners all exchange
+over TCP makes one spare and never binds it).
 """
 
 from __future__ import annotations
