@@ -331,6 +331,7 @@ def pending_markers(files: list[str]) -> list[Path]:
                     body = json.load(fh)
             except (OSError, ValueError):
                 raise RecoveryError("unreadable commit marker of an interrupted update", path=m) from None
+            marker_log_format(body, m)  # a damaged marker is refused here: its file list may no longer name ours
             if mine & set(body.get("files", [])):
                 found.append(Path(m))
     return found
