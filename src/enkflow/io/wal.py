@@ -167,7 +167,6 @@ class WriteAheadLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.fds:
             _remove_stale_logs(self.directory, self.tag)
-        mapped = filesystem_type(self.directory) in _MAPPED_FS
         for k, size in enumerate(sizes):
             need = HEADER + int(size)
             if k >= len(self.fds):
@@ -184,7 +183,7 @@ class WriteAheadLog:
                 except OSError:  # file systems without fallocate: the writes allocate
                     os.ftruncate(self.fds[k], need)
                 self.capacity[k] = need
-                if not mapped:
+                if filesystem_type(self.directory) not in _MAPPED_FS:
                     continue
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 mm = mmap.mmap(self.fds[k], need, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
