@@ -10,8 +10,9 @@ streamed (chained over pieces) as a record is. Candidates whose package is missi
 For each: GB/s over one buffer of --mb MB (out of cache: memory speed), one thread and two threads
 (half the buffer each, to see which release the GIL); and the checksum fused with the copy into
 the log in cache-sized pieces (``np.copyto`` of a piece, then its checksum while it is still in
-cache, as :class:`enkflow.io.wal.LogSink` does) for each --chunks size. Best of --repeat, with the
-ratio to a plain ``np.copyto`` of the same bytes. Also ``enkflow.io.wal.checksum`` itself (the one chosen).
+cache, as :class:`enkflow.io.wal.LogSink` does on tmpfs) for each --chunks size. Best of --repeat, with
+the ratio to a plain ``np.copyto`` of the same bytes. Also :mod:`enkflow.io.walformat`'s checksum itself
+(the one chosen, XXH3-64: see docs/io.md).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from enkflow.io import wal
+from enkflow.io import walformat
 
 Buf = np.ndarray
 
@@ -67,11 +68,16 @@ def _streamed(factory: Callable[[], _Hasher]) -> Callable[[], tuple[Callable[[Bu
     return make
 
 
+def _digest() -> tuple[Callable[[Buf], None], Callable[[], object]]:
+    d = walformat.Digest()
+    return d.update, lambda: d.value
+
+
 def candidates() -> list[Candidate]:
     """Every candidate whose package imports."""
     out = [
         Candidate("zlib crc32", lambda b: zlib.crc32(b), _chained(lambda b, v: zlib.crc32(b, v))),
-        Candidate("enkflow.io.wal.checksum", wal.checksum, _chained(lambda b, v: wal.checksum(b, v))),
+        Candidate("enkflow walformat (chosen)", walformat.checksum, _digest),
     ]
     try:
         import google_crc32c
