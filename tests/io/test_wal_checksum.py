@@ -74,7 +74,7 @@ def _log_sink(directory: Path, size: int) -> tuple[wal.WriteAheadLog, wal.LogSin
 def test_records_carry_the_checksum_of_their_bytes_and_padding(log_dir):
     """Records written in pieces (more than 3, a partial last one), a small one, a staged one."""
     rng = np.random.default_rng(1)
-    big = rng.standard_normal(3 * wal.PIECE // 8 + 5)
+    big = rng.standard_normal(3 * max(wal.PIECE, wal.WRITE_PIECE) // 8 + 5)
     small = rng.integers(0, 256, 13, dtype=np.uint8)
     log, sink, _ = _log_sink(log_dir, big.nbytes + 64 + 4096)
     assert (sink.view is not None) == (filesystem_type(log_dir) == "tmpfs")

@@ -44,7 +44,11 @@ from enkflow.io.rowio import Scratch, pread_full, pwrite_full
 from enkflow.io.walformat import HEADER, Digest, LogFormat, log_header, marker_log_format, padding, read_header, seal_marker
 
 MARKER_PREFIX = ".enkflow-update-"
-PIECE = 1 << 18  # bytes of a record checksummed at a time, right before or after their copy, while in cache
+# Bytes of a record checksummed at a time while in cache: right after their copy into a mapped
+# log; right before their pwrite (whose copy reads them from the cache) into a log file. Both
+# measured best for their way (benchmarks/wal_checksum.py; docs/io.md).
+PIECE = 1 << 18
+WRITE_PIECE = 1 << 22
 _ZEROS = np.zeros(8, dtype=np.uint8)  # a record's padding
 _MAPPED_FS = ("tmpfs", "ramfs")  # log file systems where a mapped log is faster than pwrite
 
@@ -72,12 +76,13 @@ class LogSink:
     """Appends records to one log file (one per I/O thread, so threads never share a file).
 
     Each record is followed by zero padding to a multiple of 8 bytes and carries the checksum of
-    both (:class:`~enkflow.io.walformat.Digest`), taken piece by piece (:data:`PIECE` bytes) while
-    the piece is in cache. Two ways to write, chosen per file system by :class:`WriteAheadLog`:
+    both (:class:`~enkflow.io.walformat.Digest`), taken piece by piece while the piece is in cache.
+    Two ways to write, chosen per file system by :class:`WriteAheadLog`:
 
     * ``view`` given (a log on tmpfs): the file stays mapped (shared, populated when the space is
-      prepared); a piece is copied into the mapping, then checksummed;
-    * ``view`` None (a log on a disk file system): a piece is checksummed, then ``pwrite``; a copy
+      prepared); a piece (:data:`PIECE`) is copied into the mapping, then checksummed;
+    * ``view`` None (a log on a disk file system): a piece (:data:`WRITE_PIECE`) is checksummed,
+      then ``pwrite``; a copy
       into a mapping would take a write fault on every page the kernel has written back since the
       last update, which costs more than the copy itself (3 against 8 GB/s measured here).
     """
@@ -117,8 +122,9 @@ class LogSink:
         self._check_room(n)
         digest = Digest()
         staged, self._staged = data is self._staged, None
-        for a in range(0, n, PIECE):
-            self._put(digest, lo + a, src[a : a + PIECE], staged)
+        step = PIECE if self.view is not None else WRITE_PIECE
+        for a in range(0, n, step):
+            self._put(digest, lo + a, src[a : a + step], staged)
         self._put(digest, lo + n, _ZEROS[: padding(n)], False)
         self.pos = lo + n + padding(n)
         return lo, n, digest.value
