@@ -23,7 +23,7 @@ def test_marker_lists_decode_and_encode_to_the_same_bytes(raw):
 
 def test_fields_are_named():
     b = LogRecord.decode(BYTES, "m.json")
-    assert (b.member, b.dest, b.log, b.log_offset, b.nbytes, b.crc, b.target) == (0, 100, 0, 64, 8000, 3671964092, Target.BYTES)
+    assert (b.member, b.dest, b.log, b.log_offset, b.nbytes, b.checksum, b.target) == (0, 100, 0, 64, 8000, 3671964092, Target.BYTES)
     s = LogRecord.decode(SLAB, "m.json")
     assert s.dest == Slab("temp", 2, 5, "<f4") and s.target is Target.SLAB
     assert s.in_log(4).encode() == [3, "s", ["temp", 2, 5, "<f4"], 4, 8064, 120, 2908228089]

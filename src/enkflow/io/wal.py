@@ -5,7 +5,7 @@ Protocol of one update (see docs/io.md):
 1. *log*: every byte range about to change is written, with its final content, to log files
    (default ``.enkflow-wal/`` beside the member files, which every node sees; ``/dev/shm``, an
    explicit choice, is faster but lost with its node).
-   Each record carries a CRC-32 of every one of its bytes (:func:`checksum`).
+   Each record carries a checksum of every one of its bytes (:mod:`enkflow.io.walformat`).
 2. *commit*: a small JSON marker listing the files, the log files and every record is written
    beside the first member file, atomically (temporary file + ``rename``).
 3. *write*: the member files are updated in place.
@@ -14,7 +14,8 @@ Protocol of one update (see docs/io.md):
 A kill before step 2 leaves no marker: the files were never touched and the half-written log
 is ignored. A kill after step 2 leaves the marker: the next :func:`recover` (run by every
 ``EnsembleFiles`` open) verifies every record's checksum, then writes every record again and
-removes the marker. Writing a record twice gives the same bytes, so recovery may itself be
+removes the marker. A log of a format this release does not read is refused, never ignored.
+Writing a record twice gives the same bytes, so recovery may itself be
 killed and rerun. With ``durable=True`` the logs and marker are fsync'ed before step 3 and the
 files before step 4, which extends the guarantee from process kills to power loss, provided the
 log directory is on persistent storage.
@@ -29,7 +30,6 @@ import mmap
 import os
 import socket
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,27 +39,18 @@ from enkflow.errors import RecoveryError
 from enkflow.fsutil import fsync_dir, pid_alive, write_bytes_atomic, write_json_atomic
 from enkflow.io import library
 from enkflow.io.logrecord import LogRecord, Slab
-from enkflow.io.rowio import pread_full, pwrite_full
+from enkflow.io.lustre import filesystem_type
+from enkflow.io.rowio import Scratch, pread_full, pwrite_full
+from enkflow.io.walformat import HEADER, Digest, LogFormat, log_header, marker_log_format, padding, read_header, seal_marker
 
-MAGIC = b"ENKWAL02"  # 02: full CRC-32 per record (01: one sampled word per page; not read)
-HEADER = 64  # bytes: MAGIC + update id (ascii) + padding
 MARKER_PREFIX = ".enkflow-update-"
-
-
-CRC_CHUNK = 1 << 18  # bytes copied into the log, then checksummed while still in cache
-
-
-def checksum(data: np.ndarray | memoryview, value: int = 0) -> int:
-    """CRC-32 (``zlib.crc32``) of every byte of ``data``, a C-contiguous log record.
-
-    ``value`` is the CRC of the bytes before ``data``: chained calls over consecutive pieces of a
-    record give the CRC of the whole record. Any damage to a record is caught (a torn, zeroed or
-    stale page anywhere in it, a single changed byte), except with probability 2**-32 for
-    damage that is not a burst of at most 32 bits. zlib's CRC runs at about 4 GB/s per core
-    (releasing the GIL, so the I/O threads checksum in parallel): 3-4x the time of the copy
-    into the log (measured in docs/io.md, "Crash-safe in-place update").
-    """
-    return zlib.crc32(memoryview(data).cast("B"), value)
+# Bytes of a record checksummed at a time while in cache: right after their copy into a mapped
+# log; right before their pwrite (whose copy reads them from the cache) into a log file. Both
+# measured best for their way (benchmarks/wal_checksum.py; docs/io.md).
+PIECE = 1 << 18
+WRITE_PIECE = 1 << 22
+_ZEROS = np.zeros(8, dtype=np.uint8)  # a record's padding
+_MAPPED_FS = ("tmpfs", "ramfs")  # log file systems where a mapped log is faster than pwrite
 
 
 def ensemble_key(paths: list[str]) -> str:
@@ -84,53 +75,70 @@ def default_log_dir(first_file: str) -> Path:
 class LogSink:
     """Appends records to one log file (one per I/O thread, so threads never share a file).
 
-    The log file stays mapped in memory (shared mapping, populated when the space is
-    prepared): each record is one ``memcpy`` into the mapping plus a CRC-32 of its bytes
-    (:func:`checksum`), with no page fault and no page-cache lookup during the update. Records
-    start at multiples of 8 bytes.
+    Each record is followed by zero padding to a multiple of 8 bytes and carries the checksum of
+    both (:class:`~enkflow.io.walformat.Digest`), taken piece by piece while the piece is in cache.
+    Two ways to write, chosen per file system by :class:`WriteAheadLog`:
+
+    * ``view`` given (a log on tmpfs): the file stays mapped (shared, populated when the space is
+      prepared); a piece (:data:`PIECE`) is copied into the mapping, then checksummed;
+    * ``view`` None (a log on a disk file system): a piece (:data:`WRITE_PIECE`) is checksummed,
+      then ``pwrite``; a copy
+      into a mapping would take a write fault on every page the kernel has written back since the
+      last update, which costs more than the copy itself (3 against 8 GB/s measured here).
     """
 
-    def __init__(self, view: np.ndarray, log_index: int):
-        self.view = view  # the whole log file, uint8
+    def __init__(self, fd: int, view: np.ndarray | None, capacity: int, log_index: int):
+        self.fd = fd
+        self.view = view  # the whole log file, uint8, when mapped
+        self.capacity = capacity
         self.log_index = log_index
         self.pos = HEADER
         self.records: list[LogRecord] = []
         self._staged: np.ndarray | None = None
 
     def close(self) -> None:
-        """Nothing to release: the mapping belongs to the :class:`WriteAheadLog`."""
+        """Nothing to release: the file and its mapping belong to the :class:`WriteAheadLog`."""
         self._staged = None
 
-    def staging(self, dtype: np.dtype, count: int, scratch: object) -> np.ndarray:
-        """The next record's place in the log itself: converted bytes land there directly."""
+    def staging(self, dtype: np.dtype, count: int, scratch: Scratch) -> np.ndarray:
+        """Where converted bytes are prepared: the next record's place in a mapped log, else ``scratch``."""
+        if self.view is None:
+            return scratch.view(dtype, count)
         n = count * dtype.itemsize
-        if self.pos + n > self.view.size:
-            raise RecoveryError(f"log capacity {self.view.size} bytes exceeded (internal error)", path="log")
+        self._check_room(n)
         self._staged = self.view[self.pos : self.pos + n].view(dtype)
         return self._staged
 
+    def _check_room(self, n: int) -> None:
+        if self.pos + n + padding(n) > self.capacity:
+            raise RecoveryError(f"log capacity {self.capacity} bytes exceeded (internal error)", path="log")
+
     def _append(self, data: np.ndarray) -> tuple[int, int, int]:
-        """Copy ``data`` into the log (unless it was staged there); returns
-        ``(log offset, bytes, checksum)``. The CRC is taken of the bytes in the log, chained
-        over pieces of :data:`CRC_CHUNK` bytes each checksummed right after its copy."""
+        """Write ``data`` and its padding into the log (unless staged in place); returns
+        ``(log offset, bytes, checksum)``."""
         lo = self.pos
-        if data is self._staged:
-            n = data.nbytes
-            self._staged = None
-            cs = checksum(self.view[lo : lo + n])
-        else:
-            src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-            n = src.size
-            if lo + n > self.view.size:
-                raise RecoveryError(f"log capacity {self.view.size} bytes exceeded (internal error)", path="log")
-            cs = 0
-            for a in range(0, n, CRC_CHUNK):
-                b = min(a + CRC_CHUNK, n)
-                dst = self.view[lo + a : lo + b]
-                np.copyto(dst, src[a:b])
-                cs = checksum(dst, cs)
-        self.pos = lo + n + (-n % 8)
-        return lo, n, cs
+        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        n = src.size
+        self._check_room(n)
+        digest = Digest()
+        staged, self._staged = data is self._staged, None
+        step = PIECE if self.view is not None else WRITE_PIECE
+        for a in range(0, n, step):
+            self._put(digest, lo + a, src[a : a + step], staged)
+        self._put(digest, lo + n, _ZEROS[: padding(n)], False)
+        self.pos = lo + n + padding(n)
+        return lo, n, digest.value
+
+    def _put(self, digest: Digest, at: int, piece: np.ndarray, in_place: bool) -> None:
+        """One piece into the log at byte ``at`` (already there when ``in_place``), and into ``digest``."""
+        if self.view is None:
+            digest.update(piece)
+            pwrite_full(self.fd, piece, at)
+            return
+        dst = self.view[at : at + piece.size]
+        if not in_place:
+            np.copyto(dst, piece)
+        digest.update(dst)
 
     def put_bytes(self, member: int, offset: int, data: np.ndarray) -> None:
         lo, n, cs = self._append(data)
@@ -145,7 +153,8 @@ class LogSink:
 @dataclass
 class WriteAheadLog:
     """The log files of one I/O task. ``n_logs`` files of up to ``capacity`` bytes each are
-    allocated once (:meth:`prepare`) and reused by every update until :meth:`close`."""
+    allocated once (:meth:`prepare`) and reused by every update until :meth:`close`. On tmpfs
+    they stay mapped (``maps``, ``views``); elsewhere they are written with ``pwrite`` (:class:`LogSink`)."""
 
     directory: Path
     tag: str
@@ -180,6 +189,8 @@ class WriteAheadLog:
                 except OSError:  # file systems without fallocate: the writes allocate
                     os.ftruncate(self.fds[k], need)
                 self.capacity[k] = need
+                if filesystem_type(self.directory) not in _MAPPED_FS:
+                    continue
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 mm = mmap.mmap(self.fds[k], need, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
                 self.maps[k] = mm
@@ -198,13 +209,13 @@ class WriteAheadLog:
 
     def sinks(self, update_id: str) -> list[LogSink]:
         """Fresh sinks, one per log file, after stamping each log with ``update_id``."""
-        head = (MAGIC + update_id.encode()).ljust(HEADER, b"\0")
+        head = log_header(update_id)
         out = []
-        for k, (fd, view) in enumerate(zip(self.fds, self.views)):
-            if view is None:
+        for k, (fd, view, cap) in enumerate(zip(self.fds, self.views, self.capacity)):
+            if cap == 0:
                 raise RecoveryError(f"log {k} was not prepared (internal error)", path=self.paths[k])
             os.pwrite(fd, head, 0)
-            out.append(LogSink(view, k))
+            out.append(LogSink(fd, view, cap, k))
         return out
 
     def sync(self) -> None:
@@ -278,12 +289,12 @@ def commit(files: list[str], logs: list[str], records: list[LogRecord], update_i
     its existence proves the update was applied (the analysis uses it to never apply a cycle twice)."""
     path = marker_path(files)
     body = {
-        "version": 1, "id": update_id, "host": socket.gethostname(), "time": time.time(),
+        "id": update_id, "host": socket.gethostname(), "time": time.time(),
         "files": [os.path.abspath(f) for f in files], "logs": logs, "durable": durable,
         "records": [r.encode() for r in records],
         "completion": completion,
     }
-    write_bytes_atomic(path, json.dumps(body, separators=(",", ":")).encode(), durable=durable)
+    write_bytes_atomic(path, seal_marker(body), durable=durable)
     return path
 
 
@@ -325,6 +336,7 @@ def pending_markers(files: list[str]) -> list[Path]:
                     body = json.load(fh)
             except (OSError, ValueError):
                 raise RecoveryError("unreadable commit marker of an interrupted update", path=m) from None
+            marker_log_format(body, m)  # a damaged marker is refused here: its file list may no longer name ours
             if mine & set(body.get("files", [])):
                 found.append(Path(m))
     return found
@@ -342,14 +354,19 @@ class _Pending:
     host: str | None
     durable: bool
     completion: dict[str, object] | None
+    log_format: LogFormat
 
     @classmethod
     def read(cls, marker: Path) -> _Pending:
-        with open(marker) as fh:
-            body = json.load(fh)
+        try:
+            with open(marker) as fh:
+                body = json.load(fh)
+        except (OSError, ValueError):
+            raise RecoveryError("unreadable commit marker of an interrupted update", path=str(marker)) from None
+        fmt = marker_log_format(body, str(marker))
         records = [LogRecord.decode(r, str(marker)) for r in body["records"]]
         return cls(marker, list(body["files"]), list(body["logs"]), records, str(body["id"]), body.get("host"),
-                   bool(body.get("durable")), body.get("completion"))
+                   bool(body.get("durable")), body.get("completion"), fmt)
 
     def open_logs(self) -> list[int]:
         """Descriptors of the logs, each checked to belong to this update; :class:`RecoveryError` otherwise."""
@@ -365,8 +382,9 @@ class _Pending:
                         path=lp,
                     ) from None
                 fds.append(fd)
-                if not os.pread(fd, HEADER, 0).startswith(MAGIC + self.update_id.encode()):
-                    raise RecoveryError(f"log does not belong to update {self.update_id} of marker {self.marker}", path=lp)
+                fmt = read_header(os.pread(fd, HEADER, 0), lp, self.update_id, str(self.marker))
+                if fmt is not self.log_format:
+                    raise RecoveryError(f"log of format {int(fmt)} where marker {self.marker} names format {int(self.log_format)}", path=lp)
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -374,11 +392,24 @@ class _Pending:
         return fds
 
 
-def _read_record(lfds: list[int], logs: list[str], rec: LogRecord) -> np.ndarray:
-    """The record's bytes as they are in its log."""
-    out = np.empty(rec.nbytes, dtype=np.uint8)
+def _read_record(lfds: list[int], logs: list[str], rec: LogRecord, padded: bool = False) -> np.ndarray:
+    """The record's bytes as they are in its log, with its padding if ``padded``."""
+    out = np.empty(rec.nbytes + (padding(rec.nbytes) if padded else 0), dtype=np.uint8)
     pread_full(lfds[rec.log], out, rec.log_offset, logs[rec.log], None)
     return out
+
+
+def _verify(update: _Pending, lfds: list[int]) -> None:
+    """Check every record against its checksum (format 3: with its padding); :class:`RecoveryError` naming the log otherwise."""
+    padded = update.log_format is LogFormat.XXH3
+    for rec in update.records:
+        digest = Digest(update.log_format)
+        digest.update(_read_record(lfds, update.logs, rec, padded))
+        if digest.value != rec.checksum:
+            raise RecoveryError(
+                f"log record for {update.files[rec.member]} (log offset {rec.log_offset}, {rec.nbytes} bytes) fails its checksum",
+                path=update.logs[rec.log],
+            )
 
 
 def _redo(update: _Pending, lfds: list[int]) -> int:
@@ -418,12 +449,7 @@ def recover(marker: Path) -> int:
     update = _Pending.read(marker)
     lfds = update.open_logs()
     try:
-        for rec in update.records:  # verify everything before writing anything
-            if checksum(_read_record(lfds, update.logs, rec)) != rec.crc:
-                raise RecoveryError(
-                    f"log record for {update.files[rec.member]} (log offset {rec.log_offset}, {rec.nbytes} bytes) fails its checksum",
-                    path=update.logs[rec.log],
-                )
+        _verify(update, lfds)  # everything before writing anything
         written = _redo(update, lfds)
     finally:
         for fd in lfds:

@@ -13,6 +13,7 @@ the last cycle the final analysis is written back into the restart files
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import traceback
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     other codes for a crash."""
     args = sys.argv[1:] if argv is None else argv
     comm = get_comm()
+    # A cancel (SIGTERM) unwinds, so that the server removes its shared-memory segments on the way out;
+    # a second one, or one while a collective blocks, ends the process as before.
+    signal.signal(signal.SIGTERM, _cancelled)
     # Started by `enkflow run`: stop (SIGTERM, as a cancel) once its lease lapses. Under `enkflow serve`: no lease.
     watch_from_environment(f"server rank {comm.rank}")
     rc = _serve(ExperimentDir(Path(args[0])), comm)
@@ -249,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         # for this one: a rank that leaves without it makes mpiexec end them all.
         leave(rc)
     return rc
+
+
+def _cancelled(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise SystemExit(128 + signum)
 
 
 def _serve(expdir: ExperimentDir, comm: Comm) -> int:

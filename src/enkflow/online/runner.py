@@ -47,7 +47,7 @@ from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.lease import watch_from_environment
 from enkflow.online.connection import Connection, ServerError, ServerLost, configure
 from enkflow.online.fields import Field, Ownership
-from enkflow.online.segments import Transport
+from enkflow.online.segments import SLOT_GONE, Transport
 from enkflow.online.shm_exchange import Extent, ShmExchange, choose_ranks
 from enkflow.online.wire import NO_SLOT, Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
 from enkflow.parallel import Comm, SerialComm
@@ -139,6 +139,7 @@ class Runner:
     def _join(self) -> None:
         """HELLO from rank 0; every rank connects to the data sockets named in the WELCOME and maps
         the segments of the server ranks on its node (a killed server's names removed first)."""
+        self._shm.close()  # first: their pinned pages would leave a restarted server less room in /dev/shm
         remove_dead_segments()
         welcome = self._from_rank0(self._hello)
         for c in self._data:
@@ -185,7 +186,7 @@ class Runner:
     def in_place(self) -> bool:
         """Whether every piece of every field of this rank goes through shared memory (after :meth:`init`)."""
         routes = self._routes() if self._own is not None else {}
-        return bool(routes) and all(self._shm.use[r] for r in routes)
+        return bool(routes) and all(self._shm.over_shm(r) for r in routes)
 
     def expose_in_place(self) -> tuple[list[Extent], int]:
         """:meth:`expose` for a runner whose forecast another process (the model under the netCDF
@@ -329,7 +330,7 @@ class Runner:
             sent = []
             for r, pieces in self._routes().items():
                 idx = np.array(pieces, dtype=np.int64).reshape(-1, 3)
-                kind = Kind.PUT_SLOT if self._shm.use[r] else Kind.PUT
+                kind = Kind.PUT_SLOT if self._shm.over_shm(r) else Kind.PUT
                 frames: list[object] = [Header(kind, self._cred, self.id, task, member, cycle, count=len(pieces),
                                                epoch=self._epoch).pack(), encode_index(idx)]
                 if kind is Kind.PUT_SLOT and arrays is not None:
@@ -349,7 +350,7 @@ class Runner:
             self._join()
         except ServerError as exc:
             self._set_task(0, 0, 0, 0)
-            if NO_SLOT in str(exc):
+            if NO_SLOT in str(exc) or SLOT_GONE in str(exc):
                 return  # a stale task (this runner was declared lost): forgotten, as a late PUT's ACK says
             raise ServerError(f"the server rejected the forecast of member {member}, cycle {cycle}: {exc}") from None
         self._set_task(0, 0, 0, 0)
@@ -404,12 +405,12 @@ class Runner:
         def get() -> None:
             routes = self._routes()
             for r, pieces in routes.items():
-                kind = Kind.GET_SLOT if self._shm.use[r] else Kind.GET
+                kind = Kind.GET_SLOT if self._shm.over_shm(r) else Kind.GET
                 idx = np.array(pieces, dtype=np.int64).reshape(-1, 3)
                 self._data[r].send([Header(kind, self._cred, self.id, task, member, cycle, count=len(pieces),
                                            epoch=self._epoch).pack(), encode_index(idx)])
             for r, pieces in routes.items():
-                want = Kind.SLOT if self._shm.use[r] else Kind.DATA
+                want = Kind.SLOT if self._shm.over_shm(r) else Kind.DATA
                 hdr, frames = self._data[r].recv(self.timeout_s, lambda h: h.kind is want and h.task == task,
                                                  epoch=self._epoch, task=task)
                 if want is Kind.SLOT:

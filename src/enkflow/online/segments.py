@@ -34,7 +34,7 @@ import numpy as np
 
 from enkflow.errors import ConfigError
 from enkflow.online.wire import ProtocolError
-from enkflow.shm_names import new_segment, shm_dir
+from enkflow.shm_names import maker_pid, new_segment, shm_dir
 
 STORE_MAGIC = b"ENKFSTOR"
 SLOT_MAGIC = b"ENKFSLOT"
@@ -181,27 +181,37 @@ class SegmentMaker:
         _unmap(self._map)
 
 
+def _header_problem(head: bytes, magic: bytes, nonce: bytes, epoch: int | None = None) -> str | None:
+    """Why ``head`` (a segment's first bytes) is not the header of a segment of kind ``magic`` of the
+    server rank with ``nonce`` (b"": any) and ``epoch`` (None: any); None when it is."""
+    if len(head) < struct.calcsize(_HEADER):
+        return "it is shorter than its header"
+    h = SegmentHeader.unpack(head)
+    if h.magic != magic:
+        return f"bad magic {h.magic!r}, expected {magic!r}"
+    if h.version != SEGMENT_VERSION:
+        return f"segment layout version {h.version}, this runner reads version {SEGMENT_VERSION}"
+    if (nonce and h.nonce != nonce) or (epoch is not None and h.epoch != epoch):
+        return "it belongs to another server (its nonce or epoch differs from the WELCOME's)"
+    return None
+
+
 def check_store(path: str, nonce: str, epoch: int) -> str | None:
     """Why a runner cannot use the store segment ``path`` of a server rank whose WELCOME gave ``nonce``
     (hex) and ``epoch``; None when it can (same node, same user, the same incarnation)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         return f"cannot open it ({exc.strerror}: another node, or another user)"
     try:
         head = os.pread(fd, struct.calcsize(_HEADER), 0)
     finally:
         os.close(fd)
-    if len(head) < struct.calcsize(_HEADER):
-        return "it is shorter than its header"
-    h = SegmentHeader.unpack(head)
-    if h.magic != STORE_MAGIC:
-        return f"bad magic {h.magic!r}, expected {STORE_MAGIC!r}"
-    if h.version != SEGMENT_VERSION:
-        return f"segment layout version {h.version}, this runner reads version {SEGMENT_VERSION}"
-    if h.nonce.hex() != nonce or h.epoch != epoch:
-        return "it belongs to another server (its nonce or epoch differs from the WELCOME's)"
-    return None
+    try:
+        want = bytes.fromhex(nonce)
+    except ValueError:
+        return f"the WELCOME's nonce {nonce!r} is not hexadecimal"
+    return _header_problem(head, STORE_MAGIC, want or b"\0", epoch)
 
 
 def available() -> str | None:
@@ -211,25 +221,34 @@ def available() -> str | None:
     return None
 
 
+SLOT_GONE = "is gone (retired by the server: the task is stale)"
+
+
+class SlotGone(ProtocolError):
+    """The task's slot no longer exists: the server retired it (the task went stale meanwhile)."""
+
+
 class MappedSegments:
-    """A runner's mappings of the server's segments, by path: each mapped once (MAP_POPULATE: the pages
-    fault in once per runner, not per member), the store read-only and slots read-write."""
+    """A runner's mappings of the server's segments, by path, each mapped once: the store read-only
+    (its pages fault in as members are read), slots read-write and pre-faulted (MAP_POPULATE: a slot
+    is written whole, and reused by the runner's later tasks)."""
 
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
 
-    def view(self, path: str, offset: int, dtype: np.dtype, count: int, *, writable: bool) -> np.ndarray:
-        """``count`` elements of ``dtype`` at byte ``offset`` of the segment ``path`` (mapped on first use)."""
+    def view(self, path: str, offset: int, dtype: np.dtype, count: int, *, writable: bool,
+             nonce: bytes = b"") -> np.ndarray:
+        """``count`` elements of ``dtype`` at byte ``offset`` of the segment ``path``, mapped on first use
+        after checking that it is a segment of this node's shared memory with the header of a slot
+        (``writable``) or a store and the server rank's ``nonce`` (b"": any). A slot that is gone raises
+        :class:`SlotGone`."""
         m = self._maps.get(path)
         if m is None:
             self._forget_unlinked()
-            try:
-                m = self._maps[path] = self._map(path, writable)
-            except OSError as exc:
-                raise ProtocolError(f"cannot map the server's segment {path}: {exc.strerror or exc}") from None
+            m = self._maps[path] = self._map(path, writable, nonce)
         if offset < HEADER_BYTES or offset + count * dtype.itemsize > len(m):
             raise ProtocolError(f"the server named bytes [{offset}, {offset + count * dtype.itemsize}) of segment "
-                              f"{path}, which has {len(m)}")
+                                f"{path}, which has {len(m)}")
         return np.frombuffer(m, dtype=dtype, count=count, offset=offset)
 
     def _forget_unlinked(self) -> None:
@@ -238,11 +257,28 @@ class MappedSegments:
             _unmap(self._maps.pop(path))
 
     @staticmethod
-    def _map(path: str, writable: bool) -> mmap.mmap:
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    def _map(path: str, writable: bool, nonce: bytes) -> mmap.mmap:
+        """``path`` mapped, once it is known to be an enkflow online segment of this node with the
+        expected header (the server is authenticated, but a runner must not map just any file)."""
+        p = Path(path)
+        if p.parent != shm_dir() or maker_pid(p.name) is None or not p.name.startswith("enkflow-online-"):
+            raise ProtocolError(f"the server named {path}, which is not an online segment in {shm_dir()}")
         try:
+            fd = os.open(p, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            if writable:
+                raise SlotGone(f"the task's slot {path} {SLOT_GONE}") from None
+            raise ProtocolError(f"the server's store segment {path} is gone") from None
+        except OSError as exc:
+            raise ProtocolError(f"cannot open the server's segment {path}: {exc.strerror or exc}") from None
+        try:
+            why = _header_problem(os.pread(fd, struct.calcsize(_HEADER), 0), SLOT_MAGIC if writable else STORE_MAGIC,
+                                  nonce)
+            if why is not None:
+                raise ProtocolError(f"the server's segment {path}: {why}")
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=prot)
+            populate = getattr(mmap, "MAP_POPULATE", 0) if writable else 0
+            return mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate, prot=prot)
         finally:
             os.close(fd)
 

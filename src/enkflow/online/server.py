@@ -216,14 +216,16 @@ class Server:
     def close(self) -> None:
         # Time for the last replies (STOP, the ERROR that ended a study) to leave on a loaded machine;
         # a ROUTER drops what is queued for a peer that is gone, so this waits only for live, slow peers.
-        self.data.socket.close(linger=3000)
-        if self.control is not None:
-            self.control.socket.close(linger=3000)
-        if self.bus is not None:
-            self.bus.close(3000)
-        if self.ckpt is not None:
-            self.ckpt.close()
-        self._close_segments()
+        try:
+            self.data.socket.close(linger=3000)
+            if self.control is not None:
+                self.control.socket.close(linger=3000)
+            if self.bus is not None:
+                self.bus.close(3000)
+            if self.ckpt is not None:
+                self.ckpt.close()
+        finally:
+            self._close_segments()
 
     # -- the study ---------------------------------------------------------------------
 

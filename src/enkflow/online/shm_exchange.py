@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from enkflow.errors import ConfigError
-from enkflow.online.segments import MappedSegments, Transport, check_store
+from enkflow.online.segments import HEADER_BYTES, MappedSegments, Transport, check_store
 from enkflow.online.wire import Header, ProtocolError, decode_index, decode_json
 
 
@@ -37,16 +37,17 @@ class Extent:
     write_offset: int
 
 
-def choose_ranks(welcome: dict, transport: Transport) -> list[bool]:
-    """Per data rank of the WELCOME, whether this runner reaches it through shared memory. With
-    ``transport`` SHM a rank it cannot reach so is a ConfigError naming the rank, the segment and why."""
+def choose_ranks(welcome: dict, transport: Transport) -> list[bytes | None]:
+    """Per data rank of the WELCOME, the nonce of its segments when this runner reaches it through
+    shared memory, None when over TCP. With ``transport`` SHM a rank it cannot reach so is a
+    ConfigError naming the rank, the segment and why."""
     ranks = int(welcome["ranks"])
     shm = welcome.get("shm") or [None] * ranks
-    use = []
+    use: list[bytes | None] = []
     for r, info in enumerate(shm):
         why, path = None, "(none)"
         if transport is Transport.TCP:
-            use.append(False)
+            use.append(None)
             continue
         if not isinstance(info, dict):
             why = "the server rank has no shared memory (its transport is tcp, or it could not make a segment)"
@@ -56,7 +57,7 @@ def choose_ranks(welcome: dict, transport: Transport) -> list[bool]:
         if why is not None and transport is Transport.SHM:
             raise ConfigError(f"shared memory was asked for, but server rank {r}'s store segment {path} cannot be "
                               f"used: {why}", key="ENKFLOW_TRANSPORT (or the Runner's transport)")
-        use.append(why is None)
+        use.append(None if why is not None else bytes.fromhex(str(info["nonce"])))
     return use
 
 
@@ -66,27 +67,35 @@ class ShmExchange:
 
     def __init__(self) -> None:
         self.maps = MappedSegments()
-        self.use: list[bool] = []
+        self.nonces: list[bytes | None] = []
         self.extents: dict[int, list[Extent]] = {}
 
-    def reset(self, use: list[bool]) -> None:
-        """A new greeting: unmap the previous server's segments, reach the ranks ``use`` says."""
-        self.maps.clear()
-        self.use = use
-        self.extents = {}
+    def over_shm(self, rank: int) -> bool:
+        """Whether data rank ``rank`` is reached through shared memory."""
+        return self.nonces[rank] is not None
+
+    def reset(self, nonces: list[bytes | None]) -> None:
+        """A new greeting: reach the ranks with a nonce (:func:`choose_ranks`) through shared memory."""
+        self.close()
+        self.nonces = nonces
 
     def answer(self, rank: int, pieces: Sequence[tuple[int, int, int]], hdr: Header, frames: list[zmq.Frame]) -> list[Extent]:
         """The extents of server rank ``rank``'s SLOT reply to a GET_SLOT of ``pieces`` (field, offset, count)."""
         try:
             idx = decode_index(frames[0].buffer, hdr.count)
             where = decode_json(frames[1].buffer, "slot")
-            at = where["at"]
+            at = [(_offset(a), _offset(b)) for a, b in where["at"]]
             read, write = str(where["read"]), str(where["write"])
-        except (ProtocolError, IndexError, KeyError, TypeError) as exc:
+        except (ProtocolError, IndexError, KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"server rank {rank} sent a malformed SLOT reply: {exc}") from None
         if len(idx) != len(pieces) or len(at) != len(pieces) or not np.array_equal(idx, np.array(pieces).reshape(-1, 3)):
             raise ProtocolError(f"server rank {rank} answered with other pieces than asked for")
-        out = [Extent(k, off, off + cnt, read, int(a), write, int(b)) for (k, off, cnt), (a, b) in zip(pieces, at)]
+        out = [Extent(k, off, off + cnt, read, a, write, b) for (k, off, cnt), (a, b) in zip(pieces, at)]
+        # The slot is mapped now, while it is surely there: a runner that later finds it gone (retired while
+        # the runner was stopped) knows its task is stale.
+        nonce, byte = self.nonces[rank] or b"", np.dtype(np.uint8)
+        self.maps.view(read, HEADER_BYTES, byte, 0, writable=read == write, nonce=nonce)
+        self.maps.view(write, HEADER_BYTES, byte, 0, writable=True, nonce=nonce)
         self.extents[rank] = out
         return out
 
@@ -105,5 +114,13 @@ class ShmExchange:
             self.maps.view(e.write_path, e.write_offset, src.dtype, e.hi - e.lo, writable=True)[...] = src
 
     def close(self) -> None:
+        """Unmap every segment (the server is lost or changed, or the runner leaves)."""
         self.maps.clear()
         self.extents = {}
+
+
+def _offset(v: object) -> int:
+    """A byte offset of a SLOT reply: a non-negative JSON integer."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"offset {v!r} is not a non-negative integer")
+    return v
