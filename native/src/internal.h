@@ -141,6 +141,10 @@ double ekf_now(void);
 
 typedef enum { EKF_SEG_STORE, EKF_SEG_SLOT } ekf_seg_kind;
 
+/* What mapping a segment came to: mapped and checked; refused (the reason in err); no such file (a slot the
+ * server retired, or the store of a server that ended). */
+typedef enum { EKF_SEG_MAPPED, EKF_SEG_BAD, EKF_SEG_GONE } ekf_seg_status;
+
 typedef struct ekf_segment {
     char *path;
     unsigned char *base; /* the whole file, header page included */
@@ -158,10 +162,11 @@ typedef struct ekf_segments {
 
 /* Where segments live: /dev/shm where it is writable, else $TMPDIR or /tmp (enkflow.shm_names.shm_dir). */
 const char *ekf_shm_dir(void);
-/* The segment at path, mapped (a store read-only, a slot read-write) or from the cache, whose header has
- * the kind's magic, the layout version and the nonce. 1 with the reason in err. */
-int ekf_seg_map(ekf_segments *c, const char *path, ekf_seg_kind kind, const unsigned char nonce[16],
-                const ekf_segment **out, char *err, size_t errsize);
+/* The segment at path, mapped (a store read-only, a slot read-write) or from the cache: a regular file
+ * named ekf_shm_dir()/enkflow-online-PID-HEX8, opened without following a link, whose header has the
+ * kind's magic, the layout version and the nonce. Otherwise the reason in err. */
+ekf_seg_status ekf_seg_map(ekf_segments *c, const char *path, ekf_seg_kind kind, const unsigned char nonce[16],
+                           const ekf_segment **out, char *err, size_t errsize);
 /* Unmap the cached segments whose name is gone (slots the server retired); earlier pointers to them dangle. */
 void ekf_seg_forget_gone(ekf_segments *c);
 void ekf_seg_clear(ekf_segments *c);

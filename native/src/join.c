@@ -40,16 +40,17 @@ int ekf_from_rank0(enkflow_runner *r, ekf_rank0_fn fn, ekf_buf *payload) {
 }
 
 /* Every rank ran something that returned `code`: an error on any rank (a lost server first gives way
- * to a refusal, as in the Python runner) is returned on every rank. */
+ * to a refusal, as in the Python runner, a stale task to a lost server) is returned on every rank. */
 int ekf_collective(enkflow_runner *r, int code) {
     if (r->size == 1) return code;
-    int v = code == ENKFLOW_OK ? 0 : code == ENKFLOW_ELOST ? 1 : 2;
+    enum { OK, STALE, LOST, ERROR };
+    int mine = code == ENKFLOW_OK ? OK : code == EKF_STALE ? STALE : code == ENKFLOW_ELOST ? LOST : ERROR, v = mine;
     if (r->allmax(&v, r->comm_ctx)) return ekf_rerr(r, ENKFLOW_ESTATE, "the allreduce_max callback failed");
-    if (v == 2 && (code == ENKFLOW_OK || code == ENKFLOW_ELOST))
+    if (v == mine) return code;
+    if (v == ERROR)
         return ekf_rerr(r, ENKFLOW_EREFUSED, "an error on another runner rank (its enkflow_runner_errmsg says which)");
-    if (v == 1 && code == ENKFLOW_OK)
-        return ekf_rerr(r, ENKFLOW_ELOST, "another runner rank lost the server");
-    return code;
+    if (v == LOST) return ekf_rerr(r, ENKFLOW_ELOST, "another runner rank lost the server");
+    return ekf_rerr(r, EKF_STALE, "another runner rank found task %llu stale", (unsigned long long)r->task);
 }
 
 static int open_conn(enkflow_runner *r, ekf_conn *c, const char *address) {
@@ -193,6 +194,9 @@ static void ownership(enkflow_runner *r) {
 /* HELLO from rank 0; every rank connects to the data sockets the WELCOME names, and maps the shared
  * memory it offers as the transport says. */
 int ekf_join(enkflow_runner *r) {
+    /* The server this runner joined before (if any) is gone: its store and slots are unmapped before a new
+     * one is greeted, lest their pages stay pinned while it makes its own (a full /dev/shm). */
+    ekf_close_data(r);
     ekf_shm_sweep(); /* a killed server's segments (this one's replaces it) */
     ekf_buf payload = {0};
     int rc = ekf_from_rank0(r, hello, &payload);
@@ -217,7 +221,6 @@ int ekf_join(enkflow_runner *r) {
             ekf_json_free(w);
             return ekf_rerr(r, ENKFLOW_EPROTOCOL, "the server's WELCOME names a data address that is not a string");
         }
-    ekf_close_data(r);
     r->epoch = epoch->u64;
     pthread_mutex_lock(&r->mu); /* the heartbeat thread reads it */
     r->heartbeat_s = hb->num;

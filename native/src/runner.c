@@ -456,6 +456,10 @@ int enkflow_runner_expose(enkflow_runner *r, int64_t *nsteps) {
         }
         ekf_set_task(r, h.task, h.member, h.cycle, h.nsteps);
         rc = ekf_collective(r, ekf_get_ranks(r));
+        if (rc == EKF_STALE) { /* the server gave the task up meanwhile: the next one */
+            ekf_set_task(r, 0, 0, 0, 0);
+            continue;
+        }
         if (rc == ENKFLOW_ELOST) {
             ekf_set_task(r, 0, 0, 0, 0);
             if ((rc = ekf_join(r))) return rc;

@@ -66,6 +66,10 @@ struct enkflow_runner {
     pid_t pid; /* the process that created the runner: ZeroMQ's context does not survive a fork */
 };
 
+/* An internal code, never returned to the caller: the held task went stale (the server retired its slot);
+ * the runner forgets it and asks for the next. */
+#define EKF_STALE (-1)
+
 static inline size_t ekf_itemsize(enkflow_dtype t) { return (t == ENKFLOW_FLOAT32 || t == ENKFLOW_INT32) ? 4 : 8; }
 
 static inline const char *ekf_dtype_name(int t) {
@@ -93,7 +97,7 @@ typedef int (*ekf_rank0_fn)(enkflow_runner *r, ekf_buf *payload);
 /* fn() on rank 0, its result (code, message, payload) on every rank. */
 int ekf_from_rank0(enkflow_runner *r, ekf_rank0_fn fn, ekf_buf *payload);
 /* Every rank ran something that returned `code`: an error on any rank (a lost server first gives way
- * to a refusal, as in the Python runner) is returned on every rank. */
+ * to a refusal, as in the Python runner, a stale task to a lost server) is returned on every rank. */
 int ekf_collective(enkflow_runner *r, int code);
 /* HELLO from rank 0 (retrying for reconnect_s); every rank connects to the data ranks the WELCOME names
  * and opens its links; the heartbeat thread started. */
@@ -116,7 +120,8 @@ void ekf_links_close(enkflow_runner *r);
 /* This rank's pieces of the held task's forecast to every server rank owning some (PUT, or PUT_SLOT);
  * sent[s]: rank s got some. */
 int ekf_put_ranks(enkflow_runner *r, int *sent);
-/* The held task's member state from every server rank into the bound arrays (GET, or GET_SLOT). */
+/* The held task's member state from every server rank into the bound arrays (GET, or GET_SLOT); EKF_STALE
+ * when a slot the server named was retired meanwhile. */
 int ekf_get_ranks(enkflow_runner *r);
 
 #endif

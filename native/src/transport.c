@@ -78,7 +78,7 @@ static int choose(enkflow_runner *r, int s) {
     }
     const ekf_segment *seg;
     char why[1024];
-    if (ekf_seg_map(&r->segs, l->store, EKF_SEG_STORE, l->nonce, &seg, why, sizeof why)) {
+    if (ekf_seg_map(&r->segs, l->store, EKF_SEG_STORE, l->nonce, &seg, why, sizeof why) != EKF_SEG_MAPPED) {
         if (r->transport == ENKFLOW_TRANSPORT_AUTO) return ENKFLOW_OK; /* another node's, or another user's */
         return ekf_rerr(r, ENKFLOW_EINVAL, "transport shm: the shared memory of server rank %d, %s: %s", s, l->store,
                         why);
@@ -267,10 +267,31 @@ static int take_data(enkflow_runner *r, int s, ekf_msg *m, const unsigned char *
     return rc;
 }
 
+/* A SLOT reply's offsets of a piece: two integers. */
+static int offset_pair(const ekf_json *pair) {
+    return pair->type == EKF_JARR && pair->n == 2 && pair->items[0].type == EKF_JNUM && pair->items[0].is_int &&
+           pair->items[1].type == EKF_JNUM && pair->items[1].is_int;
+}
+
 /* off, a byte offset the server named, holds `bytes` bytes of data of the segment. */
 static int within(const ekf_json *off, size_t bytes, const ekf_segment *seg) {
-    return off->type == EKF_JNUM && off->is_int && off->i64 >= EKF_SEG_HEADER && (uint64_t)off->i64 <= seg->size &&
-           bytes <= seg->size - (size_t)off->i64;
+    return off->i64 >= EKF_SEG_HEADER && (uint64_t)off->i64 <= seg->size && bytes <= seg->size - (size_t)off->i64;
+}
+
+/* A segment a SLOT reply of rank s names (`what` the task's state or slot in it), mapped. A slot that is
+ * gone was retired by the server: the task went stale (EKF_STALE: forgotten, as a PUT_SLOT refused for
+ * want of a slot); a store that is gone was the server's that ended (ENKFLOW_ELOST: greet again). */
+static int slot_segment(enkflow_runner *r, int s, const char *what, const char *path, ekf_seg_kind kind,
+                        const ekf_segment **out) {
+    char why[1024];
+    ekf_seg_status st = ekf_seg_map(&r->segs, path, kind, r->links[s].nonce, out, why, sizeof why);
+    if (st == EKF_SEG_MAPPED) return ENKFLOW_OK;
+    if (st == EKF_SEG_GONE)
+        return ekf_rerr(r, kind == EKF_SEG_SLOT ? EKF_STALE : ENKFLOW_ELOST, "server rank %d: %s of task %llu (member "
+                        "%lld), %s, is gone: %s", s, what, (unsigned long long)r->task, (long long)r->member, path,
+                        kind == EKF_SEG_SLOT ? "the task went stale" : "the server ended");
+    return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: %s of member %lld, %s: %s", s, what, (long long)r->member,
+                    path, why);
 }
 
 /* SLOT's where (JSON: read and write segment, per piece their byte offsets): the pieces copied from the
@@ -282,21 +303,19 @@ static int take_where(enkflow_runner *r, int s, const ekf_json *w, const unsigne
         return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: its SLOT reply lacks read, write or an offset pair per "
                         "piece", s);
     const ekf_segment *src, *dst;
-    char why[1024];
-    if (ekf_seg_map(&r->segs, wr->str, EKF_SEG_SLOT, l->nonce, &dst, why, sizeof why))
-        return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: the slot %s of member %lld: %s", s, wr->str,
-                        (long long)r->member, why);
-    int store = l->store && strcmp(rd->str, l->store) == 0;
-    if (ekf_seg_map(&r->segs, rd->str, store ? EKF_SEG_STORE : EKF_SEG_SLOT, l->nonce, &src, why, sizeof why))
-        return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: the state of member %lld in %s: %s", s,
-                        (long long)r->member, rd->str, why);
+    int store = l->store && strcmp(rd->str, l->store) == 0, rc;
+    if ((rc = slot_segment(r, s, "the slot", wr->str, EKF_SEG_SLOT, &dst)) ||
+        (rc = slot_segment(r, s, "the state", rd->str, store ? EKF_SEG_STORE : EKF_SEG_SLOT, &src)))
+        return rc;
     for (size_t p = 0; p < n; p++) {
         const ekf_json *pair = &at->items[p];
         char *to;
         size_t bytes;
         field *f = piece(r, ix, p, &to, &bytes);
-        if (pair->type != EKF_JARR || pair->n != 2 || !within(&pair->items[0], bytes, src) ||
-            !within(&pair->items[1], bytes, dst))
+        if (!offset_pair(pair))
+            return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: its SLOT reply's offsets of field '%s' are not a "
+                            "pair of integers", s, f->name);
+        if (!within(&pair->items[0], bytes, src) || !within(&pair->items[1], bytes, dst))
             return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: its SLOT reply places the %zu bytes of field '%s' "
                             "outside the segments (%s, %s)", s, bytes, f->name, rd->str, wr->str);
         memcpy(to, src->base + pair->items[0].i64, bytes);

@@ -86,3 +86,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     d = offline_reference(tmp_path_factory.mktemp("offline"))
     return outputs(d, d / "run")
+
+
+@pytest.fixture(scope="session")
+def slices_runner(native_build: NativeBuild, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/native/slices_runner.c built against the session's library: one runner of NRANKS thread ranks."""
+    env = native_build.env()
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner"], env=env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    exe = tmp_path_factory.mktemp("slices") / "slices_runner"
+    cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-pthread", str(Path(__file__).parent / "slices_runner.c"),
+                         "-o", str(exe), *flags, f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True)
+    assert cc.returncode == 0, cc.stderr
+    return exe

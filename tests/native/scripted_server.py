@@ -7,7 +7,11 @@ bytes of each forecast (``forecasts[(task, rank)]``). One float64 field "x" of `
 ranks as enkflow.online.fields.Ownership splits an assimilated field. With ``shm``, every data rank offers
 shared memory in its WELCOME entry (online/segments.py's layout: a store holding member m's state as m
 everywhere, a slot per task; with ``shm == "other-nonce"`` the store's header bears another nonce) and
-answers GET_SLOT and PUT_SLOT; its segments are removed at close."""
+answers GET_SLOT and PUT_SLOT; its segments are removed at close. ``retire[(task, rank)]`` says when data rank
+``rank`` retires the task's slot, as a server that declared the task stale does (AT_GET: unlinked just before
+its SLOT reply names it; AT_PUT: when its PUT_SLOT comes, which is refused as the real server refuses it);
+``spoil_slot(task, rank, where)`` gives the SLOT reply's JSON in place of ``where``. HELLOs are answered only
+once ``welcome_gate`` (when given) is set."""
 
 from __future__ import annotations
 
@@ -18,14 +22,21 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
 
 import numpy as np
 import zmq
 
-from enkflow.online.wire import Header, Kind, credential, decode_index
+from enkflow.online.wire import NO_SLOT, Header, Kind, credential, decode_index
 from enkflow.shm_names import new_segment
 
 HEADER_PAGE = 4096
+
+
+class Retire(Enum):
+    AT_GET = "at-get"
+    AT_PUT = "at-put"
 
 
 class _SharedMemory:
@@ -67,7 +78,7 @@ class _SharedMemory:
 
     def remove(self) -> None:
         for path in [self.store, *self.slots.values()]:
-            os.unlink(path)
+            Path(path).unlink(missing_ok=True)  # retired slots are gone already
 
 
 class ScriptedServer:
@@ -75,8 +86,12 @@ class ScriptedServer:
                  put_reply: Callable[[int, int], str | None] = lambda task, rank: None, epoch: int = 7,
                  hold: bool = False, hold_get: set[int] = frozenset(), like: "ScriptedServer | None" = None,
                  put_delay: dict[int, float] | None = None, close_after_error: bool = False,
-                 shm: bool | str = False, n: int = 40):
+                 shm: bool | str = False, n: int = 40, retire: dict[tuple[int, int], Retire] | None = None,
+                 spoil_slot: Callable[[int, int, dict], dict] = lambda task, rank, where: where,
+                 welcome_gate: threading.Event | None = None):
         self.cred, self.tasks, self.put_reply, self.epoch = credential(token), list(tasks), put_reply, epoch
+        self.retire, self.spoil_slot, self.welcome_gate = dict(retire or {}), spoil_slot, welcome_gate
+        self._hellos: list[tuple[bytes, Header]] = []  # held until welcome_gate is set
         self.hold, self.hold_get = hold, set(hold_get)
         self.put_delay, self.close_after_error = dict(put_delay or {}), close_after_error
         self._later: list[tuple[float, int, list[bytes]]] = []  # (when, data rank, frames): delayed replies
@@ -116,6 +131,8 @@ class ScriptedServer:
                     self._on_control(frames[0], hdr, frames[2:])
                 else:
                     self._on_data(self.data.index(sock), frames[0], hdr, frames[2:])
+            while self._hellos and self.welcome_gate.is_set():
+                self._welcome(*self._hellos.pop(0))
             for item in [x for x in self._later if x[0] <= time.monotonic()]:
                 self._later.remove(item)
                 sock = self.data[item[1]]
@@ -132,10 +149,10 @@ class ScriptedServer:
             return
         self.received.append((hdr.kind.name, hdr.task, -1))
         if hdr.kind is Kind.HELLO:
-            body = {"epoch": self.epoch, "ranks": len(self.data), "data": self.data_addresses, "heartbeat_s": 0.5,
-                    "shm": [m.offer() for m in self.shm] or [None] * len(self.data)}
-            self.control.send_multipart([identity, hdr.reply(Kind.WELCOME, epoch=self.epoch).pack(),
-                                         json.dumps(body).encode()])
+            if self.welcome_gate is not None and not self.welcome_gate.is_set():
+                self._hellos.append((identity, hdr))
+            else:
+                self._welcome(identity, hdr)
         elif hdr.kind is Kind.READY:
             if self.hold and not self.tasks:
                 return
@@ -150,6 +167,12 @@ class ScriptedServer:
         elif hdr.kind is Kind.BYE:
             self.done.set()
 
+    def _welcome(self, identity: bytes, hdr: Header) -> None:
+        body = {"epoch": self.epoch, "ranks": len(self.data), "data": self.data_addresses, "heartbeat_s": 0.5,
+                "shm": [m.offer() for m in self.shm] or [None] * len(self.data)}
+        self.control.send_multipart([identity, hdr.reply(Kind.WELCOME, epoch=self.epoch).pack(),
+                                     json.dumps(body).encode()])
+
     def _on_data(self, rank: int, identity: bytes, hdr: Header, rest: list[bytes]) -> None:
         sock = self.data[rank]
         self.received.append((hdr.kind.name, hdr.task, rank))
@@ -160,8 +183,16 @@ class ScriptedServer:
             frames = [np.full(cnt, float(hdr.member)).tobytes() for _, _, cnt in idx]
             sock.send_multipart([identity, hdr.reply(Kind.DATA, epoch=self.epoch).pack(), rest[0], *frames])
         elif hdr.kind is Kind.GET_SLOT:
-            where = json.dumps(self.shm[rank].where(hdr.task, hdr.member, idx)).encode()
+            where = self.shm[rank].where(hdr.task, hdr.member, idx)
+            if self.retire.get((hdr.task, rank)) is Retire.AT_GET:
+                os.unlink(where["write"])
+            where = json.dumps(self.spoil_slot(hdr.task, rank, where)).encode()
             sock.send_multipart([identity, hdr.reply(Kind.SLOT, epoch=self.epoch).pack(), rest[0], where])
+        elif hdr.kind is Kind.PUT_SLOT and (hdr.task, rank) in self.retire:
+            Path(self.shm[rank].slots[hdr.task]).unlink(missing_ok=True)
+            error = f"task {hdr.task} (member {hdr.member}) {NO_SLOT} {rank}: stale, or its state was never fetched"
+            sock.send_multipart([identity, hdr.reply(Kind.ERROR, epoch=self.epoch).pack(),
+                                 json.dumps({"error": error}).encode()])
         elif hdr.kind in (Kind.PUT, Kind.PUT_SLOT):
             self.forecasts[(hdr.task, rank)] = (b"".join(rest[1:]) if hdr.kind is Kind.PUT
                                                 else self.shm[rank].forecast(hdr.task, idx))

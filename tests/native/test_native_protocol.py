@@ -4,15 +4,18 @@ real server gives only in rare interleavings, on demand."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from enkflow.shm_names import shm_dir
-from scripted_server import ScriptedServer
+from scripted_server import Retire, ScriptedServer
 
 HERE = Path(__file__).resolve().parent
 TOKEN = "scripted"
@@ -180,26 +183,124 @@ def test_a_forked_child_cannot_finalize_its_parents_runner(bad_runner: Path) -> 
     assert [k for k, _, _ in server.received].count("BYE") == 1 and ("PUT", 1, 0) in server.received, server.received
 
 
-def test_a_forecast_of_a_server_that_restarted_meanwhile_is_not_sent_to_the_new_one(bad_runner: Path) -> None:
+def mapped(pid: int, paths: list[str]) -> list[str]:
+    """Those of ``paths`` that process ``pid`` has mapped (removed or not)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return [path for path in paths if path in maps]
+
+
+@pytest.mark.parametrize("shm", [False, True], ids=["tcp", "shm"])
+def test_a_forecast_of_a_server_that_restarted_meanwhile_is_not_sent_to_the_new_one(bad_runner: Path,
+                                                                                    shm: bool) -> None:
     """The server dies and a new one comes up on the same addresses while the runner runs its model: the
     forecast belongs to the old server's task, whose id the new server may have given to another member. The
-    runner notices the lost connection before it sends, greets the new server and serves it."""
-    old = ScriptedServer(TOKEN, [(1, 3, 1)], ranks=1)
+    runner notices the lost connection before it sends, greets the new server and serves it. Before it greets
+    it, the runner has unmapped the old server's store and slots (their pages would stay pinned while the new
+    server makes its own segments: with a large store, a full /dev/shm)."""
+    old = ScriptedServer(TOKEN, [(1, 3, 1)], ranks=1, shm=shm)
+    gate = threading.Event()
     new = None
     try:
         p = subprocess.Popen([str(bad_runner), old.address, TOKEN, "slow"], stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "forecast"
+        segments = [m.store for m in old.shm] + [path for m in old.shm for path in m.slots.values()]
+        assert mapped(p.pid, segments) == segments and len(segments) == 2 * shm, segments
         old.close()
-        new = ScriptedServer(TOKEN, [(1, 4, 1)], ranks=1, like=old)
+        new = ScriptedServer(TOKEN, [(1, 4, 1)], ranks=1, like=old, shm=shm, welcome_gate=gate)
+        deadline = time.monotonic() + 20
+        while ("HELLO", 0, -1) not in new.received:
+            assert p.poll() is None and time.monotonic() < deadline, new.received
+            time.sleep(0.02)
+        greeting = mapped(p.pid, segments)
+        gate.set()
         out = p.communicate(timeout=30)[0]
     finally:
+        gate.set()
         old.close()
         if new is not None:
             new.close()
     assert p.returncode == 0, out
+    assert greeting == [], greeting
+    get, put = ("GET_SLOT", "PUT_SLOT") if shm else ("GET", "PUT")
     kinds = [(k, t) for k, t, _ in new.received]
     # The old task's PUT never reached the new server: its only PUT is of its own task 1 (member 4).
-    assert kinds.count(("PUT", 1)) == 1 and kinds.index(("PUT", 1)) > kinds.index(("GET", 1)), kinds
+    assert kinds.count((put, 1)) == 1 and kinds.index((put, 1)) > kinds.index((get, 1)), kinds
+
+
+@pytest.mark.parametrize("ranks", [1, 3], ids=["one-rank", "three-ranks"])
+def test_a_task_whose_slot_the_server_retired_is_forgotten(bad_runner: Path, slices_runner: Path, ranks: int) -> None:
+    """The server retires the slot of a task it declared stale (its runner was SIGSTOPped past the heartbeat
+    timeout, say). Server rank 1 retires task 1's slot just before its SLOT reply names it (the runner finds
+    no such file), and task 2's once the runner has written its forecast there (its PUT_SLOT is refused). Either
+    way the runner forgets the task, as the server did, and serves the next one: no error, no FAIL. An MPI
+    runner's ranks (slices_runner: 3 thread ranks, rank 2 alone talks to server rank 1) all forget it."""
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1), (3, 5, 1)], shm=True,
+                            retire={(1, 1): Retire.AT_GET, (2, 1): Retire.AT_PUT})
+    p = run_to_end(bad_runner if ranks == 1 else slices_runner, server, "good" if ranks == 1 else str(ranks))
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert server.fails == [], server.fails
+    sent = {(k, t, rank) for k, t, rank in server.received if rank >= 0}
+    assert {("GET_SLOT", 1, 1), ("PUT_SLOT", 2, 1), ("PUT_SLOT", 3, 0), ("PUT_SLOT", 3, 1)} <= sent, sent
+    assert not {("PUT_SLOT", 1, 0), ("PUT_SLOT", 1, 1)} & sent, sent
+    for rank in (0, 1):  # each runner rank's pieces of member 5's forecast (the last to come recorded)
+        assert (np.frombuffer(server.forecasts[(3, rank)]) == 5.01).all(), server.forecasts
+
+
+def _copy(where: dict, path: Path, made: list[Path]) -> dict:
+    """``where`` naming as the slot a copy of it (header and all) at ``path``."""
+    shutil.copyfile(where["write"], path)
+    made.append(path)
+    return {**where, "write": str(path)}
+
+
+def _link(where: dict, path: Path, made: list[Path]) -> dict:
+    """``where`` naming as the slot a link to it at ``path``."""
+    path.symlink_to(where["write"])
+    made.append(path)
+    return {**where, "write": str(path)}
+
+
+SEGMENT = f"enkflow-online-{os.getpid()}-5107c0de"  # a segment's name, of a live maker (not swept)
+
+
+@pytest.mark.parametrize("spoil, said", [
+    (lambda where, tmp, made: {**where, "at": [[a + 0.5, b] for a, b in where["at"]]},
+     "its SLOT reply's offsets of field 'x' are not a pair of integers"),
+    (lambda where, tmp, made: {**where, "at": [[a, b, 0] for a, b in where["at"]]},
+     "its SLOT reply's offsets of field 'x' are not a pair of integers"),
+    (lambda where, tmp, made: {**where, "at": where["at"] * 2}, "its SLOT reply lacks read, write or an offset pair"),
+    (lambda where, tmp, made: _copy(where, tmp / SEGMENT, made), "not a segment of an enkflow server"),
+    (lambda where, tmp, made: _copy(where, shm_dir() / f"{SEGMENT}.copy", made), "not a segment of an enkflow server"),
+    (lambda where, tmp, made: _link(where, shm_dir() / SEGMENT, made),
+     "cannot open it read-write: Too many levels of symbolic links"),
+    (lambda where, tmp, made: {**where, "write": where["read"]}, "not an enkflow slot segment"),
+], ids=["float-offsets", "three-offsets", "twice-the-pairs", "outside-the-segment-directory", "not-a-segment-name",
+        "a-link", "the-store"])
+def test_a_malformed_slot_reply_is_a_protocol_error_on_every_runner_rank(slices_runner: Path, tmp_path: Path,
+                                                                         spoil: Callable, said: str) -> None:
+    """A SLOT reply of server rank 1 (to runner rank 2 of 3, the only one talking to it) that places the
+    pieces wrongly, or names as the task's slot a file that is not one of a server's segments (a copy of the
+    slot elsewhere or under another name, a link to it, the store): ENKFLOW_EPROTOCOL on that rank, a refusal
+    on the others (no rank hangs in a collective), the member given back once, nothing written anywhere."""
+    made: list[Path] = []
+
+    def spoil_slot(task: int, rank: int, where: dict) -> dict:
+        return spoil(where, tmp_path, made) if (task, rank) == (1, 1) else where
+
+    server = ScriptedServer(TOKEN, [(1, 3, 1), (2, 4, 1)], shm=True, spoil_slot=spoil_slot)
+    try:
+        p = run_to_end(slices_runner, server, "3", timeout=30)
+        copies = [path.read_bytes() for path in made if not path.is_symlink()]
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+    errors = sorted(line for line in p.stderr.splitlines() if line.startswith("rank "))
+    assert p.returncode != 0 and len(errors) == 3, p.stderr
+    assert errors[2].startswith("rank 2: error 9: server rank 1: ") and said in errors[2], errors
+    assert all(line.startswith(f"rank {k}: error 7: an error on another runner rank") for k, line in
+               enumerate(errors[:2])), errors
+    assert len(server.fails) == 1 and not any(k == "PUT_SLOT" for k, _, _ in server.received), server
+    assert not any(np.frombuffer(data[4096:]).any() for data in copies)  # the runner wrote nothing there
 
 
 def test_a_refusal_sent_just_before_the_server_went_is_read_not_taken_for_a_lost_server(bad_runner: Path) -> None:

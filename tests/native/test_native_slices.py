@@ -26,18 +26,6 @@ import test_online_bad_input as ring  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def slices_runner(native_build, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    env = native_build.env()
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "enkflow_runner"], env=env, capture_output=True,
-                           text=True, check=True).stdout.split()
-    exe = tmp_path_factory.mktemp("slices") / "slices_runner"
-    cc = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", "-pthread", str(HERE / "slices_runner.c"), "-o", str(exe),
-                         *flags, f"-Wl,-rpath,{native_build.lib}"], capture_output=True, text=True)
-    assert cc.returncode == 0, cc.stderr
-    return exe
-
-
 def shm_ranks(stdout: str) -> list[int]:
     """Per runner rank (in its order), with how many server ranks it exchanged through shared memory."""
     said = dict(re.findall(r"rank (\d+): shared memory with (\d+) server rank", stdout))
