@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.cycles < 2 or a.members < 2 or not 1 <= a.workers <= a.members:
         p.error("need --cycles >= 2, --members >= 2 and 1 <= --workers <= --members")
+    if a.dir is not None:
+        a.dir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="enkflow-cycle-", dir=a.dir))
     try:
         say("building native/ ...")
