@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "enkflow"
 
 # The order of docs/architecture.md ("Layers"): a module may import its own layer and those before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "fsutil", "netaddr", "shm_names", "tokens", "job_thread", "progress", "config"),
+    ("errors", "fsutil", "netaddr", "shm_names", "transport", "tokens", "job_thread", "progress", "config"),
     ("parallel",),
     ("state",),
     ("analysis",),

@@ -37,7 +37,8 @@ from enkflow.experiment.step import AnalysisStep, analyse
 from enkflow.jobs.events import EventLog, iter_events
 from enkflow.online import Field, Problem, Runner, SchedulerConfig, Server, ServerConfig, ServerError
 from enkflow.online import server as server_module
-from enkflow.online.segments import MappedSegments, Transport
+from enkflow.online.segments import MappedSegments
+from enkflow.transport import Transport
 from enkflow.online.store import MemoryStore
 from enkflow.online.wire import (HEADER_SIZE, MAX_JSON_BYTES, NO_SLOT, PROTOCOL_VERSION, Header, Kind, credential, decode_json,
                                  encode_index, encode_json)

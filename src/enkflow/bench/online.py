@@ -78,7 +78,8 @@ from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.experiment.driver import Experiment
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
-from enkflow.online.segments import Transport, available
+from enkflow.online.segments import available
+from enkflow.transport import Transport
 
 
 def run_online(args: argparse.Namespace) -> int:

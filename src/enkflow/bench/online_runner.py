@@ -24,7 +24,7 @@ from enkflow.bench.online_checks import checksum
 from enkflow.models import lorenz96 as l96
 from enkflow.online.fields import Field
 from enkflow.online.runner import Exchange, Runner
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 
 
 class ExchangeTimes:

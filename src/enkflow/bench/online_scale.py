@@ -21,7 +21,7 @@ import time
 from enkflow.bench.online_checks import verify
 from enkflow.bench.online_study import check_counts, online_study, say, scratch
 from enkflow.errors import InputError
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 
 
 def run_scale(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from enkflow.bench.online_problems import exchange_problem, l96_problem
 from enkflow.jobs.events import EventLog
 from enkflow.online.scheduler import SchedulerConfig
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 from enkflow.online.server import Server, ServerConfig
 from enkflow.parallel import get_comm
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.files import log_tail
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 from enkflow.parallel.program import find_program
 
 

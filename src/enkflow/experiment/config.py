@@ -28,6 +28,7 @@ from enkflow.jobs.tasks import RestartWrite, Unchanged
 from enkflow.obs.config import ObsSettingsConfig
 from enkflow.output.config import OutputConfig
 from enkflow.state.config import StateConfig
+from enkflow.transport import Transport
 
 
 def _fields(template: str) -> set[str]:
@@ -198,8 +199,8 @@ class OnlineSection(Strict):
                                                             "state and require the same forecast bits")
     python: str | None = Field(default=None, description="python running the server (default: this one)")
     mpiexec: str = Field(default="mpiexec", description="MPI launcher of a server with ranks > 1")
-    transport: Literal["auto", "shm", "tcp"] = Field(
-        default="auto", description="how runners on a server rank's node exchange states: through shared memory "
+    transport: Transport = Field(
+        default=Transport.AUTO, description="how runners on a server rank's node exchange states: through shared memory "
                                     "where they can (auto), always (shm: an error where they cannot) or over TCP "
                                     "(tcp); runners that enkflow starts get it as ENKFLOW_TRANSPORT")
 

@@ -9,7 +9,7 @@ from enkflow.online.connection import ServerError, ServerLost
 from enkflow.online.fields import Field
 from enkflow.online.runner import Extent, Runner
 from enkflow.online.scheduler import SchedulerConfig
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.wire import PROTOCOL_VERSION, ProtocolError
 

@@ -41,7 +41,7 @@ from enkflow.online.checkpoint import analysis_path
 from enkflow.online.fields import Field
 from enkflow.online.liveness import AliveFile, alive_period
 from enkflow.online.scheduler import SchedulerConfig
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 from enkflow.online.server import Problem, Server, ServerConfig
 from enkflow.online.sockets import bus_host
 from enkflow.online.store import MemoryStore

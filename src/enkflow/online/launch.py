@@ -44,7 +44,7 @@ from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
-from enkflow.online.segments import TRANSPORT_ENV
+from enkflow.transport import TRANSPORT_ENV
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
 from enkflow.parallel.program import find_program

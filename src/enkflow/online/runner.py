@@ -47,7 +47,8 @@ from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.lease import watch_from_environment
 from enkflow.online.connection import Connection, ServerError, ServerLost, configure
 from enkflow.online.fields import Field, Ownership
-from enkflow.online.segments import SLOT_GONE, Transport
+from enkflow.online.segments import SLOT_GONE
+from enkflow.transport import Transport
 from enkflow.online.shm_exchange import Extent, ShmExchange, choose_ranks
 from enkflow.online.wire import NO_SLOT, Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
 from enkflow.parallel import Comm, SerialComm

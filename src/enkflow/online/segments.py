@@ -27,12 +27,10 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import numpy as np
 
-from enkflow.errors import ConfigError
 from enkflow.online.wire import ProtocolError
 from enkflow.shm_names import maker_pid, new_segment, shm_dir
 
@@ -42,28 +40,6 @@ SEGMENT_VERSION = 1
 HEADER_BYTES = 4096
 ALIGN = 4096
 _HEADER = "<8sII16sQ"
-TRANSPORT_ENV = "ENKFLOW_TRANSPORT"
-
-
-class Transport(Enum):
-    """How runners on the server's node exchange states: shared memory where they can (AUTO), always
-    (SHM: an error where they cannot), or never (TCP)."""
-
-    AUTO = "auto"
-    SHM = "shm"
-    TCP = "tcp"
-
-    @classmethod
-    def from_environment(cls) -> "Transport":
-        """``ENKFLOW_TRANSPORT`` (AUTO when unset); another value is a ConfigError naming the variable."""
-        value = os.environ.get(TRANSPORT_ENV, "").strip().lower()
-        if not value:
-            return cls.AUTO
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(f"{TRANSPORT_ENV}={value!r} is not one of {', '.join(t.value for t in cls)}",
-                              key=TRANSPORT_ENV) from None
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ from enkflow.online.fields import Field, Ownership
 from enkflow.online.probe import StatelessProbe
 from enkflow.online.recovery import recover
 from enkflow.online.scheduler import Scheduler, Task
-from enkflow.online.segments import Transport, available
+from enkflow.online.segments import available
+from enkflow.transport import Transport
 from enkflow.online.server_config import ServerConfig
 from enkflow.online.slots import SlotPool
 from enkflow.online.sockets import Incarnation, bind, bind_collective, bus_host

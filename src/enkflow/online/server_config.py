@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enkflow.online.scheduler import SchedulerConfig
-from enkflow.online.segments import Transport
+from enkflow.transport import Transport
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import numpy as np
 import zmq
 
 from enkflow.errors import ConfigError
-from enkflow.online.segments import HEADER_BYTES, MappedSegments, Transport, check_store
+from enkflow.online.segments import HEADER_BYTES, MappedSegments, check_store
+from enkflow.transport import Transport
 from enkflow.online.wire import Header, ProtocolError, decode_index, decode_json
 
 
