@@ -226,3 +226,17 @@ def _overwrite(path: Path, head: bytes) -> None:
         os.pwrite(fd, head, 0)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("garble, says", [(lambda b: [1, 2], "not a JSON object"),
+                                          (lambda b: {k: v for k, v in b.items() if k != "logs"}, "lacks or garbles"),
+                                          (lambda b: {**b, "records": [[3, *b["records"][0][1:]]]}, "does not list")])
+def test_a_format_2_marker_that_is_json_but_not_a_marker_is_refused_naming_it(tmp_path, garble, says):
+    """A marker without a checksum of its own (format 2) that parses but is not what it should be: a
+    RecoveryError naming it (every rank agrees on an EnkflowError; another exception would hang MPI ranks)."""
+    member, marker, log, old, _ = _format2_update(tmp_path)
+    marker.write_text(json.dumps(garble(json.loads(marker.read_text()))))
+    with pytest.raises(RecoveryError, match=says) as ei:
+        wal.recover(marker)
+    assert ei.value.path == str(marker)
+    assert member.read_bytes() == old

@@ -182,6 +182,8 @@ class WriteAheadLog:
                 self.capacity.append(0)
                 self.maps.append(None)
                 self.views.append(None)
+                if self.durable:  # a committed log must not lose its name in a power cut
+                    fsync_dir(self.directory)
             if need > self.capacity[k]:
                 self._unmap(k)
                 try:
@@ -363,10 +365,21 @@ class _Pending:
                 body = json.load(fh)
         except (OSError, ValueError):
             raise RecoveryError("unreadable commit marker of an interrupted update", path=str(marker)) from None
+        if not isinstance(body, dict):
+            raise RecoveryError("commit marker of an interrupted update is not a JSON object", path=str(marker))
         fmt = marker_log_format(body, str(marker))
-        records = [LogRecord.decode(r, str(marker)) for r in body["records"]]
-        return cls(marker, list(body["files"]), list(body["logs"]), records, str(body["id"]), body.get("host"),
-                   bool(body.get("durable")), body.get("completion"), fmt)
+        try:
+            records = [LogRecord.decode(r, str(marker)) for r in body["records"]]
+            pending = cls(marker, list(body["files"]), list(body["logs"]), records, str(body["id"]), body.get("host"),
+                          bool(body.get("durable")), body.get("completion"), fmt)
+        except (KeyError, TypeError, ValueError) as exc:
+            # Every rank must get an EnkflowError (agreed on collectively), never a stray exception.
+            raise RecoveryError(f"commit marker of an interrupted update lacks or garbles {exc}", path=str(marker)) from None
+        for rec in records:
+            if not (0 <= rec.log < len(pending.logs) and 0 <= rec.member < len(pending.files)):
+                raise RecoveryError(f"commit marker names log {rec.log} or member file {rec.member}, which it does not "
+                                    "list", path=str(marker))
+        return pending
 
     def open_logs(self) -> list[int]:
         """Descriptors of the logs, each checked to belong to this update; :class:`RecoveryError` otherwise."""
@@ -392,24 +405,32 @@ class _Pending:
         return fds
 
 
-def _read_record(lfds: list[int], logs: list[str], rec: LogRecord, padded: bool = False) -> np.ndarray:
+def _read_record(lfds: list[int], logs: list[str], rec: LogRecord, padded: bool) -> np.ndarray:
     """The record's bytes as they are in its log, with its padding if ``padded``."""
     out = np.empty(rec.nbytes + (padding(rec.nbytes) if padded else 0), dtype=np.uint8)
     pread_full(lfds[rec.log], out, rec.log_offset, logs[rec.log], None)
     return out
 
 
-def _verify(update: _Pending, lfds: list[int]) -> None:
-    """Check every record against its checksum (format 3: with its padding); :class:`RecoveryError` naming the log otherwise."""
+def _checked_record(update: _Pending, lfds: list[int], rec: LogRecord) -> np.ndarray:
+    """The record's bytes, checked against its checksum (format 3: with its padding); :class:`RecoveryError`
+    naming the log otherwise."""
     padded = update.log_format is LogFormat.XXH3
+    data = _read_record(lfds, update.logs, rec, padded)
+    digest = Digest(update.log_format)
+    digest.update(data)
+    if digest.value != rec.checksum:
+        raise RecoveryError(
+            f"log record for {update.files[rec.member]} (log offset {rec.log_offset}, {rec.nbytes} bytes) fails its checksum",
+            path=update.logs[rec.log],
+        )
+    return data[:rec.nbytes]
+
+
+def _verify(update: _Pending, lfds: list[int]) -> None:
+    """Check every record before any is written (all or nothing)."""
     for rec in update.records:
-        digest = Digest(update.log_format)
-        digest.update(_read_record(lfds, update.logs, rec, padded))
-        if digest.value != rec.checksum:
-            raise RecoveryError(
-                f"log record for {update.files[rec.member]} (log offset {rec.log_offset}, {rec.nbytes} bytes) fails its checksum",
-                path=update.logs[rec.log],
-            )
+        _checked_record(update, lfds, rec)
 
 
 def _redo(update: _Pending, lfds: list[int]) -> int:
@@ -419,7 +440,7 @@ def _redo(update: _Pending, lfds: list[int]) -> int:
     try:
         for rec in update.records:
             m = rec.member
-            data = _read_record(lfds, update.logs, rec)
+            data = _checked_record(update, lfds, rec)  # what is written is what was checked, read once
             if isinstance(rec.dest, Slab):
                 sl = rec.dest
                 library.write_slab(update.files[m], sl.var, sl.i0, sl.i1, data.view(np.dtype(sl.dtype)))
