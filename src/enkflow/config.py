@@ -272,7 +272,7 @@ def validate(model: type[M], data: dict[str, Any], *, file: str | None = None, p
         elif err["type"] == "missing":
             msg = "required key missing"
         else:
-            msg = err["msg"]
+            msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix to the validators' own messages
         raise ConfigError(msg, key=key or None, file=file) from None
 
 
