@@ -46,8 +46,9 @@ class Method(str, Enum):
 
     @property
     def needs_localization(self) -> bool:
-        """The methods that need an ``[analysis.localization]`` table: the domain-wise local filters
-        and the serial filter (it localizes the state-observation distances)."""
+        """The methods that need an ``[analysis.localization]`` table. Not :attr:`is_local`: a filter
+        may localize without analysing domain by domain (a serial filter localizes the
+        state-observation distances)."""
         return self in (Method.LETKF, Method.LESTKF)
 
 
