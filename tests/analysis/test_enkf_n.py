@@ -106,3 +106,12 @@ def test_the_configuration_makes_the_filter():
     f = make_filter(cfg)
     assert (f.xn, f.g, f.rotate, f.seed, f.inflation.posterior) == (2.0, 1, True, 3, 1.02)
     assert make_filter(AnalysisConfig.model_validate({"method": "enkf-n"})) == EnKFN()
+
+
+def test_l96_rejects_a_bad_xn():
+    from enkflow.apps.l96 import L96Setup
+    from enkflow.config import Method
+
+    with pytest.raises(InputError, match="--xn must be a finite number > 0") as ei:
+        L96Setup(method=Method.ENKF_N, members=10, xn=-1.0)
+    assert ei.value.item == "xn"
