@@ -21,6 +21,10 @@ R = I, no model noise, state batches of 2 points for the local methods) with the
 
 The draws come from DAPPER's generator seeded with ``seed + 1`` (DAPPER refuses 0): the same laws as
 enkflow's, not the same numbers.
+
+DAPPER 1.7.1's ``LNETF`` calls the HMM's localizer with the time as a third argument, which the
+localizers of 1.7.1 no longer take (a TypeError at the first analysis); for it the localizer is wrapped
+to drop the time (this HMM's localization does not depend on it).
 """
 
 from __future__ import annotations
@@ -74,6 +78,15 @@ def parse_request(text: str) -> Request:
     return Request(str(raw["method"]), tuple(raw["args"]), raw["kwargs"], raw["burn_in"], raw["cycles"], raw["seed"])
 
 
+def _localizer_ignoring_time(localizer):
+    """``localizer(radius, direction, tag)`` callable as LNETF calls it, ``(radius, direction, t, tag)``."""
+
+    def localization_now(radius, direction, t, tag=None):
+        return localizer(radius, direction, tag)
+
+    return localization_now
+
+
 def run(req: Request) -> dict:
     """Simulate the truth and observations, assimilate them with the requested method, score."""
     import dapper.da_methods as da
@@ -94,6 +107,8 @@ def run(req: Request) -> dict:
     hmm.X0 = modelling.GaussRV(mu=x, C=0)  # the truth starts at the spun-up state itself
     xx, yy = hmm.simulate()
     hmm.X0 = modelling.GaussRV(mu=xx[0], C=INITIAL_STD**2)
+    if req.method == "LNETF":
+        hmm.Obs.Op1.localizer = _localizer_ignoring_time(hmm.Obs.Op1.localizer)
     xp = getattr(da, req.method)(*req.args, **req.kwargs)
     t0 = time.perf_counter()
     xp.assimilate(hmm, xx, yy)

@@ -41,8 +41,10 @@ def test_names_and_radius():
     letkf = bench.enkflow_setup(_config("LETKF", 10))
     assert letkf["radius"] == L96Setup(method=Method.LETKF, members=10).radius == 4 * 1.82
     assert bench.enkflow_setup(_config("EnKF", 24)) == {"method": "etkf", "members": 24, "inflation": 1.013}
-    # rot=True has no counterpart in enkflow's EnKF-N; xN is L96Setup.xn
-    assert bench.enkflow_setup(_config("EnKF_N", 24)) == {"method": "enkf-n", "members": 24, "inflation": 1.0, "xn": 2.0}
+    assert bench.enkflow_setup(_config("EnKF_N", 24)) == {
+        "method": "enkf-n", "members": 24, "inflation": 1.0, "xn": 2.0, "rotate": True}
+    # a rotation for a method without one in enkflow is not passed on
+    assert "rotate" not in bench.enkflow_setup(bench.DapperConfig("SL_EAKF", N=7, rot=True, loc_rad=6))
     assert bench.enkflow_setup(_config("LNETF", 40)) == {
         "method": "lnetf", "members": 40, "inflation": 1.10, "radius": 9.1, "domain_size": 2, "rs": 1.9, "rotate": True}
     assert set(bench.ENKFLOW_METHOD.values()) <= {"letkf", "etkf", "ensrf", "enkf-n", "lnetf"}
