@@ -38,10 +38,11 @@ class Method(str, Enum):
     ENKF = "enkf"
     LETKF = "letkf"
     LESTKF = "lestkf"
+    LNETF = "lnetf"
 
     @property
     def is_local(self) -> bool:
-        return self in (Method.LETKF, Method.LESTKF)
+        return self in (Method.LETKF, Method.LESTKF, Method.LNETF)
 
 
 class Taper(str, Enum):
@@ -129,6 +130,16 @@ class InflationConfig(Strict):
         return self
 
 
+class LNETFConfig(Strict):
+    """``[analysis.lnetf]``: the local nonlinear ensemble transform filter (Toedter & Ahrens 2015;
+    DAPPER's ``LNETF``), :mod:`enkflow.analysis.lnetf`."""
+
+    rs: float = Field(default=1.0, gt=0.0, description="DAPPER's Rs: the observation error standard deviations "
+                      "are multiplied by it in the particle weights (> 1 flattens them)")
+    rotate: bool = Field(default=False, description="a random mean-preserving rotation of the analysis anomalies "
+                         "(DAPPER's rot=True), one per cycle, the same for every domain")
+
+
 class AnalysisConfig(Strict):
     method: Method = Method.LETKF
     inflation: InflationConfig = InflationConfig()
@@ -137,6 +148,7 @@ class AnalysisConfig(Strict):
     kernel: Kernel = Kernel.COMPILED
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
     balance: bool = True
+    lnetf: LNETFConfig | None = None
 
     @model_validator(mode="after")
     def _local_needs_radius(self) -> "AnalysisConfig":
@@ -145,6 +157,13 @@ class AnalysisConfig(Strict):
         if self.inflation.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive.value}' needs a local filter (letkf, lestkf), "
                              f"not '{self.method.value}'")
+        return self
+
+    @model_validator(mode="after")
+    def _lnetf_kernel(self) -> "AnalysisConfig":
+        if self.method is Method.LNETF and self.kernel is not Kernel.COMPILED:
+            raise ValueError(f"kernel = '{self.kernel.value}' is a choice of letkf and lestkf; method 'lnetf' has "
+                             "one implementation (leave kernel out)")
         return self
 
 

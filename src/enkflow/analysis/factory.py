@@ -5,9 +5,10 @@ from __future__ import annotations
 from enkflow.analysis.adaptive_inflation import from_config as adaptive_from_config
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation
+from enkflow.analysis.lnetf import LNETF
 from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel
 from enkflow.analysis.localization import Localization
-from enkflow.config import AnalysisConfig, Method
+from enkflow.config import AnalysisConfig, LNETFConfig, Method
 
 
 def make_filter(cfg: AnalysisConfig) -> Filter:
@@ -19,6 +20,10 @@ def make_filter(cfg: AnalysisConfig) -> Filter:
             cls = LETKF if cfg.method is Method.LETKF else LESTKF
             return cls(inflation=infl, localization=Localization.from_config(cfg.localization), kernel=Kernel(cfg.kernel),
                        adaptive=adaptive_from_config(i))
+        case Method.LNETF:
+            opts = cfg.lnetf or LNETFConfig()
+            return LNETF(inflation=infl, localization=Localization.from_config(cfg.localization), rs=opts.rs,
+                         rotate=opts.rotate, seed=cfg.seed, adaptive=adaptive_from_config(i))
         case Method.ENKF:
             return EnKF(inflation=infl, seed=cfg.seed)
         case Method.DENKF:

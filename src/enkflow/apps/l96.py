@@ -48,6 +48,8 @@ class L96Setup:
     seed: int = 0
     # Adaptive prior inflation (local methods), Miyoshi (2011) defaults; "none" or "miyoshi2011" are taken too.
     adaptive: AdaptiveInflation = AdaptiveInflation.NONE
+    rs: float = 1.0  # lnetf: DAPPER's Rs, the factor on the observation error standard deviations in the weights
+    rotate: bool = False  # lnetf: the random mean-preserving rotation of the analysis anomalies (DAPPER's rot)
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -62,6 +64,10 @@ class L96Setup:
             object.__setattr__(self, "adaptive", AdaptiveInflation(self.adaptive))
         except ValueError:
             raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive") from None
+        if not (self.rs > 0):
+            raise InputError(f"--rs must be > 0, got {self.rs}", item="rs")
+        if self.method is not Method.LNETF and (self.rs != 1.0 or self.rotate):
+            raise InputError(f"--rs and --rotate are options of --method lnetf, not {self.method.value}", item="rs")
         if self.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
 
@@ -86,6 +92,8 @@ def analysis_config(s: L96Setup) -> AnalysisConfig:
                  "inflation": {"posterior": s.inflation, "adaptive": s.adaptive.value}}
     if s.method.is_local:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
+    if s.method is Method.LNETF:
+        cfg["lnetf"] = {"rs": s.rs, "rotate": s.rotate}
     return AnalysisConfig.model_validate(cfg)
 
 
