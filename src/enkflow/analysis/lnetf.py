@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enkflow.analysis.domains import LocalDomains
 from enkflow.analysis.inflation import inflate_posterior
 from enkflow.analysis.local_filters import LocalFilter
 from enkflow.errors import InputError
@@ -101,7 +102,9 @@ class LNETF(LocalFilter):
         if not (np.isfinite(self.rs) and self.rs > 0):
             raise InputError(f"lnetf.rs must be a finite number > 0, got {self.rs!r}", item="lnetf.rs")
 
-    def _analyse_chunk(self, out, sub, offsets, idx, rinv_w, Yp, dy, rho_k, gamma_dom, cycle) -> None:
+    def _analyse_chunk(self, out: np.ndarray, sub: LocalDomains, offsets: np.ndarray, idx: np.ndarray,
+                       rinv_w: np.ndarray, Yp: np.ndarray, dy: np.ndarray, rho_k: float | np.ndarray,
+                       gamma_dom: np.ndarray | None, cycle: int) -> None:
         """The LNETF analyses of the domains ``sub`` (see :meth:`LocalFilter._analyse_chunk`), in
         slices of domains whose work arrays hold about ``work_elements`` numbers."""
         N = out.shape[1]

@@ -151,7 +151,9 @@ class LocalFilter(Filter):
             st.n_local_obs += int(idx.size)
         return out
 
-    def _analyse_chunk(self, out, sub, offsets, idx, rinv_w, Yp, dy, rho_k, gamma_dom, cycle) -> None:
+    def _analyse_chunk(self, out: np.ndarray, sub: LocalDomains, offsets: np.ndarray, idx: np.ndarray,
+                       rinv_w: np.ndarray, Yp: np.ndarray, dy: np.ndarray, rho_k: float | np.ndarray,
+                       gamma_dom: np.ndarray | None, cycle: int) -> None:
         """Analyse the domains ``sub`` in ``out`` (rows in F order), their observations ``idx`` in CSR
         ``offsets`` with R^{-1} times the taper weight ``rinv_w``; ``rho_k`` the forgetting factor
         (scalar, or (n_dom,) with adaptive inflation, then ``gamma_dom`` = rho_k (N - 1)). The hook a
