@@ -39,10 +39,11 @@ class Method(str, Enum):
     LETKF = "letkf"
     LESTKF = "lestkf"
     ENKF_N = "enkf-n"
+    LNETF = "lnetf"
 
     @property
     def is_local(self) -> bool:
-        return self in (Method.LETKF, Method.LESTKF)
+        return self in (Method.LETKF, Method.LESTKF, Method.LNETF)
 
     @property
     def needs_localization(self) -> bool:
@@ -137,18 +138,8 @@ class InflationConfig(Strict):
         return self
 
 
-class EnKFNConfig(Strict):
-    """``[analysis.enkf_n]``: the finite-size EnKF's options (:class:`enkflow.analysis.enkf_n.EnKFN`)."""
-
-    xn: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="certainty of the hyperprior, in "
-                      "ensembles (DAPPER's xN): 1 fully agnostic, 2 for nearly linear, deterministic models")
-    g: int = Field(default=0, ge=0, description="nullity correction of the hyperprior's log term (DAPPER's g)")
-    rotate: bool = Field(default=False, description="turn the analysis anomalies by a random mean-preserving "
-                         "rotation drawn from (seed, cycle) (DAPPER's rot=True)")
-
-
-# The method-option tables of [analysis] and the method each is for: a table given for another method is an error.
-METHOD_TABLES: dict[str, Method] = {"enkf_n": Method.ENKF_N}
+    ENKF_N = "enkf-n"
+    LNETF = "lnetf"
 
 
 class AnalysisConfig(Strict):
@@ -160,6 +151,7 @@ class AnalysisConfig(Strict):
     kernel: Kernel = Kernel.COMPILED
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
     balance: bool = True
+    lnetf: LNETFConfig | None = None
 
     @field_validator("localization", mode="after")
     @classmethod
@@ -183,6 +175,13 @@ class AnalysisConfig(Strict):
         if self.inflation.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive.value}' needs a local filter (letkf, lestkf), "
                              f"not '{self.method.value}'")
+        return self
+
+    @model_validator(mode="after")
+    def _lnetf_kernel(self) -> "AnalysisConfig":
+        if self.method is Method.LNETF and self.kernel is not Kernel.COMPILED:
+            raise ValueError(f"kernel = '{self.kernel.value}' is a choice of letkf and lestkf; method 'lnetf' has "
+                             "one implementation (leave kernel out)")
         return self
 
 

@@ -1,6 +1,6 @@
 """Analysis: pure numerics, no file or socket I/O.
 
-Global filters (ETKF, ESTKF, DEnKF, EnKF, EnKF-N) and local filters (LETKF, LESTKF)
+Global filters (ETKF, ESTKF, DEnKF, EnKF, EnKF-N) and local filters (LETKF, LESTKF, LNETF)
 share one interface: ``analyze(X, HX, obs, ...) -> Xa`` with ``X`` (n_rows, N).
 """
 
@@ -10,6 +10,7 @@ from enkflow.analysis.geometry import Geometry
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation, inflate_posterior
 from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel, LocalFilter, LocalStats
+from enkflow.analysis.lnetf import LNETF
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.obsset import ObsSet
 
@@ -25,6 +26,7 @@ __all__ = [
     "Kernel",
     "LESTKF",
     "LETKF",
+    "LNETF",
     "LocalFilter",
     "LocalDomains",
     "LocalStats",

@@ -6,9 +6,10 @@ from enkflow.analysis.adaptive_inflation import from_config as adaptive_from_con
 from enkflow.analysis.enkf_n import EnKFN
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation
+from enkflow.analysis.lnetf import LNETF
 from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel
 from enkflow.analysis.localization import Localization
-from enkflow.config import AnalysisConfig, EnKFNConfig, Method
+from enkflow.config import AnalysisConfig, EnKFNConfig, LNETFConfig, Method
 
 
 def make_filter(cfg: AnalysisConfig) -> Filter:
@@ -20,6 +21,10 @@ def make_filter(cfg: AnalysisConfig) -> Filter:
             cls = LETKF if cfg.method is Method.LETKF else LESTKF
             return cls(inflation=infl, localization=Localization.from_config(cfg.localization), kernel=Kernel(cfg.kernel),
                        adaptive=adaptive_from_config(i))
+        case Method.LNETF:
+            opts = cfg.lnetf or LNETFConfig()
+            return LNETF(inflation=infl, localization=Localization.from_config(cfg.localization), rs=opts.rs,
+                         rotate=opts.rotate, seed=cfg.seed, adaptive=adaptive_from_config(i))
         case Method.ENKF:
             return EnKF(inflation=infl, seed=cfg.seed)
         case Method.DENKF:

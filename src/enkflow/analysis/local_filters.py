@@ -94,7 +94,7 @@ class LocalFilter(Filter):
         cycle: int = 0,
         infl_field: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Local analysis of the rows in ``domains`` (deterministic: ``cycle`` is not used).
+        """Local analysis of the rows in ``domains`` (``cycle`` selects a subclass's random draws).
 
         ``X`` (n_rows, N) prior rows of this rank; ``HX`` (n_obs, N) the full
         observation-space ensemble; ``out`` (n_rows, N) F-order may be ``X``
@@ -145,21 +145,32 @@ class LocalFilter(Filter):
                 infl_field[sub.rows] = np.repeat(post, np.diff(sub.offsets), axis=0)
                 rho_k = rho / post[:, 0]
                 gamma_dom = rho_k * (N - 1)
-            if self.kernel is Kernel.COMPILED:
-                failed = local_analysis(
-                    out, sub.offsets, sub.rows, offsets, idx, np.sqrt(wt * rinv[idx]), Yp, dy, rho * (N - 1),
-                    self.inflation.posterior, self.inflation.rtpp, self.inflation.rtps, gamma_dom=gamma_dom,
-                )
-                if failed.size:
-                    # QL did not converge for these domains (not seen in practice): redo them exactly.
-                    st.fallbacks += int(failed.size)
-                    self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho_k, domains=failed)
-            else:
-                self._reference(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho_k)
+            self._analyse_chunk(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho_k, gamma_dom, cycle)
             st.kernel_s += time.perf_counter() - t1
             st.n_domains += sub.n_domains
             st.n_local_obs += int(idx.size)
         return out
+
+    def _analyse_chunk(self, out: np.ndarray, sub: LocalDomains, offsets: np.ndarray, idx: np.ndarray,
+                       rinv_w: np.ndarray, Yp: np.ndarray, dy: np.ndarray, rho_k: float | np.ndarray,
+                       gamma_dom: np.ndarray | None, cycle: int) -> None:
+        """Analyse the domains ``sub`` in ``out`` (rows in F order), their observations ``idx`` in CSR
+        ``offsets`` with R^{-1} times the taper weight ``rinv_w``; ``rho_k`` the forgetting factor
+        (scalar, or (n_dom,) with adaptive inflation, then ``gamma_dom`` = rho_k (N - 1)). The hook a
+        local filter with another per-domain analysis overrides (:mod:`enkflow.analysis.lnetf`);
+        ``cycle`` selects its random draws. Here: the square-root transform, compiled or reference."""
+        if self.kernel is Kernel.REFERENCE:
+            self._reference(out, sub, offsets, idx, rinv_w, Yp, dy, rho_k)
+            return
+        N = out.shape[1]
+        failed = local_analysis(
+            out, sub.offsets, sub.rows, offsets, idx, np.sqrt(rinv_w), Yp, dy, self.inflation.forgetting_factor * (N - 1),
+            self.inflation.posterior, self.inflation.rtpp, self.inflation.rtps, gamma_dom=gamma_dom,
+        )
+        if failed.size:
+            # QL did not converge for these domains (not seen in practice): redo them exactly.
+            self.stats.fallbacks += int(failed.size)
+            self._reference(out, sub, offsets, idx, rinv_w, Yp, dy, rho_k, domains=failed)
 
     def _local_obs(self, geometry: Geometry, domains: LocalDomains, obs: ObsSet | None = None):
         """``(sub, offsets, idx, weight)`` for consecutive ranges ``sub`` of at most ``chunk``

@@ -49,7 +49,8 @@ class L96Setup:
     # Adaptive prior inflation (local methods), Miyoshi (2011) defaults; "none" or "miyoshi2011" are taken too.
     adaptive: AdaptiveInflation = AdaptiveInflation.NONE
     xn: float = 1.0  # enkf-n: the hyperprior's certainty (DAPPER's xN)
-    rotate: bool = False  # enkf-n: random mean-preserving rotation of the analysis anomalies (DAPPER's rot=True)
+    rs: float = 1.0  # lnetf: DAPPER's Rs, the factor on the observation error standard deviations in the weights
+    rotate: bool = False  # enkf-n, lnetf: random mean-preserving rotation of the analysis anomalies (DAPPER's rot=True)
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -66,6 +67,12 @@ class L96Setup:
             object.__setattr__(self, "adaptive", AdaptiveInflation(self.adaptive))
         except ValueError:
             raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive") from None
+        if not (self.rs > 0):
+            raise InputError(f"--rs must be > 0, got {self.rs}", item="rs")
+        if self.method is not Method.LNETF and self.rs != 1.0:
+            raise InputError(f"--rs is an option of --method lnetf, not {self.method.value}", item="rs")
+        if self.method not in (Method.ENKF_N, Method.LNETF) and self.rotate:
+            raise InputError(f"--rotate is an option of --method enkf-n and lnetf, not {self.method.value}", item="rotate")
         if self.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
 
@@ -92,6 +99,8 @@ def analysis_config(s: L96Setup) -> AnalysisConfig:
         cfg["enkf_n"] = {"xn": s.xn, "rotate": s.rotate}
     if s.method.needs_localization:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
+    if s.method is Method.LNETF:
+        cfg["lnetf"] = {"rs": s.rs, "rotate": s.rotate}
     return AnalysisConfig.model_validate(cfg)
 
 
