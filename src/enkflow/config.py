@@ -50,7 +50,7 @@ class Method(str, Enum):
         """The methods that need an ``[analysis.localization]`` table. Not :attr:`is_local`: a filter
         may localize without analysing domain by domain (a serial filter localizes the
         state-observation distances)."""
-        return self in (Method.LETKF, Method.LESTKF)
+        return self in (Method.LETKF, Method.LESTKF, Method.LNETF)
 
 
 class Taper(str, Enum):
@@ -138,8 +138,28 @@ class InflationConfig(Strict):
         return self
 
 
-    ENKF_N = "enkf-n"
-    LNETF = "lnetf"
+class EnKFNConfig(Strict):
+    """``[analysis.enkf_n]``: the finite-size EnKF's options (:class:`enkflow.analysis.enkf_n.EnKFN`)."""
+
+    xn: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="certainty of the hyperprior, in "
+                      "ensembles (DAPPER's xN): 1 fully agnostic, 2 for nearly linear, deterministic models")
+    g: int = Field(default=0, ge=0, description="nullity correction of the hyperprior's log term (DAPPER's g)")
+    rotate: bool = Field(default=False, description="turn the analysis anomalies by a random mean-preserving "
+                         "rotation drawn from (seed, cycle) (DAPPER's rot=True)")
+
+
+class LNETFConfig(Strict):
+    """``[analysis.lnetf]``: the local nonlinear ensemble transform filter (Toedter & Ahrens 2015;
+    DAPPER's ``LNETF``), :mod:`enkflow.analysis.lnetf`."""
+
+    rs: float = Field(default=1.0, gt=0.0, description="DAPPER's Rs: the observation error standard deviations "
+                      "are multiplied by it in the particle weights (> 1 flattens them)")
+    rotate: bool = Field(default=False, description="a random mean-preserving rotation of the analysis anomalies "
+                         "(DAPPER's rot=True), one per cycle, the same for every domain")
+
+
+# The method-option tables of [analysis] and the method each is for: a table given for another method is an error.
+METHOD_TABLES: dict[str, Method] = {"enkf_n": Method.ENKF_N, "lnetf": Method.LNETF}
 
 
 class AnalysisConfig(Strict):
@@ -147,11 +167,11 @@ class AnalysisConfig(Strict):
     inflation: InflationConfig = InflationConfig()
     localization: LocalizationConfig | None = Field(default=None, validate_default=True)
     enkf_n: EnKFNConfig | None = None
+    lnetf: LNETFConfig | None = None
     seed: int = 0
     kernel: Kernel = Kernel.COMPILED
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
     balance: bool = True
-    lnetf: LNETFConfig | None = None
 
     @field_validator("localization", mode="after")
     @classmethod

@@ -138,7 +138,7 @@ def test_bad_input():
         validate(AnalysisConfig, {"method": "lnetf"})
     with pytest.raises(InputError, match="lnetf.rs"):
         LNETF(localization=Localization(half_width=C), rs=float("nan"))
-    with pytest.raises(InputError, match="--rs and --rotate"):
+    with pytest.raises(InputError, match="--rotate is an option of --method enkf-n and lnetf"):
         L96Setup(method=Method.LETKF, members=10, rotate=True)
     with pytest.raises(InputError, match="--rs must be > 0"):
         L96Setup(method=Method.LNETF, members=10, rs=-1.0)
