@@ -46,7 +46,7 @@ def test_names_and_radius():
     # a rotation for a method without one in enkflow is not passed on
     assert "rotate" not in bench.enkflow_setup(bench.DapperConfig("SL_EAKF", N=7, rot=True, loc_rad=6))
     assert bench.enkflow_setup(_config("LNETF", 40)) == {
-        "method": "lnetf", "members": 40, "inflation": 1.10, "radius": 9.1, "domain_size": 2, "rs": 1.9, "rotate": True}
+        "method": "lnetf", "members": 40, "inflation": 1.02, "radius": 9.1, "domain_size": 2, "rs": 1.5, "rotate": True}
     assert set(bench.ENKFLOW_METHOD.values()) <= {"letkf", "etkf", "ensrf", "enkf-n", "lnetf"}
     # every method at two ensemble sizes at least
     for method in bench.ENKFLOW_METHOD:
@@ -57,8 +57,8 @@ def test_dapper_calls_and_flags():
     assert _config("SL_EAKF", 7).call() == "SL_EAKF(N=7, infl=1.07, loc_rad=6)"
     assert _config("EnKF", 24).call() == "EnKF('Sqrt', N=24, infl=1.013)"
     assert _config("EnKF_N", 24).call() == "EnKF_N(N=24, rot=True, xN=2.0)"
-    flags = bench.cli_flags(bench.enkflow_setup(_config("LNETF", 80)))
-    assert flags == "--method lnetf --members 80 --inflation 1.06 --radius 9.1 --domain-size 2 --rs 1.4 --rotate"
+    flags = bench.cli_flags(bench.enkflow_setup(_config("LNETF", 20)))
+    assert flags == "--method lnetf --members 20 --inflation 1.03 --radius 9.1 --domain-size 2 --rs 2.0 --rotate"
 
 
 def test_driver_request_scores_the_cycles_after_the_burn_in():
