@@ -38,10 +38,16 @@ class Method(str, Enum):
     ENKF = "enkf"
     LETKF = "letkf"
     LESTKF = "lestkf"
+    ENSRF = "ensrf"  # serial EnSRF/EAKF with covariance localization
 
     @property
     def is_local(self) -> bool:
         return self in (Method.LETKF, Method.LESTKF)
+
+    @property
+    def needs_localization(self) -> bool:
+        """The method needs an [analysis.localization] table (the local filters and the serial one)."""
+        return self.is_local or self is Method.ENSRF
 
 
 class Taper(str, Enum):
@@ -140,7 +146,7 @@ class AnalysisConfig(Strict):
 
     @model_validator(mode="after")
     def _local_needs_radius(self) -> "AnalysisConfig":
-        if self.method.is_local and self.localization is None:
+        if self.method.needs_localization and self.localization is None:
             raise ValueError(f"method '{self.method.value}' needs an [analysis.localization] table with 'radius'")
         if self.inflation.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive.value}' needs a local filter (letkf, lestkf), "

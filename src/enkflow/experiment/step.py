@@ -31,6 +31,7 @@ import numpy as np
 from enkflow.analysis import Filter
 from enkflow.analysis.factory import make_filter
 from enkflow.analysis.qc import QCResult
+from enkflow.analysis.serial_filter import EnSRF, factor_at_obs
 from enkflow.config import AnalysisConfig, LocalizationConfig
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics, InflationSummary, LocalFilterStats
@@ -57,7 +58,8 @@ class AnalysisStep:
     for a global filter); ``inflation``: the adaptive inflation field's carrier (a filter with
     ``adaptive``); the sinks ``obs_diag`` (each cycle's ``obs_diag.nc``), ``stats`` (the ensemble
     statistics of each rank's rows) and ``output`` (the analysis: mean and spread files, scores);
-    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None."""
+    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None; ``row_coords`` (n_rows, n_dim): the
+    serial filter's localization coordinates of every state row (None for the others)."""
 
     filter: Filter
     local: LocalGeometry | None = None
@@ -66,10 +68,14 @@ class AnalysisStep:
     stats: StatsSink | None = None
     output: OutputSink = field(default_factory=NoOutput)
     truth: Callable[[int], np.ndarray | None] = _no_truth
+    row_coords: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if (self.filter.as_local() is None) != (self.local is None):
             raise InputError("a local filter needs its LocalGeometry, a global filter none", item="local")
+        if (self.filter.as_serial() is None) != (self.row_coords is None):
+            raise InputError("the serial filter needs the coordinates of the state rows, the others none",
+                             item="row_coords")
 
 
 @dataclass(frozen=True)
@@ -111,20 +117,27 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     of equal estimated work on every rank; None: ``analysis.balance`` where there are several ranks. The balance is reported where the rows
     come from a layout (the coordinates of every row known), whether they move or not."""
     flt = make_filter(analysis)
-    lf = flt.as_local()
-    local, inflation = None, None
+    lf, sf = flt.as_local(), flt.as_serial()
+    local, inflation, row_coords = None, None, None
     if lf is not None:
         # One rank has nothing to balance: its rows stay where they are.
         equal_cost = (analysis.balance and comm.size > 1) if balance is None else balance
         local = rows.local_geometry(analysis.localization, equal_cost)
-        if lf.adaptive is not None:
-            inflation = InflationCarrier(lf.adaptive, rows.n_rows, comm, dir_of=cycle_dir, first_cycle=first_cycle,
-                                         coords=rows.coords)
+    elif sf is not None:
+        # The serial filter updates the rows where they are: no balance, the rows' coordinates alone.
+        row_coords = rows.local_geometry(analysis.localization, False).row_coords
+        if row_coords is None:
+            raise InputError("the serial filter needs the coordinates of every state row", item="rows")
+    scheme = lf.adaptive if lf is not None else sf.adaptive if sf is not None else None
+    if scheme is not None:
+        inflation = InflationCarrier(scheme, rows.n_rows, comm, dir_of=cycle_dir, first_cycle=first_cycle,
+                                     coords=rows.coords)
     obs_diag = None
     if cycle_dir is not None:
         metric = analysis.localization.metric if analysis.localization is not None else None
         obs_diag = ObsDiagnosticsWriter(cycle_dir, comm.rank, metric)
-    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth)
+    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth,
+                        row_coords=row_coords)
 
 
 def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cycle: int) -> tuple[np.ndarray, CycleDiagnostics]:
@@ -184,11 +197,27 @@ def _rms(y: ObsSet, hx: np.ndarray) -> float:
 def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.ndarray, y: ObsSet, cycle: int,
                 infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport | None]:
     """The filter on this rank's rows ``X``: a global filter's transform, or the local analysis of
-    the ranks' domains (which may overwrite ``X``); and the balance report of a local one, if any."""
+    the ranks' domains (which may overwrite ``X``), or the serial filter on this rank's rows with
+    their coordinates; and the balance report of a local one, if any."""
+    sf = step.filter.as_serial()
+    if sf is not None and step.row_coords is not None:
+        return _serial(sf, step.row_coords, store, X, HX, y, cycle, infl), None
     lf = step.filter.as_local()
     if lf is None or step.local is None:
         return step.filter.analyze(X, HX, y, cycle=cycle), None
     return local_analysis(lf, step.local, store, X, HX, y, cycle, infl)
+
+
+def _serial(sf: EnSRF, row_coords: np.ndarray, store: EnsembleStore, X: np.ndarray, HX: np.ndarray, y: ObsSet,
+            cycle: int, infl: np.ndarray | None) -> np.ndarray:
+    """The serial filter on this rank's rows; with adaptive inflation the factor at each observation
+    comes from the full field (collective)."""
+    obs_factor = None
+    if infl is not None:
+        obs_factor = factor_at_obs(store.comm.allgather_rows(np.ascontiguousarray(infl)), row_coords, y,
+                                   sf.localization)
+    return sf.analyze(X, HX, y, coords=row_coords[store.row_start:store.row_stop], cycle=cycle, infl_field=infl,
+                      obs_factor=obs_factor)
 
 
 def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa: np.ndarray,
