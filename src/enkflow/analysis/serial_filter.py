@@ -52,12 +52,18 @@ from enkflow.errors import InputError
 
 @dataclass
 class SerialStats:
-    """Where the time went (seconds, summed over calls) and how many (observation, row) pairs were updated."""
+    """Where the time went (seconds, summed over calls: the neighbour search, the updates) and how many
+    (observation, row) pairs were updated over how many rows."""
 
     search_s: float = 0.0
-    update_s: float = 0.0
-    n_obs: int = 0
+    kernel_s: float = 0.0
+    n_rows: int = 0
     n_row_pairs: int = 0
+
+    @property
+    def mean_local_obs(self) -> float:
+        """The mean number of observations that updated a row (a local filter's local observations)."""
+        return self.n_row_pairs / self.n_rows if self.n_rows else 0.0
 
 
 @dataclass(frozen=True)
@@ -142,9 +148,9 @@ class EnSRF(Filter):
         for start, row_pairs, obs_pairs in self._chunks(loc, rows_geo, obs_geo, obs, row_z):
             t0 = time.perf_counter()
             self._assimilate(xs, ys, obs, start, row_pairs, obs_pairs, infl_field)
-            st.update_s += time.perf_counter() - t0
+            st.kernel_s += time.perf_counter() - t0
             st.n_row_pairs += int(row_pairs.idx.size)
-        st.n_obs += obs.n_obs
+        st.n_rows += X.shape[0]
         Xa = np.asfortranarray(xs.mean[:, None] + xs.anom)
         inflate_posterior(Xa, X, self.inflation)
         return Xa

@@ -31,13 +31,13 @@ import numpy as np
 from enkflow.analysis import Filter
 from enkflow.analysis.factory import make_filter
 from enkflow.analysis.qc import QCResult
-from enkflow.analysis.serial_filter import EnSRF, factor_at_obs
 from enkflow.config import AnalysisConfig, LocalizationConfig
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics, InflationSummary, LocalFilterStats
 from enkflow.experiment.cycling import EnsembleStore, NoOutput, ObservationSpace, OutputSink, StatsSink
 from enkflow.experiment.decomposition import LocalGeometry, local_analysis
 from enkflow.experiment.inflation import InflationCarrier
+from enkflow.experiment.serial_analysis import serial_analysis
 from enkflow.io.meanspread import ensemble_mean_spread
 from enkflow.obs import ObsSet
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
@@ -198,26 +198,14 @@ def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.
                 infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport | None]:
     """The filter on this rank's rows ``X``: a global filter's transform, or the local analysis of
     the ranks' domains (which may overwrite ``X``), or the serial filter on this rank's rows with
-    their coordinates; and the balance report of a local one, if any."""
+    their coordinates; and the balance report of a local or the serial one, if any."""
     sf = step.filter.as_serial()
     if sf is not None and step.row_coords is not None:
-        return _serial(sf, step.row_coords, store, X, HX, y, cycle, infl), None
+        return serial_analysis(sf, step.row_coords, store, X, HX, y, cycle, infl)
     lf = step.filter.as_local()
     if lf is None or step.local is None:
         return step.filter.analyze(X, HX, y, cycle=cycle), None
     return local_analysis(lf, step.local, store, X, HX, y, cycle, infl)
-
-
-def _serial(sf: EnSRF, row_coords: np.ndarray, store: EnsembleStore, X: np.ndarray, HX: np.ndarray, y: ObsSet,
-            cycle: int, infl: np.ndarray | None) -> np.ndarray:
-    """The serial filter on this rank's rows; with adaptive inflation the factor at each observation
-    comes from the full field (collective)."""
-    obs_factor = None
-    if infl is not None:
-        obs_factor = factor_at_obs(store.comm.allgather_rows(np.ascontiguousarray(infl)), row_coords, y,
-                                   sf.localization)
-    return sf.analyze(X, HX, y, coords=row_coords[store.row_start:store.row_stop], cycle=cycle, infl_field=infl,
-                      obs_factor=obs_factor)
 
 
 def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa: np.ndarray,
@@ -225,9 +213,10 @@ def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa
     """The local filter's statistics, the RMSE against ``truth`` (n_rows,) of the forecast mean
     ``prior_mean`` and of the analysis mean, and the inflation factors' range (collective)."""
     comm = store.comm
-    lf = step.filter.as_local()
-    if lf is not None:
-        diag.local = LocalFilterStats(lf.stats.mean_local_obs, lf.stats.search_s, lf.stats.kernel_s)
+    lf, sf = step.filter.as_local(), step.filter.as_serial()
+    st = lf.stats if lf is not None else sf.stats if sf is not None else None
+    if st is not None:
+        diag.local = LocalFilterStats(st.mean_local_obs, st.search_s, st.kernel_s)
     if truth is not None and prior_mean is not None:
         tl = truth[store.row_start:store.row_stop]
         sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
