@@ -42,7 +42,7 @@ def test_demo_online_is_bitwise_the_offline_demo(tmp_path):
     assert len(rmse_lines) == 5  # the initial line, then cycles 0-3
 
 
-@pytest.mark.parametrize("method", [Method.ETKF, Method.LETKF])
+@pytest.mark.parametrize("method", [Method.ETKF, Method.LETKF, Method.ENSRF])
 def test_lorenz96_through_the_server_scores_as_in_process(method):
     s = L96Setup(method=method, members=6, inflation=1.05, cycles=25, burn_in=5)
     a, b = run(s), run_online(s, runners=2)

@@ -140,7 +140,10 @@ class EnSRF(Filter):
             assert infl_field is not None and obs_factor is not None  # checked just above
             row_scale = lam * np.sqrt(infl_field[:, 0])[:, None]
             obs_scale = lam * np.sqrt(obs_factor)[:, None]
-        xs, ys = _Ensemble.of(X, row_scale), _Ensemble.of(HX, obs_scale)
+        # C order throughout: every row reduced by the same contiguous loop, whatever the number of rows
+        # (a lone row is also F-contiguous, and numpy would reduce it another way).
+        Xc = np.ascontiguousarray(X, dtype=np.float64)
+        xs, ys = _Ensemble.of(Xc, row_scale), _Ensemble.of(HX, obs_scale)
         loc = self.localization.for_obs(obs)
         rows_geo = Geometry(loc.metric, hcoords, loc.period)
         obs_geo = Geometry(loc.metric, obs.coords, loc.period)
@@ -151,9 +154,9 @@ class EnSRF(Filter):
             st.kernel_s += time.perf_counter() - t0
             st.n_row_pairs += int(row_pairs.idx.size)
         st.n_rows += X.shape[0]
-        Xa = np.asfortranarray(xs.mean[:, None] + xs.anom)
-        inflate_posterior(Xa, X, self.inflation)
-        return Xa
+        Xa = xs.mean[:, None] + xs.anom
+        inflate_posterior(Xa, Xc, self.inflation)
+        return np.asfortranarray(Xa)
 
     def _row_coords(self, X: np.ndarray, coords: np.ndarray | None, obs: ObsSet) -> tuple[np.ndarray, np.ndarray | None]:
         if coords is None:
