@@ -105,6 +105,45 @@ class _Ensemble:
         return beta
 
 
+@dataclass(frozen=True)
+class _Adaptive:
+    """An adaptive scheme with the rows' field ``field`` (n_rows, 2), updated in place, and the factor at
+    each observation ``obs_factor`` (n_obs,)."""
+
+    scheme: SerialAdaptive
+    field: np.ndarray
+    obs_factor: np.ndarray
+
+    @classmethod
+    def of(cls, scheme: SerialAdaptive | None, field: np.ndarray | None, obs_factor: np.ndarray | None, n_rows: int,
+           n_obs: int) -> "_Adaptive | None":
+        """The scheme with its checked arrays, or None without a scheme."""
+        if scheme is None:
+            return None
+        if field is None or field.shape != (n_rows, 2) or field.dtype != np.float64:
+            raise InputError(f"adaptive inflation needs the inflation field of the rows, float64 ({n_rows}, 2)",
+                             item="infl_field")
+        if not (np.isfinite(field).all() and (field > 0).all()):
+            raise InputError("the inflation field holds values that are not finite and > 0", item="infl_field")
+        if obs_factor is None or obs_factor.shape != (n_obs,) or not (np.isfinite(obs_factor).all()
+                                                                       and (obs_factor > 0).all()):
+            raise InputError(f"adaptive inflation needs the factor at each observation, ({n_obs},) finite and > 0",
+                             item="obs_factor")
+        return cls(scheme, field, obs_factor)
+
+    def update(self, xs: _Ensemble, rows: _Pairs, k: int, y: np.ndarray, yy: float, v: float, r: float,
+               d: float) -> None:
+        """The factors of the rows within observation ``k``'s support (of the chunk), weighted by
+        localization x |correlation| (Anderson 2009, sec. 3), before the rows are updated."""
+        sl = slice(rows.offsets[k], rows.offsets[k + 1])
+        idx = rows.idx[sl]
+        Z = xs.anom[idx]
+        zz = (Z * Z).sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            corr = np.where(zz > 0, np.abs((Z * y).sum(axis=1)) / np.sqrt(zz * yy), 0.0)
+        self.field[idx] = self.scheme.update_serial(self.field[idx], rows.weight[sl] * corr, v, r, d)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnSRF(Filter):
     """Serial EnSRF/EAKF with covariance localization (module docstring). ``localization``: the
@@ -132,14 +171,10 @@ class EnSRF(Filter):
         Returns the analysis (n_rows, N), Fortran order."""
         self._check(X, HX, obs)
         hcoords, row_z = self._row_coords(X, coords, obs)
+        adapt = _Adaptive.of(self.adaptive, infl_field, obs_factor, X.shape[0], obs.n_obs)
         lam = self.inflation.prior
-        row_scale: np.ndarray | float = lam
-        obs_scale: np.ndarray | float = lam
-        if self.adaptive is not None:
-            _check_adaptive(infl_field, obs_factor, X.shape[0], obs.n_obs)
-            assert infl_field is not None and obs_factor is not None  # checked just above
-            row_scale = lam * np.sqrt(infl_field[:, 0])[:, None]
-            obs_scale = lam * np.sqrt(obs_factor)[:, None]
+        row_scale = lam if adapt is None else lam * np.sqrt(adapt.field[:, 0])[:, None]
+        obs_scale = lam if adapt is None else lam * np.sqrt(adapt.obs_factor)[:, None]
         # C order throughout: every row reduced by the same contiguous loop, whatever the number of rows
         # (a lone row is also F-contiguous, and numpy would reduce it another way).
         Xc = np.ascontiguousarray(X, dtype=np.float64)
@@ -150,7 +185,7 @@ class EnSRF(Filter):
         st = self.stats
         for start, row_pairs, obs_pairs in self._chunks(loc, rows_geo, obs_geo, obs, row_z):
             t0 = time.perf_counter()
-            self._assimilate(xs, ys, obs, start, row_pairs, obs_pairs, infl_field)
+            self._assimilate(xs, ys, obs, start, row_pairs, obs_pairs, adapt)
             st.kernel_s += time.perf_counter() - t0
             st.n_row_pairs += int(row_pairs.idx.size)
         st.n_rows += X.shape[0]
@@ -188,7 +223,7 @@ class EnSRF(Filter):
             yield start, rows, later
 
     def _assimilate(self, xs: _Ensemble, ys: _Ensemble, obs: ObsSet, start: int, rows: _Pairs, later: _Pairs,
-                    infl_field: np.ndarray | None) -> None:
+                    adapt: _Adaptive | None) -> None:
         """The observations ``start, start + 1, ...`` of the chunk one after the other."""
         N1 = xs.anom.shape[1] - 1
         for k in range(rows.offsets.size - 1):
@@ -201,25 +236,12 @@ class EnSRF(Filter):
             d = float(obs.values[j] - ys.mean[j])
             dm = v / (v + r) * d
             ds = (np.sqrt(r / (v + r)) - 1.0) * y
-            if self.adaptive is not None and infl_field is not None:
-                self._update_factors(xs, rows, k, y, yy, v, r, d, infl_field)
+            if adapt is not None:
+                adapt.update(xs, rows, k, y, yy, v, r, d)
             xs.regress(rows, k, y, yy, dm, ds)
             ys.regress(later, k, y, yy, dm, ds)
             ys.mean[j] += dm
             ys.anom[j] += ds
-
-    def _update_factors(self, xs: _Ensemble, rows: _Pairs, k: int, y: np.ndarray, yy: float, v: float, r: float,
-                        d: float, infl_field: np.ndarray) -> None:
-        """The adaptive factors of the rows within observation ``k``'s support (of the chunk), weighted
-        by localization x |correlation| (Anderson 2009, eq. 6's gamma)."""
-        sl = slice(rows.offsets[k], rows.offsets[k + 1])
-        idx = rows.idx[sl]
-        Z = xs.anom[idx]
-        zz = (Z * Z).sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            corr = np.where(zz > 0, np.abs((Z * y).sum(axis=1)) / np.sqrt(zz * yy), 0.0)
-        assert self.adaptive is not None  # the caller checks
-        infl_field[idx] = self.adaptive.update_serial(infl_field[idx], rows.weight[sl] * corr, v, r, d)
 
 
 def _weighted(loc: Localization, nb: Neighbours, start: int, oz: np.ndarray | None, other_z: np.ndarray | None) -> _Pairs:
@@ -243,17 +265,6 @@ def _select(p: _Pairs, keep: np.ndarray) -> _Pairs:
     offsets = np.zeros_like(p.offsets)
     np.cumsum(np.bincount(owner, minlength=n), out=offsets[1:])
     return _Pairs(offsets, p.idx[keep], p.weight[keep])
-
-
-def _check_adaptive(infl_field: np.ndarray | None, obs_factor: np.ndarray | None, n_rows: int, n_obs: int) -> None:
-    if infl_field is None or infl_field.shape != (n_rows, 2) or infl_field.dtype != np.float64:
-        raise InputError(f"adaptive inflation needs the inflation field of the rows, float64 ({n_rows}, 2)",
-                         item="infl_field")
-    if not (np.isfinite(infl_field).all() and (infl_field > 0).all()):
-        raise InputError("the inflation field holds values that are not finite and > 0", item="infl_field")
-    if obs_factor is None or obs_factor.shape != (n_obs,) or not (np.isfinite(obs_factor).all() and (obs_factor > 0).all()):
-        raise InputError(f"adaptive inflation needs the factor at each observation, ({n_obs},) finite and > 0",
-                         item="obs_factor")
 
 
 def factor_at_obs(field: np.ndarray, row_coords: np.ndarray, obs: ObsSet, localization: Localization) -> np.ndarray:
