@@ -79,6 +79,9 @@ def test_rows_split_anywhere_give_the_same_bits():
     for cut in (1, 13, 29):
         parts = [flt.analyze(np.asfortranarray(X[s]), HX, obs, coords=coords[s]) for s in (slice(0, cut), slice(cut, None))]
         assert np.array_equal(np.vstack(parts), full), cut
+    # Neighbour searches of a few observations and pairs at a time: the same sequence, the same bits.
+    small = EnSRF(localization=flt.localization, inflation=flt.inflation, chunk=5, max_pairs=7)
+    assert np.array_equal(small.analyze(X, HX, obs, coords=coords), full)
 
 
 @dataclass

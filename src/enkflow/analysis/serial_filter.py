@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from enkflow.analysis import clib
 from enkflow.analysis import taper as _taper
 from enkflow.analysis.adaptive_inflation import SerialAdaptive
 from enkflow.analysis.geometry import Geometry, Neighbours
@@ -148,12 +149,13 @@ class _Adaptive:
 class EnSRF(Filter):
     """Serial EnSRF/EAKF with covariance localization (module docstring). ``localization``: the
     taper, half-width, metric and vertical taper, as for the local filters; ``adaptive``: an adaptive
-    inflation scheme with a serial update, or None; ``chunk``: observations per neighbour search
-    (bounds the memory of the neighbour lists)."""
+    inflation scheme with a serial update, or None; ``chunk``: observations per neighbour search,
+    ``max_pairs``: (observation, row) pairs per update, about (both bound the neighbour lists' memory)."""
 
     localization: Localization
     adaptive: SerialAdaptive | None = None
     chunk: int = 4096
+    max_pairs: int = 2_000_000  # (observation, row) pairs per update call, about (bounds memory)
     stats: SerialStats = field(default_factory=SerialStats, compare=False, repr=False)
 
     def as_serial(self) -> "EnSRF":
@@ -209,22 +211,36 @@ class EnSRF(Filter):
 
     def _chunks(self, loc: Localization, rows_geo: Geometry, obs_geo: Geometry, obs: ObsSet,
                 row_z: np.ndarray | None) -> Iterator[tuple[int, _Pairs, _Pairs]]:
-        """``(start, row pairs, observation pairs)`` of consecutive ranges of ``chunk`` observations:
-        the rows and the later observations within each observation's support, with their weights."""
-        for start in range(0, obs.n_obs, self.chunk):
-            stop = min(start + self.chunk, obs.n_obs)
+        """``(start, row pairs, observation pairs)`` of consecutive ranges of at most ``chunk``
+        observations and about ``max_pairs`` (observation, row) pairs: the rows and the later
+        observations within each observation's support, with their weights. Timed into ``search_s``."""
+        for first in range(0, obs.n_obs, self.chunk):
             t0 = time.perf_counter()
-            oc = obs.coords[start:stop]
-            oz = None if obs.vcoord is None else obs.vcoord[start:stop]
-            rows = _weighted(loc, rows_geo.neighbours(oc, loc.support), start, oz, row_z)
-            later = _weighted(loc, obs_geo.neighbours(oc, loc.support), start, oz, obs.vcoord)
-            later = _select(later, later.idx > np.repeat(np.arange(start, stop), np.diff(later.offsets)))
+            last = min(first + self.chunk, obs.n_obs)
+            search = rows_geo.search(obs.coords[first:last], loc.support)
             self.stats.search_s += time.perf_counter() - t0
-            yield start, rows, later
+            for a, b in search.parts(self.max_pairs):
+                t0 = time.perf_counter()
+                start, stop = first + a, first + b
+                oz = None if obs.vcoord is None else obs.vcoord[start:stop]
+                rows = _weighted(loc, search.neighbours(a, b), start, oz, row_z)
+                later = _weighted(loc, obs_geo.neighbours(obs.coords[start:stop], loc.support), start, oz, obs.vcoord)
+                later = _select(later, later.idx > np.repeat(np.arange(start, stop), np.diff(later.offsets)))
+                self.stats.search_s += time.perf_counter() - t0
+                yield start, rows, later
 
     def _assimilate(self, xs: _Ensemble, ys: _Ensemble, obs: ObsSet, start: int, rows: _Pairs, later: _Pairs,
                     adapt: _Adaptive | None) -> None:
-        """The observations ``start, start + 1, ...`` of the chunk one after the other."""
+        """The observations ``start, start + 1, ...`` of the chunk one after the other: the compiled
+        loop (``_c/serial.c``), or with adaptive inflation, whose scheme is Python, this one."""
+        if adapt is None:
+            n = rows.offsets.size - 1
+            skipped = clib.lib().enk_serial_update(n, start, xs.anom.shape[1], rows.offsets, rows.idx, rows.weight,
+                                                   later.offsets, later.idx, later.weight, obs.values, obs.error_var,
+                                                   xs.mean, xs.anom, ys.mean, ys.anom)
+            if skipped < 0:
+                raise MemoryError("the serial filter's work buffer could not be allocated")
+            return
         N1 = xs.anom.shape[1] - 1
         for k in range(rows.offsets.size - 1):
             j = start + k
