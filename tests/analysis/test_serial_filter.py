@@ -69,7 +69,7 @@ def test_matches_the_dense_serial_update_with_inflation_and_per_kind_radii():
     Xa = flt.analyze(X, HX, obs, coords=coords)
     np.testing.assert_allclose(Xa, _dense(X, HX, obs, coords, 1.1, 1.1, posterior=1.02), rtol=0, atol=1e-12)
     assert Xa.flags.f_contiguous and not np.array_equal(Xa, X)
-    assert flt.stats.n_rows == X.shape[0] and 0 < flt.stats.mean_local_obs < obs.n_obs
+    assert flt.stats.n_domains == X.shape[0] and 0 < flt.stats.mean_local_obs < obs.n_obs
 
 
 def test_rows_split_anywhere_give_the_same_bits():

@@ -46,25 +46,10 @@ from enkflow.analysis.adaptive_inflation import SerialAdaptive
 from enkflow.analysis.geometry import Geometry, Neighbours
 from enkflow.analysis.global_filters import Filter
 from enkflow.analysis.inflation import inflate_posterior
+from enkflow.analysis.local_filters import LocalStats
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.obsset import ObsSet
 from enkflow.errors import InputError
-
-
-@dataclass
-class SerialStats:
-    """Where the time went (seconds, summed over calls: the neighbour search, the updates) and how many
-    (observation, row) pairs were updated over how many rows."""
-
-    search_s: float = 0.0
-    kernel_s: float = 0.0
-    n_rows: int = 0
-    n_row_pairs: int = 0
-
-    @property
-    def mean_local_obs(self) -> float:
-        """The mean number of observations that updated a row (a local filter's local observations)."""
-        return self.n_row_pairs / self.n_rows if self.n_rows else 0.0
 
 
 @dataclass(frozen=True)
@@ -156,7 +141,8 @@ class EnSRF(Filter):
     adaptive: SerialAdaptive | None = None
     chunk: int = 4096
     max_pairs: int = 2_000_000  # (observation, row) pairs per update call, about (bounds memory)
-    stats: SerialStats = field(default_factory=SerialStats, compare=False, repr=False)
+    # The local filters' statistics, a row counted as a domain: mean_local_obs is the observations per row.
+    stats: LocalStats = field(default_factory=LocalStats, compare=False, repr=False)
 
     def as_serial(self) -> "EnSRF":
         return self
@@ -189,8 +175,8 @@ class EnSRF(Filter):
             t0 = time.perf_counter()
             self._assimilate(xs, ys, obs, start, row_pairs, obs_pairs, adapt)
             st.kernel_s += time.perf_counter() - t0
-            st.n_row_pairs += int(row_pairs.idx.size)
-        st.n_rows += X.shape[0]
+            st.n_local_obs += int(row_pairs.idx.size)
+        st.n_domains += X.shape[0]
         Xa = xs.mean[:, None] + xs.anom
         inflate_posterior(Xa, Xc, self.inflation)
         return np.asfortranarray(Xa)

@@ -30,7 +30,7 @@ def serial_analysis(flt: EnSRF, row_coords: np.ndarray, store: EnsembleStore, X:
     if infl is not None:
         obs_factor = factor_at_obs(comm.allgather_rows(np.ascontiguousarray(infl)), row_coords, y, flt.localization)
     st = flt.stats
-    s0, k0, p0 = st.search_s, st.kernel_s, st.n_row_pairs
+    s0, k0, p0 = st.search_s, st.kernel_s, st.n_local_obs
     c0, w0 = time.process_time(), time.perf_counter()
     Xa = flt.analyze(X, HX, y, coords=row_coords[store.row_start:store.row_stop], cycle=cycle, infl_field=infl,
                      obs_factor=obs_factor)
@@ -38,7 +38,7 @@ def serial_analysis(flt: EnSRF, row_coords: np.ndarray, store: EnsembleStore, X:
     t0 = time.perf_counter()
     comm.barrier()  # the wait for the slowest rank
     wait = time.perf_counter() - t0
-    ranks = np.array(comm.allgather_obj((wall, cpu, st.search_s - s0, st.kernel_s - k0, st.n_row_pairs - p0,
+    ranks = np.array(comm.allgather_obj((wall, cpu, st.search_s - s0, st.kernel_s - k0, st.n_local_obs - p0,
                                          X.shape[0])), dtype=np.float64).reshape(-1, 6)
     total = float(ranks[:, 4].sum()) or 1.0
     report = BalanceReport(
