@@ -153,6 +153,13 @@ class AnalysisConfig(Strict):
                              f"not '{self.method.value}'")
         return self
 
+    @model_validator(mode="after")
+    def _serial_has_no_cap(self) -> "AnalysisConfig":
+        if self.method is Method.ENSRF and self.localization is not None and self.localization.max_obs is not None:
+            raise ValueError("localization.max_obs caps a local filter's domains; method 'ensrf' updates every row "
+                             "within an observation's support: remove max_obs")
+        return self
+
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -147,6 +147,8 @@ def test_bad_input_is_named():
         _filter().analyze(X, HX, obs, coords=coords + PERIOD)
     with pytest.raises(ConfigError, match="method 'ensrf' needs an \\[analysis.localization\\] table"):
         validate(AnalysisConfig, {"method": "ensrf"})
+    with pytest.raises(ConfigError, match="max_obs caps a local filter"):
+        validate(AnalysisConfig, {"method": "ensrf", "localization": {"radius": 2.0, "max_obs": 5}})
     with pytest.raises(ConfigError, match="adaptive"):
         validate(AnalysisConfig, {"method": "ensrf", "localization": {"radius": 2.0},
                                   "inflation": {"adaptive": "miyoshi2011"}})
