@@ -158,7 +158,9 @@ class EnSRF(Filter):
         ones; ``obs_factor`` (n_obs,) the factor at each observation (:func:`factor_at_obs`).
         Returns the analysis (n_rows, N), Fortran order."""
         self._check(X, HX, obs)
-        hcoords, row_z = self._row_coords(X, coords, obs)
+        loc = self.localization.for_obs(obs)
+        obs_geo = Geometry(loc.metric, obs.coords, loc.period)
+        hcoords, row_z = self._row_coords(X, coords, obs, obs_geo)
         adapt = _Adaptive.of(self.adaptive, infl_field, obs_factor, X.shape[0], obs.n_obs)
         lam = self.inflation.prior
         row_scale = lam if adapt is None else lam * np.sqrt(adapt.field[:, 0])[:, None]
@@ -167,9 +169,7 @@ class EnSRF(Filter):
         # (a lone row is also F-contiguous, and numpy would reduce it another way).
         Xc = np.ascontiguousarray(X, dtype=np.float64)
         xs, ys = _Ensemble.of(Xc, row_scale), _Ensemble.of(HX, obs_scale)
-        loc = self.localization.for_obs(obs)
         rows_geo = Geometry(loc.metric, hcoords, loc.period)
-        obs_geo = Geometry(loc.metric, obs.coords, loc.period)
         st = self.stats
         for start, row_pairs, obs_pairs in self._chunks(loc, rows_geo, obs_geo, obs, row_z):
             t0 = time.perf_counter()
@@ -181,7 +181,9 @@ class EnSRF(Filter):
         inflate_posterior(Xa, Xc, self.inflation)
         return np.asfortranarray(Xa)
 
-    def _row_coords(self, X: np.ndarray, coords: np.ndarray | None, obs: ObsSet) -> tuple[np.ndarray, np.ndarray | None]:
+    def _row_coords(self, X: np.ndarray, coords: np.ndarray | None, obs: ObsSet,
+                    obs_geo: Geometry) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rows' horizontal coordinates (n_rows, n_dim) and vertical one (n_rows,) or None, checked."""
         if coords is None:
             raise InputError("the serial filter needs the coordinates of its state rows", item="coords")
         c = np.asarray(coords, dtype=np.float64)
@@ -192,7 +194,7 @@ class EnSRF(Filter):
             raise InputError("vertical localization needs each observation's vertical coordinate (ObsSet.vcoord)",
                              item="obs.vcoord")
         h, z = self.localization.horizontal(c)
-        Geometry(self.localization.metric, obs.coords, self.localization.period).check_domain_coords(h)
+        obs_geo.check_domain_coords(h)
         return h, z
 
     def _chunks(self, loc: Localization, rows_geo: Geometry, obs_geo: Geometry, obs: ObsSet,
