@@ -40,7 +40,7 @@ def _ring(a: np.ndarray, b: float) -> np.ndarray:
     return np.minimum(d, PERIOD - d)
 
 
-def _dense(X, HX, obs, coords, scale_x, scale_y, posterior=1.0):
+def _dense(X, HX, obs, coords, scale_x, scale_y, posterior=1.0, vertical=None):
     """One observation at a time on the augmented state [x; H(x)] with the full localized gain
     K = rho o cov(z, y) / (v + r) and Whitaker & Hamill's reduced gain alpha K for the anomalies,
     alpha = 1 / (1 + sqrt(r / (v + r))) (their eq. 13)."""
@@ -53,6 +53,8 @@ def _dense(X, HX, obs, coords, scale_x, scale_y, posterior=1.0):
         y = A[n + j].copy()
         v, r = y @ y / (N - 1), obs.error_var[j]
         rho = gaspari_cohn(_ring(zc, obs.coords[j, 0]) / obs.half_width[j])
+        if vertical is not None:  # (levels of [x; H(x)], vertical half-width)
+            rho = rho * gaspari_cohn(np.abs(vertical[0] - obs.vcoord[j]) / vertical[1])
         K = rho * (A @ y / (N - 1)) / (v + r)
         m = m + K * (obs.values[j] - m[n + j])
         A = A - np.outer(K, y) / (1.0 + np.sqrt(r / (v + r)))
@@ -70,6 +72,17 @@ def test_matches_the_dense_serial_update_with_inflation_and_per_kind_radii():
     np.testing.assert_allclose(Xa, _dense(X, HX, obs, coords, 1.1, 1.1, posterior=1.02), rtol=0, atol=1e-12)
     assert Xa.flags.f_contiguous and not np.array_equal(Xa, X)
     assert flt.stats.n_domains == X.shape[0] and 0 < flt.stats.mean_local_obs < obs.n_obs
+
+
+def test_vertical_localization_multiplies_the_vertical_taper():
+    X, HX, obs, coords = _problem(seed=3)
+    levels = np.arange(30) % 3 * 1.0
+    obs = ObsSet(obs.values, obs.error_var, obs.coords, half_width=obs.half_width,
+                 vcoord=np.random.default_rng(3).uniform(0, 2, obs.n_obs))
+    loc = Localization(half_width=5.0, metric=Metric.PERIODIC, period=PERIOD, vertical_half_width=1.5)
+    Xa = EnSRF(localization=loc).analyze(X, HX, obs, coords=np.column_stack([coords[:, 0], levels]))
+    ref = _dense(X, HX, obs, coords, 1.0, 1.0, vertical=(np.concatenate([levels, obs.vcoord]), 1.5))
+    np.testing.assert_allclose(Xa, ref, rtol=0, atol=1e-12)
 
 
 def test_rows_split_anywhere_give_the_same_bits():
