@@ -85,13 +85,13 @@ def _balanced(flt: LocalFilter, local: LocalGeometry, store: EnsembleStore, X: n
     range (``local.balance``) or of the store's block analysed, timed and reported."""
     comm = store.comm
     t0 = time.perf_counter()
-    rc, io_bounds = _row_coords(local, store), _io_bounds(store)
+    rc, io_bounds = all_row_coords(local, store), store_bounds(store)
     geometry = local.geometry or flt.obs_geometry(y)
     cost = _row_costs(flt, geometry, rc, store, local.stride, X.shape[1])
     bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else io_bounds
     a0, a1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
     t1 = time.perf_counter()
-    move = _Exchange(comm, io_bounds, bounds) if local.balance else None
+    move = RowExchange(comm, io_bounds, bounds) if local.balance else None
     Xb = move.there(X) if move is not None else X
     fb = move.there(infl) if move is not None and infl is not None else infl  # the field's rows travel with X's
     t2 = time.perf_counter()
@@ -122,7 +122,7 @@ def _balanced(flt: LocalFilter, local: LocalGeometry, store: EnsembleStore, X: n
     return X, report
 
 
-def _row_coords(local: LocalGeometry, store: EnsembleStore) -> np.ndarray:
+def all_row_coords(local: LocalGeometry, store: EnsembleStore) -> np.ndarray:
     """``local.row_coords`` as (n_rows, n_dim) float64, checked against the store."""
     rc = np.asarray(local.row_coords, dtype=np.float64)
     rc = rc[:, None] if rc.ndim == 1 else rc
@@ -131,7 +131,7 @@ def _row_coords(local: LocalGeometry, store: EnsembleStore) -> np.ndarray:
     return rc
 
 
-def _io_bounds(store: EnsembleStore) -> np.ndarray:
+def store_bounds(store: EnsembleStore) -> np.ndarray:
     """The ranks' row blocks of the store as bounds (P + 1,); collective."""
     blocks = np.array(store.comm.allgather_obj((store.row_start, store.row_stop)), dtype=np.int64).reshape(-1, 2)
     bounds = np.append(blocks[:, 0], blocks[-1, 1])
@@ -150,7 +150,7 @@ def _row_costs(flt: LocalFilter, geometry: Geometry, rc: np.ndarray, store: Ense
     return _balance.domain_cost(_balance.interpolate_counts(sample, counts, store.n_rows), n_members)
 
 
-class _Exchange:
+class RowExchange:
     """Rows moved from the store's blocks (``io_bounds``) to the analysis ranges (``bounds``) and back."""
 
     def __init__(self, comm: Comm, io_bounds: np.ndarray, bounds: np.ndarray):

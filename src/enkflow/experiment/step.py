@@ -58,8 +58,8 @@ class AnalysisStep:
     for a global filter); ``inflation``: the adaptive inflation field's carrier (a filter with
     ``adaptive``); the sinks ``obs_diag`` (each cycle's ``obs_diag.nc``), ``stats`` (the ensemble
     statistics of each rank's rows) and ``output`` (the analysis: mean and spread files, scores);
-    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None; ``row_coords`` (n_rows, n_dim): the
-    serial filter's localization coordinates of every state row (None for the others)."""
+    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None. The serial filter's ``local`` holds
+    the coordinates of every row (its rows need no domains)."""
 
     filter: Filter
     local: LocalGeometry | None = None
@@ -68,14 +68,10 @@ class AnalysisStep:
     stats: StatsSink | None = None
     output: OutputSink = field(default_factory=NoOutput)
     truth: Callable[[int], np.ndarray | None] = _no_truth
-    row_coords: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if (self.filter.as_local() is None) != (self.local is None):
-            raise InputError("a local filter needs its LocalGeometry, a global filter none", item="local")
-        if (self.filter.as_serial() is None) != (self.row_coords is None):
-            raise InputError("the serial filter needs the coordinates of the state rows, the others none",
-                             item="row_coords")
+        if (self.filter.as_local() is None and self.filter.as_serial() is None) != (self.local is None):
+            raise InputError("a local or the serial filter needs its LocalGeometry, a global filter none", item="local")
 
 
 @dataclass(frozen=True)
@@ -115,18 +111,16 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     cycle (its inflation field is the initial one). ``stats``, ``output``, ``truth``: see
     :class:`AnalysisStep`. ``balance`` (local filters on a layout's rows; fixed domains keep theirs): rows
     of equal estimated work on every rank; None: ``analysis.balance`` where there are several ranks. The balance is reported where the rows
-    come from a layout (the coordinates of every row known), whether they move or not."""
+    come from a layout (the coordinates of every row known), whether they move or not; the serial filter's rows
+    are balanced in the same way."""
     flt = make_filter(analysis)
     lf, sf = flt.as_local(), flt.as_serial()
-    local, inflation, row_coords = None, None, None
-    if lf is not None:
+    local, inflation = None, None
+    if lf is not None or sf is not None:
         # One rank has nothing to balance: its rows stay where they are.
         equal_cost = (analysis.balance and comm.size > 1) if balance is None else balance
         local = rows.local_geometry(analysis.localization, equal_cost)
-    elif sf is not None:
-        # The serial filter updates the rows where they are: no balance, the rows' coordinates alone.
-        row_coords = rows.local_geometry(analysis.localization, False).row_coords
-        if row_coords is None:
+        if sf is not None and local.row_coords is None:
             raise InputError("the serial filter needs the coordinates of every state row", item="rows")
     scheme = lf.adaptive if lf is not None else sf.adaptive if sf is not None else None
     if scheme is not None:
@@ -136,8 +130,7 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     if cycle_dir is not None:
         metric = analysis.localization.metric if analysis.localization is not None else None
         obs_diag = ObsDiagnosticsWriter(cycle_dir, comm.rank, metric)
-    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth,
-                        row_coords=row_coords)
+    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth)
 
 
 def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cycle: int) -> tuple[np.ndarray, CycleDiagnostics]:
@@ -200,8 +193,8 @@ def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.
     the ranks' domains (which may overwrite ``X``), or the serial filter on this rank's rows with
     their coordinates; and the balance report of a local or the serial one, if any."""
     sf = step.filter.as_serial()
-    if sf is not None and step.row_coords is not None:
-        return serial_analysis(sf, step.row_coords, store, X, HX, y, cycle, infl)
+    if sf is not None and step.local is not None:
+        return serial_analysis(sf, step.local, store, X, HX, y, cycle, infl)
     lf = step.filter.as_local()
     if lf is None or step.local is None:
         return step.filter.analyze(X, HX, y, cycle=cycle), None
