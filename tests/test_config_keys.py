@@ -95,7 +95,8 @@ def test_analysis_keys_added_later_leave_the_digest_alone_at_their_defaults(tmp_
     p.write_text(TOML)
     cfg = load_experiment(p)
     d = cfg.model_dump(mode="json")
-    before = {k: v for k, v in d["analysis"].items() if k != "balance"}  # as hashed before those keys existed
+    before = {k: v for k, v in d["analysis"].items()  # as hashed before those keys existed
+              if k != "balance" and k not in ec.METHOD_TABLES}
     for section, later in ec._LATER_ANALYSIS_KEYS.items():
         before[section] = {k: v for k, v in before[section].items() if k not in later}
     old = {"analysis": before, "analysis_task": {k: v for k, v in d["analysis_task"].items()
@@ -104,3 +105,29 @@ def test_analysis_keys_added_later_leave_the_digest_alone_at_their_defaults(tmp_
     assert cfg.digests()["analysis"] == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     p.write_text(TOML.replace('metric = "sphere" }', 'metric = "sphere", max_obs = 50 }'))
     assert load_experiment(p).digests()["analysis"] != cfg.digests()["analysis"]
+
+
+@pytest.mark.parametrize("old, new, key, message", [
+    ('method = "letkf"', 'method = "enkf-n"\nenkf_n = { xm = 2.0 }', "analysis.enkf_n.xm",
+     "unknown key analysis.enkf_n.xm; valid keys here: xn, g, rotate"),                                        # an unknown method option
+    ('method = "letkf"', 'method = "enkf-n"\nenkf_n = { xn = 0.0 }', "analysis.enkf_n.xn", "greater than 0"),
+    ("[analysis]", "[analysis]\nenkf_n = { xn = 2.0 }", "analysis.enkf_n",
+     "[analysis.enkf_n] is for method 'enkf-n'; this study's method is 'letkf'"),              # a table for another method
+    ('localization = { radius = 500.0, metric = "sphere" }', "", "analysis.localization",
+     "method 'letkf' needs an [analysis.localization] table with 'radius'"),                   # localization missing
+])
+def test_method_options_are_checked_at_load(tmp_path: Path, old: str, new: str, key: str, message: str) -> None:
+    err = _load(tmp_path, TOML.replace(old, new, 1))
+    assert err.key == key
+    assert message in str(err)
+
+
+def test_enkflow_run_stops_at_a_method_table_for_another_method_before_any_forecast(tmp_path: Path, capsys) -> None:
+    from enkflow.cli import main
+
+    toml = tmp_path / "exp.toml"
+    toml.write_text(TOML.replace("[analysis]", "[analysis]\nenkf_n = { xn = 2.0 }"))
+    assert main(["run", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert "enkflow run: error: " in err and "[analysis.enkf_n] is for method 'enkf-n'" in err and str(toml) in err
+    assert not (tmp_path / "experiment").exists()  # nothing made, nothing run

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from enkflow.errors import ConfigError
 
@@ -38,6 +38,7 @@ class Method(str, Enum):
     ENKF = "enkf"
     LETKF = "letkf"
     LESTKF = "lestkf"
+    ENKF_N = "enkf-n"
     ENSRF = "ensrf"  # serial EnSRF/EAKF with covariance localization
 
     @property
@@ -46,8 +47,10 @@ class Method(str, Enum):
 
     @property
     def needs_localization(self) -> bool:
-        """The method needs an [analysis.localization] table (the local filters and the serial one)."""
-        return self.is_local or self is Method.ENSRF
+        """The methods that need an ``[analysis.localization]`` table. Not :attr:`is_local`: a filter
+        may localize without analysing domain by domain (a serial filter localizes the
+        state-observation distances)."""
+        return self in (Method.LETKF, Method.LESTKF, Method.ENSRF)
 
 
 class Taper(str, Enum):
@@ -135,19 +138,49 @@ class InflationConfig(Strict):
         return self
 
 
+class EnKFNConfig(Strict):
+    """``[analysis.enkf_n]``: the finite-size EnKF's options (:class:`enkflow.analysis.enkf_n.EnKFN`)."""
+
+    xn: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="certainty of the hyperprior, in "
+                      "ensembles (DAPPER's xN): 1 fully agnostic, 2 for nearly linear, deterministic models")
+    g: int = Field(default=0, ge=0, description="nullity correction of the hyperprior's log term (DAPPER's g)")
+    rotate: bool = Field(default=False, description="turn the analysis anomalies by a random mean-preserving "
+                         "rotation drawn from (seed, cycle) (DAPPER's rot=True)")
+
+
+# The method-option tables of [analysis] and the method each is for: a table given for another method is an error.
+METHOD_TABLES: dict[str, Method] = {"enkf_n": Method.ENKF_N}
+
+
 class AnalysisConfig(Strict):
     method: Method = Method.LETKF
     inflation: InflationConfig = InflationConfig()
-    localization: LocalizationConfig | None = None
+    localization: LocalizationConfig | None = Field(default=None, validate_default=True)
+    enkf_n: EnKFNConfig | None = None
     seed: int = 0
     kernel: Kernel = Kernel.COMPILED
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
     balance: bool = True
 
+    @field_validator("localization", mode="after")
+    @classmethod
+    def _localization_for_the_method(cls, loc: LocalizationConfig | None, info: ValidationInfo) -> LocalizationConfig | None:
+        method = info.data.get("method")  # absent when the method itself was invalid
+        if loc is None and method is not None and method.needs_localization:
+            raise ValueError(f"method '{method.value}' needs an [analysis.localization] table with 'radius'")
+        return loc
+
+    @field_validator(*METHOD_TABLES, mode="after")
+    @classmethod
+    def _table_for_the_method(cls, table: Strict | None, info: ValidationInfo) -> Strict | None:
+        method, owner = info.data.get("method"), METHOD_TABLES[str(info.field_name)]
+        if table is not None and method is not None and method is not owner:
+            raise ValueError(f"[analysis.{info.field_name}] is for method '{owner.value}'; "
+                             f"this study's method is '{method.value}'")
+        return table
+
     @model_validator(mode="after")
-    def _local_needs_radius(self) -> "AnalysisConfig":
-        if self.method.needs_localization and self.localization is None:
-            raise ValueError(f"method '{self.method.value}' needs an [analysis.localization] table with 'radius'")
+    def _adaptive_for_the_method(self) -> "AnalysisConfig":
         if self.inflation.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive.value}' needs a local filter (letkf, lestkf), "
                              f"not '{self.method.value}'")
@@ -248,7 +281,7 @@ def validate(model: type[M], data: dict[str, Any], *, file: str | None = None, p
         elif err["type"] == "missing":
             msg = "required key missing"
         else:
-            msg = err["msg"]
+            msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix to the validators' own messages
         raise ConfigError(msg, key=key or None, file=file) from None
 
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 from analysis_problems import grid_problem
-from enkflow.analysis import ETKF, EnKF, LETKF, Inflation, LocalDomains, Localization
+from enkflow.analysis import ETKF, EnKF, EnKFN, LETKF, Inflation, LocalDomains, Localization
 from enkflow.obs import LinearObsOperator
 from enkflow.parallel import RowBlocks, get_comm
 
@@ -22,6 +22,7 @@ out = {
     "letkf": LETKF(localization=loc, inflation=infl).analyze(Xl, HX, obs, domains=LocalDomains.per_row(coords[start:stop])),
     "etkf": ETKF(inflation=infl).analyze(Xl, HX, obs),
     "enkf": EnKF(seed=4).analyze(Xl, HX, obs),
+    "enkfn": EnKFN(inflation=infl, xn=2.0, rotate=True, seed=4).analyze(Xl, HX, obs, cycle=3),
 }
 full = {k: comm.allgather_rows(np.ascontiguousarray(v)) for k, v in out.items()}
 if comm.rank == 0:

@@ -42,9 +42,12 @@ def test_demo_online_is_bitwise_the_offline_demo(tmp_path):
     assert len(rmse_lines) == 5  # the initial line, then cycles 0-3
 
 
-@pytest.mark.parametrize("method", [Method.ETKF, Method.LETKF, Method.ENSRF])
-def test_lorenz96_through_the_server_scores_as_in_process(method):
-    s = L96Setup(method=method, members=6, inflation=1.05, cycles=25, burn_in=5)
+@pytest.mark.parametrize("method, options", [(Method.ETKF, {}), (Method.LETKF, {}),
+                                             (Method.ENKF_N, {"xn": 2.0, "rotate": True}),
+                                             (Method.ENSRF, {})],
+                         ids=["etkf", "letkf", "enkf-n", "ensrf"])
+def test_lorenz96_through_the_server_scores_as_in_process(method, options):
+    s = L96Setup(method=method, members=6, inflation=1.05, cycles=25, burn_in=5, **options)
     a, b = run(s), run_online(s, runners=2)
     assert (a.rmse_a, a.spread_a, a.rmse_f) == (b.rmse_a, b.spread_a, b.rmse_f)
 

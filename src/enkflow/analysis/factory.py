@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from enkflow.analysis.adaptive_inflation import SerialAdaptive, from_config as adaptive_from_config
+from enkflow.analysis.enkf_n import EnKFN
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation
 from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.serial_filter import EnSRF
-from enkflow.config import AnalysisConfig, Method
+from enkflow.config import AnalysisConfig, EnKFNConfig, Method
 from enkflow.errors import InputError
 
 
@@ -33,4 +34,7 @@ def make_filter(cfg: AnalysisConfig) -> Filter:
             return DEnKF(inflation=infl)
         case Method.ESTKF:
             return ESTKF(inflation=infl)
+        case Method.ENKF_N:
+            o = cfg.enkf_n or EnKFNConfig()
+            return EnKFN(inflation=infl, xn=o.xn, g=o.g, rotate=o.rotate, seed=cfg.seed)
     return ETKF(inflation=infl)

@@ -48,6 +48,8 @@ class L96Setup:
     seed: int = 0
     # Adaptive prior inflation (local methods), Miyoshi (2011) defaults; "none" or "miyoshi2011" are taken too.
     adaptive: AdaptiveInflation = AdaptiveInflation.NONE
+    xn: float = 1.0  # enkf-n: the hyperprior's certainty (DAPPER's xN)
+    rotate: bool = False  # enkf-n: random mean-preserving rotation of the analysis anomalies (DAPPER's rot=True)
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -56,6 +58,8 @@ class L96Setup:
             raise InputError("--cycles must be >= 1 and --burn-in >= 0", item="cycles")
         if not (self.radius > 0):
             raise InputError(f"--radius must be > 0, got {self.radius}", item="radius")
+        if not (np.isfinite(self.xn) and self.xn > 0):
+            raise InputError(f"--xn must be a finite number > 0, got {self.xn}", item="xn")
         if self.domain_size < 1 or l96.N_VARS % self.domain_size:
             raise InputError(f"--domain-size must divide {l96.N_VARS}, got {self.domain_size}", item="domain_size")
         try:
@@ -81,9 +85,11 @@ class L96Result:
 
 def analysis_config(s: L96Setup) -> AnalysisConfig:
     """The ``[analysis]`` configuration of ``s``: posterior inflation (DAPPER's convention), GC
-    half-width ``radius`` on the ring of 40 points for the localized methods (local and serial)."""
+    half-width ``radius`` on the ring of 40 points for the methods that localize, the EnKF-N's options."""
     cfg: dict = {"method": s.method.value, "seed": s.seed,
                  "inflation": {"posterior": s.inflation, "adaptive": s.adaptive.value}}
+    if s.method is Method.ENKF_N:
+        cfg["enkf_n"] = {"xn": s.xn, "rotate": s.rotate}
     if s.method.needs_localization:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
     return AnalysisConfig.model_validate(cfg)

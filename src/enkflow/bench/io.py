@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         return _relaunch(args)
     workdir = None
     if comm.rank == 0:
-        workdir = tempfile.mkdtemp(prefix="enkflow-bench-io-", dir=args.dir or os.getcwd())
+        base = args.dir or os.getcwd()
+        os.makedirs(base, exist_ok=True)  # --dir names where to work; a missing one is made, as the other benches do
+        workdir = tempfile.mkdtemp(prefix="enkflow-bench-io-", dir=base)
     workdir = comm.bcast(workdir, root=0)
     try:
         bench = IOBench(args, comm, workdir)

@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--adaptive", choices=[a.value for a in AdaptiveInflation], default=AdaptiveInflation.NONE.value,
                    help="adaptive prior inflation of the local methods (Miyoshi 2011), on top of --inflation")
+    p.add_argument("--xn", type=float, default=1.0, help="enkf-n: certainty of the inflation hyperprior (DAPPER's xN, default 1.0)")
+    p.add_argument("--rotate", action="store_true", help="enkf-n: random mean-preserving rotation of the analysis anomalies (DAPPER's rot=True)")
     p.add_argument("--json", action="store_true", help="end with one line: a JSON object of the scores")
     p.add_argument("--online", type=int, default=0, metavar="RUNNERS",
                    help="advance the members in RUNNERS online runner processes through the assimilation server "
@@ -42,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
     s = L96Setup(
         method=args.method, members=args.members, inflation=args.inflation, radius=args.radius,
         domain_size=args.domain_size, cycles=args.cycles, burn_in=args.burn_in, seed=args.seed, adaptive=args.adaptive,
+        xn=args.xn, rotate=args.rotate,
     )
     if args.online:
         res = run_online(s, runners=args.online)
@@ -53,6 +56,7 @@ def main(args: argparse.Namespace) -> int:
             bar.close()
     print(
         f"{s.method.value} N={s.members} inflation={s.inflation}"
+        + (f" xn={s.xn}{' rotate' if s.rotate else ''}" if s.method is Method.ENKF_N else "")
         + (f" adaptive {s.adaptive.value} (mean factor {res.inflation_mean:.4f})"
            if s.adaptive is not AdaptiveInflation.NONE else "")
         + f": rmse_a {res.rmse_a:.4f}  "

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from enkflow.config import AnalysisConfig, Strict, load_toml, validate
+from enkflow.config import METHOD_TABLES, AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.io.config import IOConfig
@@ -440,8 +440,9 @@ _LATER_ANALYSIS_KEYS = {
 
 
 def _without_later_defaults(analysis: dict[str, Any]) -> dict[str, Any]:
-    """The analysis settings less the :data:`_LATER_ANALYSIS_KEYS` left at their defaults."""
-    out = dict(analysis)
+    """The analysis settings less the :data:`_LATER_ANALYSIS_KEYS` left at their defaults and the
+    method-option tables not given (:data:`enkflow.config.METHOD_TABLES`)."""
+    out = {k: v for k, v in analysis.items() if not (k in METHOD_TABLES and v is None)}
     for section, later in _LATER_ANALYSIS_KEYS.items():
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items() if k not in later or v != later[k]}
