@@ -112,8 +112,8 @@ class _Recorder:
     def forecast(self, f: np.ndarray) -> np.ndarray:
         return f.copy()
 
-    def update_serial(self, prior, weight, y_prior_var, obs_var, innovation):
-        self.calls.append((prior.shape, weight.copy(), y_prior_var, obs_var, innovation))
+    def update_serial(self, prior, weight, y_prior_var, obs_var, innovation, *, members=None):
+        self.calls.append((prior.shape, weight.copy(), y_prior_var, obs_var, innovation, members))
         out = prior.copy()
         out[:, 0] += self.step * weight
         return out
@@ -131,9 +131,9 @@ def test_adaptive_factors_inflate_rows_and_observations_and_are_updated_per_obse
     ref = _dense(X, HX, obs, coords, np.sqrt(field0[:, 0]), np.sqrt(obs_factor))
     np.testing.assert_allclose(Xa, ref, rtol=0, atol=1e-12)
     assert len(keep.calls) == obs.n_obs
-    shape, w, yvar, r, d = keep.calls[0]
-    y0 = HX[0] - HX[0].mean()
-    assert yvar == pytest.approx(obs_factor[0] * (y0 @ y0) / 7, rel=1e-12) and r == obs.error_var[0]
+    shape, w, yvar, r, d, members = keep.calls[0]
+    y0 = HX[0] - HX[0].mean()  # the first observation's prior variance before the adaptive factor
+    assert yvar == pytest.approx((y0 @ y0) / 7, rel=1e-12) and r == obs.error_var[0] and members == 8
     assert d == pytest.approx(obs.values[0] - HX[0].mean(), rel=1e-12) and ((w >= 0) & (w <= 1)).all()
     grow = _Recorder(step=0.1)
     f = field0.copy()

@@ -65,13 +65,13 @@ class SerialAdaptive(Protocol):
     def forecast(self, field: np.ndarray) -> np.ndarray: ...
 
     def update_serial(self, prior: np.ndarray, weight: np.ndarray, y_prior_var: float, obs_var: float,
-                      innovation: float) -> np.ndarray:
+                      innovation: float, *, members: int | None = None) -> np.ndarray:
         """The posterior (factor, deviation) (n, 2) of the n rows within one observation's support
         from their prior ones ``prior`` (n, 2). ``weight`` (n,) in [0, 1]: the localization weight
-        times the absolute correlation of the row with the observation (DART's); ``y_prior_var``: the
-        observation's prior ensemble variance (ddof = 1) as the filter sees it when it assimilates the
-        observation (inflated by the prior factors, updated by the observations before it);
-        ``obs_var``: its error variance; ``innovation``: observation minus prior mean."""
+        times the absolute correlation of the row with the observation (DART's gamma); ``y_prior_var``:
+        the observation's prior ensemble variance (ddof = 1) when the filter assimilates it (after the
+        observations before it), before the adaptive factor; ``obs_var``: its error variance;
+        ``innovation``: observation minus prior mean; ``members``: the ensemble size."""
         ...
 
 

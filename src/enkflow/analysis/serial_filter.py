@@ -117,9 +117,9 @@ class _Adaptive:
                              item="obs_factor")
         return cls(scheme, field, obs_factor)
 
-    def update(self, xs: _Ensemble, rows: _Pairs, k: int, y: np.ndarray, yy: float, v: float, r: float,
+    def update(self, xs: _Ensemble, rows: _Pairs, k: int, j: int, y: np.ndarray, yy: float, v: float, r: float,
                d: float) -> None:
-        """The factors of the rows within observation ``k``'s support (of the chunk), weighted by
+        """The factors of the rows within the support of observation ``k`` of the chunk (``j`` of the set), weighted by
         localization x |correlation| (Anderson 2009, sec. 3), before the rows are updated."""
         sl = slice(rows.offsets[k], rows.offsets[k + 1])
         idx = rows.idx[sl]
@@ -127,7 +127,9 @@ class _Adaptive:
         zz = (Z * Z).sum(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             corr = np.where(zz > 0, np.abs((Z * y).sum(axis=1)) / np.sqrt(zz * yy), 0.0)
-        self.field[idx] = self.scheme.update_serial(self.field[idx], rows.weight[sl] * corr, v, r, d)
+        # The observation's prior carries its adaptive factor (obs_factor): the scheme takes the variance without it.
+        self.field[idx] = self.scheme.update_serial(self.field[idx], rows.weight[sl] * corr, v / self.obs_factor[j], r,
+                                                    d, members=y.size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +243,7 @@ class EnSRF(Filter):
             dm = v / (v + r) * d
             ds = (np.sqrt(r / (v + r)) - 1.0) * y
             if adapt is not None:
-                adapt.update(xs, rows, k, y, yy, v, r, d)
+                adapt.update(xs, rows, k, j, y, yy, v, r, d)
             xs.regress(rows, k, y, yy, dm, ds)
             ys.regress(later, k, y, yy, dm, ds)
             ys.mean[j] += dm
