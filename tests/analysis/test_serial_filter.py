@@ -90,7 +90,8 @@ def test_rows_split_anywhere_give_the_same_bits():
     flt = _filter(inflation=Inflation(rtps=0.5))
     full = flt.analyze(X, HX, obs, coords=coords)
     for cut in (1, 13, 29):
-        parts = [flt.analyze(np.asfortranarray(X[s]), HX, obs, coords=coords[s]) for s in (slice(0, cut), slice(cut, None))]
+        halves = (slice(0, cut), slice(cut, None))
+        parts = [flt.analyze(np.asfortranarray(X[s]), HX, obs, coords=coords[s]) for s in halves]
         assert np.array_equal(np.vstack(parts), full), cut
     # Neighbour searches of a few observations and pairs at a time: the same sequence, the same bits.
     small = EnSRF(localization=flt.localization, inflation=flt.inflation, chunk=5, max_pairs=7)

@@ -119,8 +119,8 @@ class _Adaptive:
 
     def update(self, xs: _Ensemble, rows: _Pairs, k: int, j: int, y: np.ndarray, yy: float, v: float, r: float,
                d: float) -> None:
-        """The factors of the rows within the support of observation ``k`` of the chunk (``j`` of the set), weighted by
-        localization x |correlation| (Anderson 2009, sec. 3), before the rows are updated."""
+        """The factors of the rows within the support of observation ``k`` of the chunk (``j`` of the
+        set), weighted by localization x |correlation| (Anderson 2009, sec. 3), before the rows are updated."""
         sl = slice(rows.offsets[k], rows.offsets[k + 1])
         idx = rows.idx[sl]
         Z = xs.anom[idx]
@@ -250,7 +250,8 @@ class EnSRF(Filter):
             ys.anom[j] += ds
 
 
-def _weighted(loc: Localization, nb: Neighbours, start: int, oz: np.ndarray | None, other_z: np.ndarray | None) -> _Pairs:
+def _weighted(loc: Localization, nb: Neighbours, start: int, oz: np.ndarray | None,
+              other_z: np.ndarray | None) -> _Pairs:
     """The localization weights of neighbours ``nb`` (CSR by observation, from ``start``): the taper of
     each observation's own half-width, times the vertical taper of ``|oz - other_z|``; zero weights dropped."""
     n = nb.offsets.size - 1
