@@ -19,7 +19,8 @@ setup(
     ext_modules=[
         Extension(
             "enkflow.analysis._lanes",
-            sources=["src/enkflow/analysis/_c/lanes.c", "src/enkflow/analysis/_c/search.c"],
+            sources=["src/enkflow/analysis/_c/lanes.c", "src/enkflow/analysis/_c/search.c",
+                     "src/enkflow/analysis/_c/serial.c"],
             extra_compile_args=flags,
             libraries=["m"],
         )

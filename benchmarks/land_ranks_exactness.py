@@ -2,6 +2,7 @@
 balanced or not, and the same as a reference build's (e.g. the code before the balanced analysis).
 
     python benchmarks/land_ranks_exactness.py --src DIR --ranks 1,2,3,8 [--reference-src OLD/src] [--work W]
+        [--size small] [--method ensrf]
 
 ``DIR`` holds a synthesized problem (``enkflow synth --size medium --members 40 --out DIR``); it is
 not modified: every run gets a fresh copy, because ``enkflow bench land`` updates the members in
@@ -36,9 +37,12 @@ def _copy(src: Path, dst: Path) -> int:
     return len(members)
 
 
-def _bench(d: Path, members: int, ranks: int, env: dict | None = None, new_cli: bool = True) -> dict:
-    cmd = [sys.executable, "-m", "enkflow", "bench", "land", "--size", "medium", "--members", str(members),
+def _bench(d: Path, members: int, ranks: int, size: str, method: str | None, env: dict | None = None,
+           new_cli: bool = True) -> dict:
+    cmd = [sys.executable, "-m", "enkflow", "bench", "land", "--size", size, "--members", str(members),
            "--dir", str(d), "--json"]
+    if method is not None:  # None: the bench's default (a reference checkout may not know the option)
+        cmd += ["--method", method]
     if new_cli:
         cmd += ["--ranks", str(ranks)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -61,17 +65,19 @@ def main() -> int:
     ap.add_argument("--ranks", default="1,2,3,8")
     ap.add_argument("--reference-src", type=Path, help="src/ of a reference checkout, run at 1 rank")
     ap.add_argument("--work", type=Path, default=Path("land-exactness"))
+    ap.add_argument("--size", default="medium", help="the size the problem in --src was synthesized at")
+    ap.add_argument("--method", default=None, help="the analysis method (default: the bench's, lestkf)")
     a = ap.parse_args()
     runs: list[tuple[str, Path, dict]] = []
     if a.reference_src:
         d = a.work / "reference"
         members = _copy(a.src, d)
         env = dict(os.environ, PYTHONPATH=str(a.reference_src.resolve()))
-        runs.append(("reference, 1 rank", d, _bench(d, members, 1, env, new_cli=False)))
+        runs.append(("reference, 1 rank", d, _bench(d, members, 1, a.size, a.method, env, new_cli=False)))
     for p in (int(x) for x in a.ranks.split(",")):
         d = a.work / f"ranks{p}"
         members = _copy(a.src, d)
-        runs.append((f"{p} rank(s), balanced", d, _bench(d, members, p)))
+        runs.append((f"{p} rank(s), balanced", d, _bench(d, members, p, a.size, a.method)))
     first = _ensemble(runs[0][1], members)
     scale = float(np.abs(first).max())
     report = []

@@ -40,6 +40,7 @@ class Method(str, Enum):
     LESTKF = "lestkf"
     ENKF_N = "enkf-n"
     LNETF = "lnetf"
+    ENSRF = "ensrf"  # serial EnSRF/EAKF with covariance localization
 
     @property
     def is_local(self) -> bool:
@@ -50,7 +51,7 @@ class Method(str, Enum):
         """The methods that need an ``[analysis.localization]`` table. Not :attr:`is_local`: a filter
         may localize without analysing domain by domain (a serial filter localizes the
         state-observation distances)."""
-        return self in (Method.LETKF, Method.LESTKF, Method.LNETF)
+        return self in (Method.LETKF, Method.LESTKF, Method.LNETF, Method.ENSRF)
 
 
 class Taper(str, Enum):
@@ -202,6 +203,13 @@ class AnalysisConfig(Strict):
         if self.method is Method.LNETF and self.kernel is not Kernel.COMPILED:
             raise ValueError(f"kernel = '{self.kernel.value}' is a choice of letkf and lestkf; method 'lnetf' has "
                              "one implementation (leave kernel out)")
+        return self
+
+    @model_validator(mode="after")
+    def _serial_has_no_cap(self) -> "AnalysisConfig":
+        if self.method is Method.ENSRF and self.localization is not None and self.localization.max_obs is not None:
+            raise ValueError("localization.max_obs caps a local filter's domains; method 'ensrf' updates every row "
+                             "within an observation's support: remove max_obs")
         return self
 
 

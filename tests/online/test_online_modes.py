@@ -44,8 +44,8 @@ def test_demo_online_is_bitwise_the_offline_demo(tmp_path):
 
 @pytest.mark.parametrize("method, options", [(Method.ETKF, {}), (Method.LETKF, {}),
                                              (Method.ENKF_N, {"xn": 2.0, "rotate": True}),
-                                             (Method.LNETF, {"rs": 2.0, "rotate": True})],
-                         ids=["etkf", "letkf", "enkf-n", "lnetf"])
+                                             (Method.LNETF, {"rs": 2.0, "rotate": True}), (Method.ENSRF, {})],
+                         ids=["etkf", "letkf", "enkf-n", "lnetf", "ensrf"])
 def test_lorenz96_through_the_server_scores_as_in_process(method, options):
     s = L96Setup(method=method, members=6, inflation=1.05, cycles=25, burn_in=5, **options)
     a, b = run(s), run_online(s, runners=2)

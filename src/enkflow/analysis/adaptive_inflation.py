@@ -44,11 +44,35 @@ carries it from cycle to cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from enkflow.config import AdaptiveInflation, InflationConfig
 from enkflow.errors import InputError
+
+
+@runtime_checkable
+class SerialAdaptive(Protocol):
+    """An adaptive scheme the serial filter (:mod:`enkflow.analysis.serial_filter`) can update
+    observation by observation, as DART's filter does; its field is carried from cycle to cycle as
+    :class:`Miyoshi2011`'s (``initial_field``, ``forecast``, ``sd``: the lower bound of the deviation)."""
+
+    sd: float
+
+    def initial_field(self, n_rows: int) -> np.ndarray: ...
+
+    def forecast(self, field: np.ndarray) -> np.ndarray: ...
+
+    def update_serial(self, prior: np.ndarray, weight: np.ndarray, y_prior_var: float, obs_var: float,
+                      innovation: float, *, members: int | None = None) -> np.ndarray:
+        """The posterior (factor, deviation) (n, 2) of the n rows within one observation's support
+        from their prior ones ``prior`` (n, 2). ``weight`` (n,) in [0, 1]: the localization weight
+        times the absolute correlation of the row with the observation (DART's gamma); ``y_prior_var``:
+        the observation's prior ensemble variance (ddof = 1) when the filter assimilates it (after the
+        observations before it), before the adaptive factor; ``obs_var``: its error variance;
+        ``innovation``: observation minus prior mean; ``members``: the ensemble size."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

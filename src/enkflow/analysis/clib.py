@@ -1,5 +1,6 @@
 """The analysis's compiled library (``_c/lanes.c``: the local-analysis kernel;
-``_c/search.c``: the blocked local search), loaded once with ctypes.
+``_c/search.c``: the blocked local search; ``_c/serial.c``: the serial filter's observation loop),
+loaded once with ctypes.
 
 The library is built by the package's normal build (``pip install -e .``).
 ``ENKFLOW_LANES_LIB`` names another build of it (an older commit's, for
@@ -27,6 +28,8 @@ _SIGNATURES = {
                            _dbl, ctypes.c_void_p, _dbl, _dbl, _dbl, _int, _i64p],
     "enk_domain_blocks": [_i64, _int, _f64c, _dbl, _dbl, _i64, _i64p],
     "enk_block_pairs": [_i64, _i64p, _int, _f64c, _f64c, _dbl, _i64p, _i64p, _dbl, _i64, _i64p, _i64p, _f64c],
+    "enk_serial_update": [_i64, _i64, _i64, _i64p, _i64p, _f64c, _i64p, _i64p, _f64c, _f64c, _f64c, _f64c, _f64c,
+                          _f64c, _f64c],
 }
 
 

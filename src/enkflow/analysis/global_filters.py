@@ -25,8 +25,9 @@ from enkflow.analysis.transforms import estkf_weights, kalman_gain_ens, letkf_we
 from enkflow.analysis.validate import check_ensemble, check_obs_ensemble
 from enkflow.analysis.obsset import ObsSet
 
-if TYPE_CHECKING:  # the local filters derive from Filter
+if TYPE_CHECKING:  # the local and serial filters derive from Filter
     from enkflow.analysis.local_filters import LocalFilter
+    from enkflow.analysis.serial_filter import EnSRF
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +37,9 @@ class Filter:
     A filter says itself how its analysis divides: :meth:`as_local` is None for a global filter (one
     transform from the full ``HX``, the same on every rank, applied to each rank's rows), the filter
     itself for a local one (one analysis per domain of rows, so the rows may be split over the ranks
-    in any way: :class:`~enkflow.analysis.local_filters.LocalFilter`)."""
+    in any way: :class:`~enkflow.analysis.local_filters.LocalFilter`). :meth:`as_serial` is the filter
+    itself for the serial one (observations one at a time, each rank's rows updated with their
+    coordinates: :class:`~enkflow.analysis.serial_filter.EnSRF`), None otherwise."""
 
     inflation: Inflation = field(default_factory=Inflation)
 
@@ -47,6 +50,10 @@ class Filter:
 
     def as_local(self) -> LocalFilter | None:
         """This filter as a local filter (domains, localization, statistics), or None: a global filter."""
+        return None
+
+    def as_serial(self) -> EnSRF | None:
+        """This filter as the serial filter (it needs its rows' coordinates), or None."""
         return None
 
     def _check(self, X: np.ndarray, HX: np.ndarray, obs: ObsSet) -> None:

@@ -107,10 +107,13 @@ def analysis_config(s: L96Setup) -> AnalysisConfig:
 def make_step(s: L96Setup, coords: np.ndarray, truth: Callable[[int], np.ndarray | None], output: OutputSink,
               analysis: AnalysisConfig | None = None) -> AnalysisStep:
     """The analysis step of ``s`` (or of ``analysis``, its configuration changed), one process: the
-    local methods' domains are ``domain_size`` neighbouring points of the ring, observed at ``coords``."""
+    local methods' domains are ``domain_size`` neighbouring points of the ring, observed at ``coords``;
+    the serial filter's rows are at their ring positions."""
     n, k = l96.N_VARS, s.domain_size
     centres = (np.arange(n // k) * k + 0.5 * (k - 1)).astype(float)
     ring = LocalGeometry(LocalDomains.from_groups(np.arange(n) // k, centres), Geometry(Metric.PERIODIC, coords, float(n)))
+    if s.method is Method.ENSRF:
+        ring = LocalGeometry(row_coords=np.arange(n, dtype=float)[:, None])
     return build_step(analysis or analysis_config(s), StateRows(n, local=ring), SerialComm(), truth=truth, output=output)
 
 

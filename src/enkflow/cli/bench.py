@@ -50,7 +50,7 @@ def _add_land(bsub: argparse._SubParsersAction) -> None:
     g.add_argument("--size", choices=["tiny", "small", "medium", "large"], default="medium")
     g.add_argument("--members", type=int, default=40)
     g.add_argument("--cutoff-km", type=float, default=150.0, help="distance where the GC weight reaches 0 (km)")
-    g.add_argument("--method", choices=["letkf", "lestkf", "lnetf"], default="lestkf")
+    g.add_argument("--method", choices=["letkf", "lestkf", "lnetf", "ensrf"], default="lestkf")
     g.add_argument("--dir", type=Path, default=None, help="reuse (or create) the synthetic files here")
     g.add_argument("--keep", action="store_true", help="keep the temporary files")
     g.add_argument("--seed", type=int, default=0)

@@ -14,11 +14,12 @@ fall differently (docs/analysis.md).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from enkflow.analysis import Geometry, LocalDomains, LocalFilter, ObsSet
+from enkflow.analysis import Geometry, LocalDomains, LocalFilter, LocalStats, ObsSet
 from enkflow.analysis import balance as _balance
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import BalanceReport
@@ -83,29 +84,48 @@ def _balanced(flt: LocalFilter, local: LocalGeometry, store: EnsembleStore, X: n
               cycle: int, infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport]:
     """:func:`local_analysis` with the cost of every row estimated: the rows of the equal-cost
     range (``local.balance``) or of the store's block analysed, timed and reported."""
-    comm = store.comm
     t0 = time.perf_counter()
-    rc, io_bounds = _row_coords(local, store), _io_bounds(store)
+    rc = all_row_coords(local, store)
     geometry = local.geometry or flt.obs_geometry(y)
     cost = _row_costs(flt, geometry, rc, store, local.stride, X.shape[1])
-    bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else io_bounds
+
+    def analyse(Xb: np.ndarray, fb: np.ndarray | None, a0: int, a1: int) -> np.ndarray:
+        domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
+        return flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb, infl_field=fb)
+
+    Xa, report = balanced_rows(local, store, X, infl, cost, flt.stats, t0, analyse)
+    if Xa is not X:
+        X[...] = Xa
+    return X, report
+
+
+def balanced_rows(local: LocalGeometry, store: EnsembleStore, X: np.ndarray, infl: np.ndarray | None,
+                  cost: np.ndarray, stats: LocalStats, t0: float,
+                  analyse: Callable[[np.ndarray, np.ndarray | None, int, int], np.ndarray]) -> tuple[np.ndarray, BalanceReport]:
+    """The analysis of this rank's rows ``X`` of ``store`` by ``analyse(Xb, fb, a0, a1)`` (the rows
+    ``a0:a1`` and their inflation field rows, or None; returns their analysis, ``Xb`` itself where in
+    place) on the rows of the equal-``cost`` range (``local.balance``; ``cost`` (n_rows,)) or of the
+    store's block, moved there and back with the field ``infl`` (updated in place); timed (``stats``:
+    the filter's search and kernel seconds; ``t0``: when the cost estimate began) and reported."""
+    comm = store.comm
+    io = store_bounds(store)
+    bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else io
     a0, a1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
     t1 = time.perf_counter()
-    move = _Exchange(comm, io_bounds, bounds) if local.balance else None
+    move = RowExchange(comm, io, bounds) if local.balance else None
     Xb = move.there(X) if move is not None else X
     fb = move.there(infl) if move is not None and infl is not None else infl  # the field's rows travel with X's
     t2 = time.perf_counter()
-    domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
     c0, w0 = time.process_time(), time.perf_counter()
-    s0, k0 = flt.stats.search_s, flt.stats.kernel_s
-    Xb = flt.analyze(Xb, HX, y, cycle=cycle, domains=domains, geometry=geometry, out=Xb, infl_field=fb)
+    s0, k0 = stats.search_s, stats.kernel_s
+    Xa = analyse(Xb, fb, a0, a1)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    search, kernel = flt.stats.search_s - s0, flt.stats.kernel_s - k0
+    search, kernel = stats.search_s - s0, stats.kernel_s - k0
     t3 = time.perf_counter()
     comm.barrier()  # the wait for the slowest rank, timed apart from the exchange
     t3b = time.perf_counter()
     if move is not None:
-        X[...] = move.back(Xb)
+        Xa = move.back(Xa)
         if infl is not None and fb is not None:
             infl[...] = move.back(fb)
     t4 = time.perf_counter()
@@ -119,10 +139,10 @@ def _balanced(flt: LocalFilter, local: LocalGeometry, store: EnsembleStore, X: n
         rank_analysis_s=ranks[:, 0].tolist(), rank_cpu_s=ranks[:, 1].tolist(),
         rank_est_work=[float(w) / total for w in work], rank_rows=np.diff(bounds).astype(np.float64).tolist(),
         rank_search_s=ranks[:, 2].tolist(), rank_kernel_s=ranks[:, 3].tolist())
-    return X, report
+    return Xa, report
 
 
-def _row_coords(local: LocalGeometry, store: EnsembleStore) -> np.ndarray:
+def all_row_coords(local: LocalGeometry, store: EnsembleStore) -> np.ndarray:
     """``local.row_coords`` as (n_rows, n_dim) float64, checked against the store."""
     rc = np.asarray(local.row_coords, dtype=np.float64)
     rc = rc[:, None] if rc.ndim == 1 else rc
@@ -131,7 +151,7 @@ def _row_coords(local: LocalGeometry, store: EnsembleStore) -> np.ndarray:
     return rc
 
 
-def _io_bounds(store: EnsembleStore) -> np.ndarray:
+def store_bounds(store: EnsembleStore) -> np.ndarray:
     """The ranks' row blocks of the store as bounds (P + 1,); collective."""
     blocks = np.array(store.comm.allgather_obj((store.row_start, store.row_stop)), dtype=np.int64).reshape(-1, 2)
     bounds = np.append(blocks[:, 0], blocks[-1, 1])
@@ -150,7 +170,7 @@ def _row_costs(flt: LocalFilter, geometry: Geometry, rc: np.ndarray, store: Ense
     return _balance.domain_cost(_balance.interpolate_counts(sample, counts, store.n_rows), n_members)
 
 
-class _Exchange:
+class RowExchange:
     """Rows moved from the store's blocks (``io_bounds``) to the analysis ranges (``bounds``) and back."""
 
     def __init__(self, comm: Comm, io_bounds: np.ndarray, bounds: np.ndarray):

@@ -37,6 +37,7 @@ from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics
 from enkflow.experiment.cycling import EnsembleStore, NoOutput, ObservationSpace, OutputSink, StatsSink
 from enkflow.experiment.decomposition import LocalGeometry, local_analysis
 from enkflow.experiment.inflation import InflationCarrier
+from enkflow.experiment.serial_analysis import serial_analysis
 from enkflow.io.meanspread import ensemble_mean_spread
 from enkflow.obs import ObsSet
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
@@ -57,7 +58,8 @@ class AnalysisStep:
     for a global filter); ``inflation``: the adaptive inflation field's carrier (a filter with
     ``adaptive``); the sinks ``obs_diag`` (each cycle's ``obs_diag.nc``), ``stats`` (the ensemble
     statistics of each rank's rows) and ``output`` (the analysis: mean and spread files, scores);
-    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None."""
+    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None. The serial filter's ``local`` holds
+    the coordinates of every row (its rows need no domains)."""
 
     filter: Filter
     local: LocalGeometry | None = None
@@ -68,8 +70,8 @@ class AnalysisStep:
     truth: Callable[[int], np.ndarray | None] = _no_truth
 
     def __post_init__(self) -> None:
-        if (self.filter.as_local() is None) != (self.local is None):
-            raise InputError("a local filter needs its LocalGeometry, a global filter none", item="local")
+        if (self.filter.as_local() is None and self.filter.as_serial() is None) != (self.local is None):
+            raise InputError("a local or the serial filter needs its LocalGeometry, a global filter none", item="local")
 
 
 @dataclass(frozen=True)
@@ -109,17 +111,21 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     cycle (its inflation field is the initial one). ``stats``, ``output``, ``truth``: see
     :class:`AnalysisStep`. ``balance`` (local filters on a layout's rows; fixed domains keep theirs): rows
     of equal estimated work on every rank; None: ``analysis.balance`` where there are several ranks. The balance is reported where the rows
-    come from a layout (the coordinates of every row known), whether they move or not."""
+    come from a layout (the coordinates of every row known), whether they move or not; the serial filter's rows
+    are balanced in the same way."""
     flt = make_filter(analysis)
-    lf = flt.as_local()
+    lf, sf = flt.as_local(), flt.as_serial()
     local, inflation = None, None
-    if lf is not None:
+    if lf is not None or sf is not None:
         # One rank has nothing to balance: its rows stay where they are.
         equal_cost = (analysis.balance and comm.size > 1) if balance is None else balance
         local = rows.local_geometry(analysis.localization, equal_cost)
-        if lf.adaptive is not None:
-            inflation = InflationCarrier(lf.adaptive, rows.n_rows, comm, dir_of=cycle_dir, first_cycle=first_cycle,
-                                         coords=rows.coords)
+        if sf is not None and local.row_coords is None:
+            raise InputError("the serial filter needs the coordinates of every state row", item="rows")
+    scheme = lf.adaptive if lf is not None else sf.adaptive if sf is not None else None
+    if scheme is not None:
+        inflation = InflationCarrier(scheme, rows.n_rows, comm, dir_of=cycle_dir, first_cycle=first_cycle,
+                                     coords=rows.coords)
     obs_diag = None
     if cycle_dir is not None:
         metric = analysis.localization.metric if analysis.localization is not None else None
@@ -184,7 +190,11 @@ def _rms(y: ObsSet, hx: np.ndarray) -> float:
 def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.ndarray, y: ObsSet, cycle: int,
                 infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport | None]:
     """The filter on this rank's rows ``X``: a global filter's transform, or the local analysis of
-    the ranks' domains (which may overwrite ``X``); and the balance report of a local one, if any."""
+    the ranks' domains (which may overwrite ``X``), or the serial filter on this rank's rows with
+    their coordinates; and the balance report of a local or the serial one, if any."""
+    sf = step.filter.as_serial()
+    if sf is not None and step.local is not None:
+        return serial_analysis(sf, step.local, store, X, HX, y, cycle, infl)
     lf = step.filter.as_local()
     if lf is None or step.local is None:
         return step.filter.analyze(X, HX, y, cycle=cycle), None
@@ -196,9 +206,10 @@ def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa
     """The local filter's statistics, the RMSE against ``truth`` (n_rows,) of the forecast mean
     ``prior_mean`` and of the analysis mean, and the inflation factors' range (collective)."""
     comm = store.comm
-    lf = step.filter.as_local()
-    if lf is not None:
-        diag.local = LocalFilterStats(lf.stats.mean_local_obs, lf.stats.search_s, lf.stats.kernel_s)
+    lf, sf = step.filter.as_local(), step.filter.as_serial()
+    st = lf.stats if lf is not None else sf.stats if sf is not None else None
+    if st is not None:
+        diag.local = LocalFilterStats(st.mean_local_obs, st.search_s, st.kernel_s)
     if truth is not None and prior_mean is not None:
         tl = truth[store.row_start:store.row_stop]
         sq = comm.allreduce_sum(np.array([np.sum((prior_mean - tl) ** 2), np.sum((Xa.mean(axis=1) - tl) ** 2)]))
