@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from enkflow.analysis import Geometry, LocalDomains
-from enkflow.config import AdaptiveInflation, AnalysisConfig, Method, Metric
+from enkflow.config import AdaptiveInflation, AdaptiveTarget, AnalysisConfig, Method, Metric
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import ArrayStore, ObservationSpace, OutputSink, run_cycles
@@ -46,8 +46,10 @@ class L96Setup:
     burn_in: int = 400
     obs_std: float = 1.0
     seed: int = 0
-    # Adaptive prior inflation (local methods), Miyoshi (2011) defaults; "none" or "miyoshi2011" are taken too.
+    # Adaptive inflation (local methods) at the scheme's defaults; its name (e.g. "gharamti2018") is taken too.
     adaptive: AdaptiveInflation = AdaptiveInflation.NONE
+    adaptive_target: AdaptiveTarget = AdaptiveTarget.PRIOR  # gharamti2018, anderson2009: prior or posterior
+    adaptive_damping: float | None = None  # gharamti2018, anderson2009: DART's inf_damping (None: 0.9)
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -60,8 +62,11 @@ class L96Setup:
             raise InputError(f"--domain-size must divide {l96.N_VARS}, got {self.domain_size}", item="domain_size")
         try:
             object.__setattr__(self, "adaptive", AdaptiveInflation(self.adaptive))
+            object.__setattr__(self, "adaptive_target", AdaptiveTarget(self.adaptive_target))
         except ValueError:
-            raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive") from None
+            raise InputError(f"--adaptive must be one of {', '.join(a.value for a in AdaptiveInflation)} and "
+                             f"--adaptive-target prior or posterior, got {self.adaptive!r}, {self.adaptive_target!r}",
+                             item="adaptive") from None
         if self.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
 
@@ -84,6 +89,10 @@ def analysis_config(s: L96Setup) -> AnalysisConfig:
     half-width ``radius`` on the ring of 40 points for the local methods."""
     cfg: dict = {"method": s.method.value, "seed": s.seed,
                  "inflation": {"posterior": s.inflation, "adaptive": s.adaptive.value}}
+    if s.adaptive_target is not AdaptiveTarget.PRIOR:
+        cfg["inflation"]["adaptive_target"] = s.adaptive_target.value
+    if s.adaptive_damping is not None:
+        cfg["inflation"]["adaptive_damping"] = s.adaptive_damping
     if s.method.is_local:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
     return AnalysisConfig.model_validate(cfg)
