@@ -7,7 +7,7 @@ The factor lambda of each state row is Gaussian, N(lambda_b, sigma_b^2). After a
 the likelihood of :mod:`enkflow.analysis.inflation_dart` (slope s = l'/l at lambda_b):
 
 - mode: the maximum of N(lambda; lambda_b, sigma_b^2) (1 + s (lambda - lambda_b)) (Anderson 2009,
-  eqs. A4-A6: the likelihood's Taylor expansion), i.e. the root nearest lambda_b of
+  eqs. A4-A6: the likelihood's Taylor expansion), i.e. the root nearest lambda_b (on the side of s) of
   ``lambda^2 + (1/s - 2 lambda_b) lambda + lambda_b^2 - sigma_b^2 - lambda_b / s = 0``; with
   x = lambda - lambda_b, ``s x^2 + x - sigma_b^2 s = 0``, x = 2 sigma_b^2 s / (1 + sqrt(1 + 4 sigma_b^2 s^2))
   (no division by s: an innovation that fits theta^2 exactly leaves lambda_b);
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enkflow.analysis.inflation_dart import DartInflation, likelihood_slope, log_likelihood, nearest_root
+from enkflow.analysis.inflation_dart import DartInflation, likelihood_slope, log_likelihood, mode_root
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,8 +37,10 @@ class Anderson2009(DartInflation):
              d2: np.ndarray, members: int | None) -> tuple[np.ndarray, np.ndarray]:
         v = sd * sd
         s = likelihood_slope(lam, gamma, sp2, so2, d2)
-        lam_u = lam + nearest_root(s, np.ones_like(s), -v * s)
+        lam_u = lam + mode_root(s, np.ones_like(s), -v * s, s)
         lam_u = np.where(lam_u > 0, lam_u, lam)
+        if (sd <= self.sd).all():  # deviations at their bound stay there (DART's defaults): no density to fit
+            return lam_u, sd
 
         def log_post(x: np.ndarray) -> np.ndarray:
             return -0.5 * (x - lam) ** 2 / v + log_likelihood(x, gamma, sp2, so2, d2)

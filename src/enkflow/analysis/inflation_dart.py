@@ -13,7 +13,7 @@ variance and gamma in [0, 1] how much of the row's inflation reaches the observa
 localization weight times |correlation of the row and the observation's prior ensemble| (a
 gamma of 0 changes nothing). Both linearise the likelihood about lambda_b, l(lambda) ~ l(lambda_b)
 (1 + s (lambda - lambda_b)) with the slope ``s = l'/l`` at lambda_b, take the mode of prior x that
-line as the new lambda (the root of a quadratic nearest lambda_b), and fit the new deviation to
+line as the new lambda (the root of a quadratic, :func:`mode_root`), and fit the new deviation to
 the exact posterior density one old deviation above the new mode.
 
 Around each observation's update, as DART's ``update_inflation``: lambda is clipped to
@@ -169,9 +169,13 @@ def log_likelihood(lam: np.ndarray, gamma: np.ndarray, sp2: np.ndarray, so2: np.
     return -0.5 * np.log(t2) - 0.5 * d2 / t2
 
 
-def nearest_root(a: np.ndarray | float, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """The root of a x^2 + b x + c = 0 nearest 0 (the smaller in magnitude), 2c / (-b - sign(b) sqrt(b^2 - 4ac))
-    (no cancellation); 0 where c = 0. The discriminant is >= 0 for both schemes' quadratics."""
+def mode_root(a: np.ndarray | float, b: np.ndarray, c: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The root x of a x^2 + b x + c = 0 (roots of opposite signs, c / a < 0) with the sign of the
+    likelihood's slope ``s``: the mode of prior x linearised likelihood moves towards the likelihood.
+    DART takes the root nearest 0; that is the same root unless the line is steep, where the nearest
+    one lies where 1 + s x < 0 (a minimum of the product). Computed without cancellation
+    (q = -(b + sign(b) sqrt(b^2 - 4ac)) / 2, roots q/a and c/q); 0 where s = 0."""
     q = -0.5 * (b + np.where(b >= 0, 1.0, -1.0) * np.sqrt(b * b - 4.0 * a * c))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(c == 0, 0.0, c / q)
+        r1, r2 = q / a, c / q
+    return np.where(s == 0, 0.0, np.where(np.sign(r2) == np.sign(s), r2, r1))

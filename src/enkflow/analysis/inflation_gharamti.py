@@ -15,8 +15,9 @@ After an observation with the likelihood of :mod:`enkflow.analysis.inflation_dar
 Gharamti's finite-ensemble term: theta^2 = ((1 + gamma (sqrt(lambda) - 1))^2 - 1/N) sigma_p^2 + sigma_o^2,
 as DART's ``enh_linear_bayes``; slope s = l'/l at lambda_b):
 
-- mode: the maximum of IG(lambda; alpha, beta) (1 + s (lambda - lambda_b)), the root nearest
-  lambda_b of ``(1 - lambda_b / beta) lambda^2 + (1/s - 2 lambda_b) lambda + lambda_b^2 - lambda_b / s = 0``;
+- mode: the maximum of IG(lambda; alpha, beta) (1 + s (lambda - lambda_b)), the root on the side
+  of s (DART takes the one nearest lambda_b, which for a steep likelihood is a minimum) of
+  ``(1 - lambda_b / beta) lambda^2 + (1/s - 2 lambda_b) lambda + lambda_b^2 - lambda_b / s = 0``;
   with x = lambda - lambda_b and u = lambda_b / beta: ``(1 - u) s x^2 + (1 - 2 u lambda_b s) x - u lambda_b^2 s = 0``;
   a mode <= 0 keeps lambda_b;
 - deviation: the inverse gamma of mode lambda_u through the exact posterior density p at lambda_u and
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enkflow.analysis.inflation_dart import DartInflation, likelihood_slope, log_likelihood, nearest_root
+from enkflow.analysis.inflation_dart import DartInflation, likelihood_slope, log_likelihood, mode_root
 from enkflow.errors import InputError
 
 
@@ -61,8 +62,10 @@ class Gharamti2018(DartInflation):
         u = lam / beta
         s = likelihood_slope(lam, gamma, sp2, so2, d2, inv_n)
         with np.errstate(invalid="ignore"):
-            lam_u = lam + nearest_root((1.0 - u) * s, 1.0 - 2.0 * u * lam * s, -u * lam * lam * s)
+            lam_u = lam + mode_root((1.0 - u) * s, 1.0 - 2.0 * u * lam * s, -u * lam * lam * s, s)
         lam_u = np.where(lam_u > 0, lam_u, lam)  # NaN compares False: kept as well
+        if (sd <= self.sd).all():  # deviations at their bound stay there (DART's defaults): no density to fit
+            return lam_u, sd
 
         def log_post(x: np.ndarray) -> np.ndarray:
             return -(alpha + 1.0) * np.log(x) - beta / x + log_likelihood(x, gamma, sp2, so2, d2, inv_n)
