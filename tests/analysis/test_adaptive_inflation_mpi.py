@@ -1,6 +1,6 @@
 """Adaptive inflation under MPI: the field's rows travel with the balanced rows, so 1 and 2 ranks
 write the same inflation field and observation-space diagnostics (to 1e-12) over two cycles, for
-Miyoshi's scheme and DART's two (one of them as posterior inflation)."""
+Miyoshi's scheme and El Gharamti's as posterior inflation (DART's per-observation path)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ def _vars(path: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("inflation", [{"adaptive": "miyoshi2011", "adaptive_sd": 0.3},
-                                       {"adaptive": "gharamti2018", "adaptive_sd": 0.1},
-                                       {"adaptive": "anderson2009", "adaptive_sd": 0.1, "adaptive_target": "posterior"}])
+                                       {"adaptive": "gharamti2018", "adaptive_sd": 0.1, "adaptive_target": "posterior"}])
 def test_one_and_two_ranks_carry_the_same_field(mpiexec, subprocess_env, tmp_path, inflation):
     src = synth(tmp_path / "src", "tiny", 8)
     for n in (1, 2):
