@@ -16,8 +16,9 @@ from enkflow.analysis.adaptive_inflation import from_config
 from enkflow.analysis.inflation_anderson import Anderson2009
 from enkflow.analysis.inflation_gharamti import Gharamti2018, inverse_gamma
 from enkflow.analysis.taper import Taper, weights
-from enkflow.config import AdaptiveTarget, AnalysisConfig, InflationConfig
-from enkflow.errors import InputError
+from enkflow.apps.l96 import L96Setup
+from enkflow.config import AdaptiveTarget, AnalysisConfig, InflationConfig, Method
+from enkflow.errors import ConfigError, InputError
 
 
 def _lik(lam, gamma, sp2, so2, d, inv_n=0.0):
@@ -203,5 +204,9 @@ def test_config_defaults_keys_and_bad_input():
         Gharamti2018(sd_max_change=3.0)
     with pytest.raises(InputError, match=r"adaptive_minimum \(2.0\) is above adaptive_maximum \(1.0\)"):
         Anderson2009(minimum=2.0, maximum=1.0, initial=1.5)
+    with pytest.raises(ConfigError, match=r"adaptive_damping is not a parameter of adaptive = 'miyoshi2011' \(key 'analysis.inflation'\)"):
+        L96Setup(method=Method.LETKF, members=4, adaptive="miyoshi2011", adaptive_damping=0.5)
+    with pytest.raises(InputError, match="--adaptive must be one of none, miyoshi2011, gharamti2018, anderson2009"):
+        L96Setup(method=Method.LETKF, members=4, adaptive="gharamti")
     with pytest.raises(InputError, match="weight has shape"):
         Anderson2009().update_serial(np.ones((3, 2)), np.ones(2), 1.0, 1.0, 0.5)

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from enkflow.analysis import Geometry, LocalDomains
-from enkflow.config import AdaptiveInflation, AdaptiveTarget, AnalysisConfig, Method, Metric
+from enkflow.config import AdaptiveInflation, AdaptiveTarget, AnalysisConfig, Method, Metric, validate
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import ArrayStore, ObservationSpace, OutputSink, run_cycles
@@ -69,6 +69,7 @@ class L96Setup:
                              item="adaptive") from None
         if self.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
             raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
+        analysis_config(self)  # an option the [analysis] schema refuses is a ConfigError naming its key, now
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def analysis_config(s: L96Setup) -> AnalysisConfig:
         cfg["inflation"]["adaptive_damping"] = s.adaptive_damping
     if s.method.is_local:
         cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
-    return AnalysisConfig.model_validate(cfg)
+    return validate(AnalysisConfig, cfg, prefix="analysis")
 
 
 def make_step(s: L96Setup, coords: np.ndarray, truth: Callable[[int], np.ndarray | None], output: OutputSink,
