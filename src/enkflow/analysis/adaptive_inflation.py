@@ -28,8 +28,8 @@ there) at the first cycle, and bounded below by sigma_b (``sd``; DART's ``inf_sd
 mean of the observation estimates so far; once v_b reaches sigma_b^2 it is Miyoshi's scheme
 exactly. ``sd_initial <= sd`` gives Miyoshi's fixed variance from the first cycle.
 
-rho_a inflates this cycle's analysis (as DART's adaptive inflation does; Miyoshi's code updates
-after the transform and uses the estimate from the next cycle on). The next cycle's prior
+rho_a inflates this cycle's analysis (DART and Miyoshi's code inflate with the carried estimate and update
+it for the next cycle). The next cycle's prior
 estimate is rho_a (persistence, the paper's choice), or with ``relax`` > 0 relaxed towards
 ``initial`` by that fraction. Domains without observations (p = 0) keep their prior estimate.
 rho is clipped to ``[minimum, maximum]``.
