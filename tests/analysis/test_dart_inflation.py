@@ -190,7 +190,7 @@ def test_config_defaults_keys_and_bad_input():
     loc = {"radius": 3.0}
     bad = [({"adaptive": "anderson2009", "adaptive_minimum": 2.0, "adaptive_maximum": 1.5},
             r"adaptive_minimum \(2.0\) is above adaptive_maximum \(1.5\)"),
-           ({"adaptive": "gharamti2018", "adaptive_initial": 60.0}, r"adaptive_initial \(60.0\) must lie in .*\[0.0, 50.0\]"),
+           ({"adaptive": "gharamti2018", "adaptive_initial": 60.0}, r"adaptive_initial \(60.0\) must lie in .*\[1.0, 50.0\]"),
            ({"adaptive": "miyoshi2011", "adaptive_damping": 0.9}, "adaptive_damping is not a parameter of adaptive = 'miyoshi2011'"),
            ({"adaptive": "miyoshi2011", "adaptive_target": "posterior"}, "prior inflation only"),
            ({"adaptive": "anderson2009", "adaptive_sd_max_change": 1.1}, "adaptive_sd_max_change is not a parameter"),

@@ -28,8 +28,9 @@ as DART's ``enh_linear_bayes``; slope s = l'/l at lambda_b):
   ``inf_sd_max_change``); sigma_b is kept where alpha_u <= 2 or the ratio is not finite.
 
 DART's defaults, its guide's recommendation for flavour 5: initial 1, sd_initial = sd = 0.6 (a
-deviation at its lower bound stays there, so these fix it), minimum 0 (deflation allowed),
-maximum 50, damping 0.9, sd_max_change 1.05.
+deviation at its lower bound stays there, so these fix it), maximum 50, damping 0.9, sd_max_change
+1.05; minimum 1 (``filter_nml``'s default: the guide's 0, deflation allowed, lets single domains
+deflate and under-inflates Lorenz-96, docs/analysis.md; the inverse gamma keeps lambda > 0 with 0).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from enkflow.errors import InputError
 class Gharamti2018(DartInflation):
     """El Gharamti (2018) with DART's defaults (see :class:`~enkflow.analysis.inflation_dart.DartInflation`)."""
 
-    minimum: float = 0.0  # inf_lower_bound: the inverse gamma keeps lambda > 0
     sd_max_change: float = 1.05  # inf_sd_max_change: the deviation grows by at most this factor per observation
 
     def __post_init__(self) -> None:
