@@ -12,8 +12,9 @@ adaptive inflation with nothing tuned:
   DART's ``inf_sd_initial``); ``sd_initial 0.3`` and ``1.0``: how much the result depends on that
   first deviation; ``fixed sigma_b 0.04``: Miyoshi's fixed prior variance from the first cycle;
 - ``gharamti2018 default``, ``anderson2009 default``: DART's recommended values (deviation 0.6
-  fixed, damping 0.9, bounds [0, 50] and [1, 50]), prior inflation; beside them without damping
-  and as posterior inflation, to show what the defaults' damping and the target do.
+  fixed, damping 0.9, bounds [1, 50]), prior inflation; beside them without damping, as posterior
+  inflation, and El Gharamti's with deflation allowed (the lower bound 0 DART's guide suggests for
+  it), to show what the damping, the target and the bound do.
 
 Prints a Markdown table with the ratio to the best fixed inflation of either kind, then the rows
 as JSON; exits non-zero if a scheme's default run is more than 5% above it at any N.
@@ -40,6 +41,7 @@ ADAPTIVE = {
     "gharamti2018 default": {"adaptive": "gharamti2018"},
     "gharamti2018 damping 1": {"adaptive": "gharamti2018", "adaptive_damping": 1.0},
     "gharamti2018 posterior": {"adaptive": "gharamti2018", "adaptive_target": "posterior"},
+    "gharamti2018 minimum 0": {"adaptive": "gharamti2018", "adaptive_minimum": 0.0},
     "anderson2009 default": {"adaptive": "anderson2009"},
     "anderson2009 damping 1": {"adaptive": "anderson2009", "adaptive_damping": 1.0},
     "anderson2009 posterior": {"adaptive": "anderson2009", "adaptive_target": "posterior"},
