@@ -114,6 +114,27 @@ class AdaptiveInflation(str, Enum):
 
     NONE = "none"
     MIYOSHI2011 = "miyoshi2011"  # Miyoshi (2011), the estimate's variance carried (docs/analysis.md)
+    GHARAMTI2018 = "gharamti2018"  # El Gharamti (2018), inverse-gamma prior (DART's inf_flavor 5)
+    ANDERSON2009 = "anderson2009"  # Anderson (2009), Gaussian prior (DART's inf_flavor 2)
+
+
+class AdaptiveTarget(str, Enum):
+    """``[analysis.inflation] adaptive_target``: the covariance an adaptive factor multiplies."""
+
+    PRIOR = "prior"
+    POSTERIOR = "posterior"  # gharamti2018, anderson2009 (El Gharamti et al. 2019's posterior inflation)
+
+
+# Each scheme's defaults of the adaptive_* keys left unset (None): Miyoshi's sigma_b, DART's
+# recommended filter_nml values (guide/inflation.rst) for the two DART schemes, with the lower bound 1
+# (filter_nml's default; the guide suggests 0 for gharamti2018, which under-inflates on Lorenz-96:
+# docs/analysis.md); the keys a scheme does not define are errors.
+ADAPTIVE_DEFAULTS: dict[AdaptiveInflation, dict[str, float]] = {
+    AdaptiveInflation.MIYOSHI2011: {"sd": 0.04, "sd_initial": 0.6, "minimum": 1.0, "maximum": 10.0},
+    AdaptiveInflation.GHARAMTI2018: {"sd": 0.6, "sd_initial": 0.6, "minimum": 1.0, "maximum": 50.0, "damping": 0.9,
+                                     "sd_max_change": 1.05},
+    AdaptiveInflation.ANDERSON2009: {"sd": 0.6, "sd_initial": 0.6, "minimum": 1.0, "maximum": 50.0, "damping": 0.9},
+}
 
 
 class InflationConfig(Strict):
@@ -124,19 +145,58 @@ class InflationConfig(Strict):
     rtpp: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior perturbations, alpha")
     rtps: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior spread, alpha")
     # Adaptive prior inflation (local filters): enkflow.analysis.adaptive_inflation, docs/analysis.md.
-    adaptive: AdaptiveInflation = Field(default=AdaptiveInflation.NONE, description="none | miyoshi2011")
+    adaptive: AdaptiveInflation = Field(default=AdaptiveInflation.NONE,
+                                        description="none | miyoshi2011 | gharamti2018 | anderson2009")
     adaptive_initial: float = Field(default=1.0, gt=0.0, description="covariance inflation factor at the first cycle")
-    adaptive_sd: float = Field(default=0.04, gt=0.0, description="lower bound of the prior estimate's standard deviation")
-    adaptive_sd_initial: float = Field(default=0.6, gt=0.0, description="standard deviation of the estimate at the first cycle")
-    adaptive_minimum: float = Field(default=1.0, gt=0.0, description="lower bound of the estimate")
-    adaptive_maximum: float = Field(default=10.0, gt=0.0, description="upper bound of the estimate")
-    adaptive_relax: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation towards adaptive_initial per cycle")
+    # None: the scheme's default (ADAPTIVE_DEFAULTS).
+    adaptive_sd: float | None = Field(default=None, gt=0.0, description="lower bound of the estimate's standard deviation")
+    adaptive_sd_initial: float | None = Field(default=None, gt=0.0, description="standard deviation of the estimate at the first cycle")
+    adaptive_minimum: float | None = Field(default=None, ge=0.0, description="lower bound of the estimate")
+    adaptive_maximum: float | None = Field(default=None, gt=0.0, description="upper bound of the estimate")
+    adaptive_relax: float = Field(default=0.0, ge=0.0, le=1.0, description="miyoshi2011: relaxation towards adaptive_initial per cycle")
+    adaptive_damping: float | None = Field(default=None, ge=0.0, le=1.0, description="gharamti2018, anderson2009: "
+                                           "DART's inf_damping, factor <- 1 + damping (factor - 1) before each cycle")
+    adaptive_sd_max_change: float | None = Field(default=None, ge=1.0, le=2.0, description="gharamti2018: DART's "
+                                                 "inf_sd_max_change, the most the deviation grows per observation")
+    adaptive_target: AdaptiveTarget = Field(default=AdaptiveTarget.PRIOR, description="prior | posterior (DART's schemes)")
 
     @model_validator(mode="after")
     def _adaptive_bounds(self) -> "InflationConfig":
-        if self.adaptive is not AdaptiveInflation.NONE and not self.adaptive_minimum <= self.adaptive_initial <= self.adaptive_maximum:
-            raise ValueError("adaptive_initial must lie in [adaptive_minimum, adaptive_maximum]")
+        if self.adaptive is AdaptiveInflation.NONE:
+            return self
+        p = self.adaptive_parameters()
+        defined = ADAPTIVE_DEFAULTS[self.adaptive]
+        for key in ("damping", "sd_max_change"):
+            if getattr(self, f"adaptive_{key}") is not None and key not in defined:
+                raise ValueError(f"adaptive_{key} is not a parameter of adaptive = '{self.adaptive.value}'")
+        if self.adaptive is AdaptiveInflation.MIYOSHI2011:
+            if self.adaptive_target is not AdaptiveTarget.PRIOR:
+                raise ValueError("adaptive = 'miyoshi2011' estimates prior inflation only (adaptive_target = 'prior')")
+            if p["minimum"] <= 0:
+                raise ValueError("adaptive_minimum must be > 0 for adaptive = 'miyoshi2011'")
+        elif self.adaptive_relax != 0.0:
+            raise ValueError(f"adaptive_relax is miyoshi2011's; adaptive = '{self.adaptive.value}' damps towards 1 "
+                             "with adaptive_damping")
+        if p["minimum"] > p["maximum"]:
+            raise ValueError(f"adaptive_minimum ({p['minimum']}) is above adaptive_maximum ({p['maximum']})")
+        if not p["minimum"] <= self.adaptive_initial <= p["maximum"]:
+            raise ValueError(f"adaptive_initial ({self.adaptive_initial}) must lie in [adaptive_minimum, adaptive_maximum]"
+                             f" = [{p['minimum']}, {p['maximum']}]")
         return self
+
+    def adaptive_parameters(self) -> dict[str, Any]:
+        """The parameters of the ``adaptive`` scheme (not none), the unset ones at its defaults:
+        the keyword arguments of its class in :mod:`enkflow.analysis` (``initial``, ``sd``, ...)."""
+        p: dict[str, Any] = dict(ADAPTIVE_DEFAULTS[self.adaptive], initial=self.adaptive_initial)
+        for key in list(p):
+            value = getattr(self, f"adaptive_{key}")
+            if value is not None:
+                p[key] = value
+        if self.adaptive is AdaptiveInflation.MIYOSHI2011:
+            p["relax"] = self.adaptive_relax
+        else:
+            p["target"] = self.adaptive_target
+        return p
 
 
 class EnKFNConfig(Strict):
@@ -193,9 +253,13 @@ class AnalysisConfig(Strict):
 
     @model_validator(mode="after")
     def _adaptive_for_the_method(self) -> "AnalysisConfig":
-        if self.inflation.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
-            raise ValueError(f"inflation.adaptive = '{self.inflation.adaptive.value}' needs a local filter (letkf, lestkf), "
-                             f"not '{self.method.value}'")
+        adaptive = self.inflation.adaptive
+        if adaptive is not AdaptiveInflation.NONE and not (self.method.is_local or self.method is Method.ENSRF):
+            raise ValueError(f"inflation.adaptive = '{adaptive.value}' needs a local filter (letkf, lestkf, lnetf) or "
+                             f"the serial filter (ensrf), not '{self.method.value}'")
+        if self.method is Method.ENSRF and self.inflation.adaptive_target is not AdaptiveTarget.PRIOR:
+            raise ValueError("the serial filter (ensrf) estimates prior inflation only: leave adaptive_target out "
+                             "(or 'prior')")
         return self
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """Run under mpiexec by test_adaptive_inflation_mpi.py: two cycles of the built-in analysis of the
-member files in argv[1] with adaptive inflation, rows balanced over the ranks; the inflation and
-obs_diag files go to argv[2]/c1, argv[2]/c2."""
+member files in argv[1] with adaptive inflation (argv[3]: [analysis.inflation] keys as JSON), rows
+balanced over the ranks; the inflation and obs_diag files go to argv[2]/c1, argv[2]/c2."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ comm = get_comm()
 src, out = Path(sys.argv[1]), Path(sys.argv[2])
 paths = sorted(src.glob("member_*.nc"))
 cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
-                                     "inflation": {"adaptive": "miyoshi2011", "adaptive_sd": 0.3}})
+                                     "inflation": json.loads(sys.argv[3])})
 state = StateConfig(variables=["soil_moisture"], coordinates=["land_lon", "land_lat"])
 files = AnalysisFiles(cycle_dir=lambda c: out / f"c{c}", first_cycle=1)
 for k in (1, 2):

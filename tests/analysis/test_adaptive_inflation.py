@@ -108,7 +108,7 @@ def test_adaptive_needs_its_field_and_a_local_filter():
         f.analyze(X, HX, obs, domains=LocalDomains.per_row(coords), infl_field=np.ones(X.shape[0]))
     with pytest.raises(ValueError, match="needs a local filter"):
         AnalysisConfig.model_validate({"method": "etkf", "inflation": {"adaptive": "miyoshi2011"}})
-    with pytest.raises(ValueError, match="adaptive_initial must lie"):
+    with pytest.raises(ValueError, match=r"adaptive_initial \(0.5\) must lie in \[adaptive_minimum, adaptive_maximum\] = \[1.0, 10.0\]"):
         AnalysisConfig.model_validate({"method": "etkf", "inflation": {"adaptive": "miyoshi2011",
                                                                         "adaptive_initial": 0.5}})
 

@@ -1,8 +1,10 @@
 """Adaptive inflation under MPI: the field's rows travel with the balanced rows, so 1 and 2 ranks
-write the same inflation field and observation-space diagnostics (to 1e-12) over two cycles."""
+write the same inflation field and observation-space diagnostics (to 1e-12) over two cycles, for
+Miyoshi's scheme and El Gharamti's as posterior inflation (DART's per-observation path)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,12 +26,14 @@ def _vars(path: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.mpi
-def test_one_and_two_ranks_carry_the_same_field(mpiexec, subprocess_env, tmp_path):
+@pytest.mark.parametrize("inflation", [{"adaptive": "miyoshi2011", "adaptive_sd": 0.3},
+                                       {"adaptive": "gharamti2018", "adaptive_sd": 0.1, "adaptive_target": "posterior"}])
+def test_one_and_two_ranks_carry_the_same_field(mpiexec, subprocess_env, tmp_path, inflation):
     src = synth(tmp_path / "src", "tiny", 8)
     for n in (1, 2):
         shutil.copytree(src, tmp_path / f"m{n}")
         cmd = [mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_adaptive.py"), str(tmp_path / f"m{n}"),
-               str(tmp_path / f"o{n}")]
+               str(tmp_path / f"o{n}"), json.dumps(inflation)]
         path = os.pathsep.join(filter(None, [str(HERE), subprocess_env.get("PYTHONPATH")]))
         r = subprocess.run(cmd, env=dict(subprocess_env, PYTHONPATH=path), capture_output=True, text=True,
                            timeout=180)

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from enkflow.analysis import Inflation, Localization, ObsSet
-from enkflow.analysis.adaptive_inflation import SerialAdaptive
 from enkflow.analysis.serial_filter import EnSRF, factor_at_obs
 from enkflow.analysis.taper import gaspari_cohn
-from enkflow.config import AnalysisConfig, Metric, validate
+from enkflow.config import AdaptiveTarget, AnalysisConfig, Metric, validate
 from enkflow.errors import ConfigError, InputError
 
 PERIOD = 30.0
@@ -105,6 +104,8 @@ class _Recorder:
 
     step: float = 0.0
     sd: float = 0.1
+    target: AdaptiveTarget = AdaptiveTarget.PRIOR
+    correlation_weighted: bool = True  # DART's gamma: localization x |correlation|
     calls: list = field(default_factory=list)
 
     def initial_field(self, n_rows: int) -> np.ndarray:
@@ -126,7 +127,6 @@ def test_adaptive_factors_inflate_rows_and_observations_and_are_updated_per_obse
     obs_factor = factor_at_obs(field0, coords, obs, _filter().localization)
     np.testing.assert_array_equal(obs_factor, field0[np.rint(obs.coords[:, 0]).astype(int) % 30, 0])
     keep = _Recorder()
-    assert isinstance(keep, SerialAdaptive)
     f = field0.copy()
     Xa = _filter(adaptive=keep).analyze(X, HX, obs, coords=coords, infl_field=f, obs_factor=obs_factor)
     ref = _dense(X, HX, obs, coords, np.sqrt(field0[:, 0]), np.sqrt(obs_factor))
@@ -163,6 +163,6 @@ def test_bad_input_is_named():
         validate(AnalysisConfig, {"method": "ensrf"})
     with pytest.raises(ConfigError, match="max_obs caps a local filter"):
         validate(AnalysisConfig, {"method": "ensrf", "localization": {"radius": 2.0, "max_obs": 5}})
-    with pytest.raises(ConfigError, match="adaptive"):
+    with pytest.raises(ConfigError, match="estimates prior inflation only"):
         validate(AnalysisConfig, {"method": "ensrf", "localization": {"radius": 2.0},
-                                  "inflation": {"adaptive": "miyoshi2011"}})
+                                  "inflation": {"adaptive": "anderson2009", "adaptive_target": "posterior"}})

@@ -52,9 +52,10 @@ def test_lorenz96_through_the_server_scores_as_in_process(method, options):
     assert (a.rmse_a, a.spread_a, a.rmse_f) == (b.rmse_a, b.spread_a, b.rmse_f)
 
 
-def test_lorenz96_through_the_server_reports_the_adaptive_inflation_as_in_process():
+@pytest.mark.parametrize("adaptive", [AdaptiveInflation.MIYOSHI2011, AdaptiveInflation.GHARAMTI2018])
+def test_lorenz96_through_the_server_reports_the_adaptive_inflation_as_in_process(adaptive):
     """Online, the adaptive field's mean is the estimate (it was reported as 1.0 when online had its own scores)."""
-    s = L96Setup(method=Method.LETKF, members=6, cycles=25, burn_in=5, adaptive=AdaptiveInflation.MIYOSHI2011)
+    s = L96Setup(method=Method.LETKF, members=6, cycles=25, burn_in=5, adaptive=adaptive)
     a, b = run(s), run_online(s, runners=2)
     assert (a.rmse_a, a.spread_a, a.rmse_f, a.inflation_mean) == (b.rmse_a, b.spread_a, b.rmse_f, b.inflation_mean)
     assert b.inflation_mean != 1.0

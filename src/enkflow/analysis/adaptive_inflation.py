@@ -28,8 +28,8 @@ there) at the first cycle, and bounded below by sigma_b (``sd``; DART's ``inf_sd
 mean of the observation estimates so far; once v_b reaches sigma_b^2 it is Miyoshi's scheme
 exactly. ``sd_initial <= sd`` gives Miyoshi's fixed variance from the first cycle.
 
-rho_a inflates this cycle's analysis (as DART's adaptive inflation does; Miyoshi's code updates
-after the transform and uses the estimate from the next cycle on). The next cycle's prior
+rho_a inflates this cycle's analysis (DART and Miyoshi's code inflate with the carried estimate and update
+it for the next cycle). The next cycle's prior
 estimate is rho_a (persistence, the paper's choice), or with ``relax`` > 0 relaxed towards
 ``initial`` by that fraction. Domains without observations (p = 0) keep their prior estimate.
 rho is clipped to ``[minimum, maximum]``.
@@ -44,34 +44,58 @@ carries it from cycle to cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
 
-from enkflow.config import AdaptiveInflation, InflationConfig
+from enkflow.analysis.inflation_anderson import Anderson2009
+from enkflow.analysis.inflation_gharamti import Gharamti2018
+from enkflow.config import AdaptiveInflation, AdaptiveTarget, InflationConfig
 from enkflow.errors import InputError
 
 
-@runtime_checkable
-class SerialAdaptive(Protocol):
-    """An adaptive scheme the serial filter (:mod:`enkflow.analysis.serial_filter`) can update
-    observation by observation, as DART's filter does; its field is carried from cycle to cycle as
-    :class:`Miyoshi2011`'s (``initial_field``, ``forecast``, ``sd``: the lower bound of the deviation)."""
+class AdaptiveScheme(Protocol):
+    """An adaptive inflation scheme, as the local filters, the serial filter,
+    :class:`~enkflow.experiment.inflation.InflationCarrier` and :func:`from_config` use it.
 
-    sd: float
+    Its state is a field (n_rows, 2) float64: column 0 the covariance inflation factor of every
+    state row, column 1 the standard deviation of its estimate. ``target``: the covariance the
+    factor multiplies (prior: before the analysis; posterior: the analysis anomalies times its
+    square root). ``sd``: the lower bound of the deviation (also the deviation of a field file
+    without one). ``correlation_weighted``: the local filters multiply each observation's taper
+    weight by |the correlation of the domain's rows and the observation's prior ensemble| (DART's
+    gamma) before :meth:`update`."""
 
-    def initial_field(self, n_rows: int) -> np.ndarray: ...
+    @property
+    def sd(self) -> float: ...
+    @property
+    def target(self) -> AdaptiveTarget: ...
+    @property
+    def correlation_weighted(self) -> bool: ...
 
-    def forecast(self, field: np.ndarray) -> np.ndarray: ...
+    def initial_field(self, n_rows: int) -> np.ndarray:
+        """The field (n_rows, 2) of the first cycle."""
+        ...
+
+    def forecast(self, field: np.ndarray) -> np.ndarray:
+        """The next cycle's prior field (n_rows, 2) from this cycle's posterior one (a new array)."""
+        ...
+
+    def update(self, prior: np.ndarray, offsets: np.ndarray, idx: np.ndarray, weight: np.ndarray, rinv: np.ndarray,
+               dy: np.ndarray, yvar: np.ndarray, *, members: int) -> np.ndarray:
+        """Posterior (n_dom, 2) of the local domains from their prior values ``prior`` (n_dom, 2):
+        domain k's observations ``idx[offsets[k]:offsets[k+1]]`` with ``weight`` (same length);
+        ``rinv``, ``dy``, ``yvar`` (n_obs,): 1 / error variance, innovation y - mean(H x), prior
+        variance of H(x) (ddof = 1) before the adaptive factor; ``members`` the ensemble size."""
+        ...
 
     def update_serial(self, prior: np.ndarray, weight: np.ndarray, y_prior_var: float, obs_var: float,
                       innovation: float, *, members: int | None = None) -> np.ndarray:
-        """The posterior (factor, deviation) (n, 2) of the n rows within one observation's support
-        from their prior ones ``prior`` (n, 2). ``weight`` (n,) in [0, 1]: the localization weight
-        times the absolute correlation of the row with the observation (DART's gamma); ``y_prior_var``:
-        the observation's prior ensemble variance (ddof = 1) when the filter assimilates it (after the
-        observations before it), before the adaptive factor; ``obs_var``: its error variance;
-        ``innovation``: observation minus prior mean; ``members``: the ensemble size."""
+        """One observation's update of the rows within its support: ``prior`` (n, 2), ``weight`` (n,)
+        localization x |correlation of the row and the observation| (the correlation only where
+        ``correlation_weighted``), ``y_prior_var`` its prior variance before the adaptive factor
+        (ddof = 1), ``obs_var`` its error variance, ``innovation`` y - mean(H x); ``members`` the
+        ensemble size. Returns the posterior (n, 2), a new array."""
         ...
 
 
@@ -86,6 +110,8 @@ class Miyoshi2011:
     minimum: float = 1.0
     maximum: float = 10.0
     relax: float = 0.0  # 0: persistence; r: rho_b(t+1) = rho_a(t) + r (initial - rho_a(t))
+    target = AdaptiveTarget.PRIOR
+    correlation_weighted = False
 
     def __post_init__(self) -> None:
         for name in ("initial", "sd", "sd_initial", "minimum", "maximum"):
@@ -115,13 +141,13 @@ class Miyoshi2011:
         return out
 
     def update(self, prior: np.ndarray, offsets: np.ndarray, idx: np.ndarray, weight: np.ndarray,
-               rinv: np.ndarray, dy: np.ndarray, yvar: np.ndarray) -> np.ndarray:
+               rinv: np.ndarray, dy: np.ndarray, yvar: np.ndarray, *, members: int = 0) -> np.ndarray:
         """Posterior (factor, deviation) (n_dom, 2) from the prior ones ``prior`` (n_dom, 2).
 
         Domain k uses observations ``idx[offsets[k]:offsets[k+1]]`` with taper weights
         ``weight`` (same length as ``idx``); ``rinv`` (n_obs,) 1 / error variance, ``dy``
         (n_obs,) innovations y - mean(HX), ``yvar`` (n_obs,) the uninflated ensemble
-        variance of H(x) (ddof = 1).
+        variance of H(x) (ddof = 1). The estimate does not depend on ``members`` (the protocol's).
         """
         wr = weight * rinv[idx]
         drd = segment_sums(wr * dy[idx] ** 2, offsets)
@@ -139,6 +165,18 @@ class Miyoshi2011:
             out[ok, 1] = np.sqrt(gain * var_o)  # v_a = v_b v_o / (v_b + v_o)
         np.clip(out[:, 0], self.minimum, self.maximum, out=out[:, 0])
         return out
+
+
+    def update_serial(self, prior: np.ndarray, weight: np.ndarray, y_prior_var: float, obs_var: float,
+                      innovation: float, *, members: int | None = None) -> np.ndarray:
+        """One observation's update of each of the rows ``prior`` (n, 2) with taper ``weight`` (n,):
+        :meth:`update` with that one observation per row (the estimate from p = w)."""
+        n = prior.shape[0]
+        if np.shape(weight) != (n,):
+            raise InputError(f"update_serial: weight has shape {np.shape(weight)}, the rows {n}", item="weight")
+        one = np.ones(1)
+        return self.update(prior, np.arange(n + 1), np.zeros(n, np.int64), np.asarray(weight, np.float64),
+                           one / obs_var, one * innovation, one * y_prior_var)
 
 
 def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -161,9 +199,10 @@ def domain_values(field: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> n
     return np.divide(sums, counts, out=np.ones_like(sums), where=counts > 0)
 
 
-def from_config(cfg: InflationConfig) -> Miyoshi2011 | None:
-    """The scheme an ``[analysis.inflation]`` table names, or None."""
+def from_config(cfg: InflationConfig) -> AdaptiveScheme | None:
+    """The scheme an ``[analysis.inflation]`` table names (its unset keys at the scheme's defaults), or None."""
     if cfg.adaptive is AdaptiveInflation.NONE:
         return None
-    return Miyoshi2011(initial=cfg.adaptive_initial, sd=cfg.adaptive_sd, sd_initial=cfg.adaptive_sd_initial,
-                       minimum=cfg.adaptive_minimum, maximum=cfg.adaptive_maximum, relax=cfg.adaptive_relax)
+    cls = {AdaptiveInflation.MIYOSHI2011: Miyoshi2011, AdaptiveInflation.GHARAMTI2018: Gharamti2018,
+           AdaptiveInflation.ANDERSON2009: Anderson2009}[cfg.adaptive]
+    return cls(**cfg.adaptive_parameters())

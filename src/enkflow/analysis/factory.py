@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enkflow.analysis.adaptive_inflation import SerialAdaptive, from_config as adaptive_from_config
+from enkflow.analysis.adaptive_inflation import from_config as adaptive_from_config
 from enkflow.analysis.enkf_n import EnKFN
 from enkflow.analysis.global_filters import DEnKF, EnKF, ESTKF, ETKF, Filter
 from enkflow.analysis.inflation import Inflation
@@ -11,7 +11,6 @@ from enkflow.analysis.local_filters import LESTKF, LETKF, Kernel
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.serial_filter import EnSRF
 from enkflow.config import AnalysisConfig, EnKFNConfig, LNETFConfig, Method
-from enkflow.errors import InputError
 
 
 def make_filter(cfg: AnalysisConfig) -> Filter:
@@ -28,11 +27,8 @@ def make_filter(cfg: AnalysisConfig) -> Filter:
             return LNETF(inflation=infl, localization=Localization.from_config(cfg.localization), rs=opts.rs,
                          rotate=opts.rotate, seed=cfg.seed, adaptive=adaptive_from_config(i))
         case Method.ENSRF:
-            scheme = adaptive_from_config(i)
-            if scheme is not None and not isinstance(scheme, SerialAdaptive):
-                raise InputError(f"inflation.adaptive = '{i.adaptive.value}' has no serial update: method 'ensrf' "
-                                 "cannot take it", item="analysis.inflation.adaptive")
-            return EnSRF(inflation=infl, localization=Localization.from_config(cfg.localization), adaptive=scheme)
+            return EnSRF(inflation=infl, localization=Localization.from_config(cfg.localization),
+                         adaptive=adaptive_from_config(i))
         case Method.ENKF:
             return EnKF(inflation=infl, seed=cfg.seed)
         case Method.DENKF:

@@ -19,16 +19,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from enkflow.analysis.adaptive_inflation import Miyoshi2011, domain_values
+from enkflow.analysis.adaptive_inflation import AdaptiveScheme
 from enkflow.analysis.domains import LocalDomains
 from enkflow.analysis.geometry import Geometry
 from enkflow.analysis.global_filters import Filter
 from enkflow.analysis.inflation import inflate_posterior
 from enkflow.analysis.kernels import local_analysis
+from enkflow.analysis.local_inflation import inflate_rows, update_domains
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.transforms import estkf_weights, letkf_weights
-from enkflow.config import Kernel
+from enkflow.config import AdaptiveTarget, Kernel
 from enkflow.errors import InputError
 
 
@@ -58,8 +59,8 @@ class LocalFilter(Filter):
     chunk: int = 8192  # domains per local-search + kernel call, at most
     max_pairs: int = 2_000_000  # (domain, observation) pairs per call, about (bounds memory)
     stats: LocalStats = field(default_factory=LocalStats, compare=False, repr=False)
-    # Adaptive prior inflation per domain (on top of inflation.prior); analyze() then needs infl_field.
-    adaptive: Miyoshi2011 | None = None
+    # Adaptive inflation per domain (on top of inflation.prior / posterior); analyze() then needs infl_field.
+    adaptive: AdaptiveScheme | None = None
 
     _weights = staticmethod(letkf_weights)
 
@@ -101,8 +102,8 @@ class LocalFilter(Filter):
         itself for an in-place update. Rows in no domain are copied unchanged.
         ``infl_field`` (n_rows, 2) float64, with ``adaptive`` only: the prior covariance inflation
         factor of every row and the standard deviation of its estimate, replaced in place by the
-        posterior ones; the posterior factor inflated this analysis
-        (:mod:`enkflow.analysis.adaptive_inflation`).
+        posterior ones; the posterior factor inflated this analysis, its prior or its analysis
+        covariance as the scheme's ``target`` says (:mod:`enkflow.analysis.local_inflation`).
         """
         self._check(X, HX, obs)
         if self.adaptive is not None:
@@ -138,14 +139,15 @@ class LocalFilter(Filter):
         yvar = np.einsum("ij,ij->i", Yp, Yp) / (N - 1) / rho if self.adaptive is not None else None
         for sub, offsets, idx, wt in self._local_obs(geometry, domains, obs):
             t1 = time.perf_counter()
-            rho_k, gamma_dom = rho, None
+            rho_k, gamma_dom, factor = rho, None, None
             if self.adaptive is not None:
-                post = self.adaptive.update(domain_values(infl_field, sub.offsets, sub.rows), offsets, idx, wt, rinv,
-                                            dy, yvar)
-                infl_field[sub.rows] = np.repeat(post, np.diff(sub.offsets), axis=0)
-                rho_k = rho / post[:, 0]
-                gamma_dom = rho_k * (N - 1)
+                factor = update_domains(self.adaptive, infl_field, sub, offsets, idx, wt, rinv, dy, yvar, out, Yp)
+                if self.adaptive.target is AdaptiveTarget.PRIOR:
+                    rho_k, factor = rho / factor, None
+                    gamma_dom = rho_k * (N - 1)
             self._analyse_chunk(out, sub, offsets, idx, wt * rinv[idx], Yp, dy, rho_k, gamma_dom, cycle)
+            if factor is not None:  # a posterior factor: after the fixed posterior inflation, RTPP, RTPS
+                inflate_rows(out, sub, factor)
             st.kernel_s += time.perf_counter() - t1
             st.n_domains += sub.n_domains
             st.n_local_obs += int(idx.size)

@@ -25,11 +25,13 @@ A row's result depends only on the observation sequence and the row itself (its 
 functions of its coordinates and the observation's; the sums run over the members of that row,
 row by row), so it has the same bits at any rank count.
 
-Adaptive inflation (a scheme with :meth:`SerialAdaptive.update_serial`, as in DART): every row's
+Adaptive inflation (a scheme with :meth:`~enkflow.analysis.adaptive_inflation.AdaptiveScheme.update_serial`, as in DART; prior
+inflation only): every row's
 covariance factor lambda (the carried field, (n_rows, 2)) multiplies its prior covariance, and each
 observation's prior is inflated by the factor at the observation (``obs_factor``); then, for every
 observation, the factors of the rows within its support are updated before the rows are
-(weight = localization x |correlation of the row with the observation|, Anderson 2009, sec. 3).
+(weight = localization x |correlation of the row with the observation| for DART's schemes, Anderson 2009,
+sec. 3; the localization weight alone for a scheme that is not ``correlation_weighted``).
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ import numpy as np
 
 from enkflow.analysis import clib
 from enkflow.analysis import taper as _taper
-from enkflow.analysis.adaptive_inflation import SerialAdaptive
+from enkflow.analysis.adaptive_inflation import AdaptiveScheme
 from enkflow.analysis.geometry import Geometry, Neighbours
 from enkflow.analysis.global_filters import Filter
 from enkflow.analysis.inflation import inflate_posterior
 from enkflow.analysis.local_filters import LocalStats
 from enkflow.analysis.localization import Localization
 from enkflow.analysis.obsset import ObsSet
+from enkflow.config import AdaptiveTarget
 from enkflow.errors import InputError
 
 
@@ -96,16 +99,19 @@ class _Adaptive:
     """An adaptive scheme with the rows' field ``field`` (n_rows, 2), updated in place, and the factor at
     each observation ``obs_factor`` (n_obs,)."""
 
-    scheme: SerialAdaptive
+    scheme: AdaptiveScheme
     field: np.ndarray
     obs_factor: np.ndarray
 
     @classmethod
-    def of(cls, scheme: SerialAdaptive | None, field: np.ndarray | None, obs_factor: np.ndarray | None, n_rows: int,
+    def of(cls, scheme: AdaptiveScheme | None, field: np.ndarray | None, obs_factor: np.ndarray | None, n_rows: int,
            n_obs: int) -> "_Adaptive | None":
         """The scheme with its checked arrays, or None without a scheme."""
         if scheme is None:
             return None
+        if scheme.target is not AdaptiveTarget.PRIOR:
+            raise InputError("the serial filter estimates prior inflation only (adaptive_target = 'prior')",
+                             item="inflation.adaptive_target")
         if field is None or field.shape != (n_rows, 2) or field.dtype != np.float64:
             raise InputError(f"adaptive inflation needs the inflation field of the rows, float64 ({n_rows}, 2)",
                              item="infl_field")
@@ -120,16 +126,19 @@ class _Adaptive:
     def update(self, xs: _Ensemble, rows: _Pairs, k: int, j: int, y: np.ndarray, yy: float, v: float, r: float,
                d: float) -> None:
         """The factors of the rows within the support of observation ``k`` of the chunk (``j`` of the
-        set), weighted by localization x |correlation| (Anderson 2009, sec. 3), before the rows are updated."""
+        set), weighted by localization (x |correlation| where the scheme asks, Anderson 2009, sec. 3), before the
+        rows are updated."""
         sl = slice(rows.offsets[k], rows.offsets[k + 1])
         idx = rows.idx[sl]
-        Z = xs.anom[idx]
-        zz = (Z * Z).sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            corr = np.where(zz > 0, np.abs((Z * y).sum(axis=1)) / np.sqrt(zz * yy), 0.0)
+        weight = rows.weight[sl]
+        if self.scheme.correlation_weighted:
+            Z = xs.anom[idx]
+            zz = (Z * Z).sum(axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                weight = weight * np.where(zz > 0, np.abs((Z * y).sum(axis=1)) / np.sqrt(zz * yy), 0.0)
         # The observation's prior carries its adaptive factor (obs_factor): the scheme takes the variance without it.
-        self.field[idx] = self.scheme.update_serial(self.field[idx], rows.weight[sl] * corr, v / self.obs_factor[j], r,
-                                                    d, members=y.size)
+        self.field[idx] = self.scheme.update_serial(self.field[idx], weight, v / self.obs_factor[j], r, d,
+                                                    members=y.size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +149,7 @@ class EnSRF(Filter):
     ``max_pairs``: (observation, row) pairs per update, about (both bound the neighbour lists' memory)."""
 
     localization: Localization
-    adaptive: SerialAdaptive | None = None
+    adaptive: AdaptiveScheme | None = None
     chunk: int = 4096
     max_pairs: int = 2_000_000  # (observation, row) pairs per update call, about (bounds memory)
     # The local filters' statistics, a row counted as a domain: mean_local_obs is the observations per row.

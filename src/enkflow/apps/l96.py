@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from enkflow.analysis import Geometry, LocalDomains
-from enkflow.config import AdaptiveInflation, AnalysisConfig, Method, Metric
+from enkflow.config import AdaptiveInflation, AdaptiveTarget, AnalysisConfig, Method, Metric, validate
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import ArrayStore, ObservationSpace, OutputSink, run_cycles
@@ -46,11 +46,13 @@ class L96Setup:
     burn_in: int = 400
     obs_std: float = 1.0
     seed: int = 0
-    # Adaptive prior inflation (local methods), Miyoshi (2011) defaults; "none" or "miyoshi2011" are taken too.
+    # Adaptive inflation (local methods) at the scheme's defaults; its name (e.g. "gharamti2018") is taken too.
     adaptive: AdaptiveInflation = AdaptiveInflation.NONE
     xn: float = 1.0  # enkf-n: the hyperprior's certainty (DAPPER's xN)
     rs: float = 1.0  # lnetf: DAPPER's Rs, the factor on the observation error standard deviations in the weights
     rotate: bool = False  # enkf-n, lnetf: random mean-preserving rotation of the analysis anomalies (DAPPER's rot=True)
+    adaptive_target: AdaptiveTarget = AdaptiveTarget.PRIOR  # gharamti2018, anderson2009: prior or posterior
+    adaptive_damping: float | None = None  # gharamti2018, anderson2009: DART's inf_damping (None: 0.9)
 
     def __post_init__(self) -> None:
         if self.members < 2:
@@ -65,16 +67,21 @@ class L96Setup:
             raise InputError(f"--domain-size must divide {l96.N_VARS}, got {self.domain_size}", item="domain_size")
         try:
             object.__setattr__(self, "adaptive", AdaptiveInflation(self.adaptive))
+            object.__setattr__(self, "adaptive_target", AdaptiveTarget(self.adaptive_target))
         except ValueError:
-            raise InputError(f"--adaptive must be none or miyoshi2011, got {self.adaptive!r}", item="adaptive") from None
+            raise InputError(f"--adaptive must be one of {', '.join(a.value for a in AdaptiveInflation)} and "
+                             f"--adaptive-target prior or posterior, got {self.adaptive!r}, {self.adaptive_target!r}",
+                             item="adaptive") from None
         if not (self.rs > 0):
             raise InputError(f"--rs must be > 0, got {self.rs}", item="rs")
         if self.method is not Method.LNETF and self.rs != 1.0:
             raise InputError(f"--rs is an option of --method lnetf, not {self.method.value}", item="rs")
         if self.method not in (Method.ENKF_N, Method.LNETF) and self.rotate:
             raise InputError(f"--rotate is an option of --method enkf-n and lnetf, not {self.method.value}", item="rotate")
-        if self.adaptive is not AdaptiveInflation.NONE and not self.method.is_local:
-            raise InputError(f"--adaptive needs a local method (letkf, lestkf), not {self.method.value}", item="adaptive")
+        if self.adaptive is not AdaptiveInflation.NONE and not (self.method.is_local or self.method is Method.ENSRF):
+            raise InputError(f"--adaptive needs a local method (letkf, lestkf, lnetf) or ensrf, not {self.method.value}",
+                             item="adaptive")
+        analysis_config(self)  # an option the [analysis] schema refuses is a ConfigError naming its key, now
 
 
 @dataclass(frozen=True)
@@ -95,13 +102,17 @@ def analysis_config(s: L96Setup) -> AnalysisConfig:
     half-width ``radius`` on the ring of 40 points for the methods that localize, the EnKF-N's options."""
     cfg: dict = {"method": s.method.value, "seed": s.seed,
                  "inflation": {"posterior": s.inflation, "adaptive": s.adaptive.value}}
+    if s.adaptive_target is not AdaptiveTarget.PRIOR:
+        cfg["inflation"]["adaptive_target"] = s.adaptive_target.value
+    if s.adaptive_damping is not None:
+        cfg["inflation"]["adaptive_damping"] = s.adaptive_damping
     if s.method is Method.ENKF_N:
         cfg["enkf_n"] = {"xn": s.xn, "rotate": s.rotate}
-    if s.method.needs_localization:
-        cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
     if s.method is Method.LNETF:
         cfg["lnetf"] = {"rs": s.rs, "rotate": s.rotate}
-    return AnalysisConfig.model_validate(cfg)
+    if s.method.needs_localization:
+        cfg["localization"] = {"radius": s.radius, "metric": "periodic", "period": float(l96.N_VARS)}
+    return validate(AnalysisConfig, cfg, prefix="analysis")
 
 
 def make_step(s: L96Setup, coords: np.ndarray, truth: Callable[[int], np.ndarray | None], output: OutputSink,

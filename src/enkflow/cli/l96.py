@@ -8,7 +8,7 @@ import json
 from enkflow.apps.l96 import L96Setup, run
 from enkflow.apps.l96_online import run_online
 from enkflow.cli import COMMANDS
-from enkflow.config import AdaptiveInflation, Method
+from enkflow.config import AdaptiveInflation, AdaptiveTarget, Method
 from enkflow.progress import Counter
 
 
@@ -30,7 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--burn-in", type=int, default=400, help="cycles discarded first (default 400)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--adaptive", choices=[a.value for a in AdaptiveInflation], default=AdaptiveInflation.NONE.value,
-                   help="adaptive prior inflation of the local methods (Miyoshi 2011), on top of --inflation")
+                   help="adaptive inflation of the local methods at the scheme's defaults (docs/analysis.md), on top "
+                        "of --inflation")
+    p.add_argument("--adaptive-target", choices=[t.value for t in AdaptiveTarget], default=AdaptiveTarget.PRIOR.value,
+                   help="the covariance the adaptive factor multiplies (gharamti2018, anderson2009; default prior)")
+    p.add_argument("--adaptive-damping", type=float, default=None,
+                   help="gharamti2018, anderson2009: DART's inf_damping in [0, 1] (default 0.9)")
     p.add_argument("--xn", type=float, default=1.0, help="enkf-n: certainty of the inflation hyperprior (DAPPER's xN, default 1.0)")
     p.add_argument("--rs", type=float, default=1.0, help="lnetf: DAPPER's Rs, factor on the observation error "
                    "standard deviations in the particle weights (default 1.0)")
@@ -47,6 +52,7 @@ def main(args: argparse.Namespace) -> int:
         method=args.method, members=args.members, inflation=args.inflation, radius=args.radius,
         domain_size=args.domain_size, cycles=args.cycles, burn_in=args.burn_in, seed=args.seed, adaptive=args.adaptive,
         xn=args.xn, rs=args.rs, rotate=args.rotate,
+        adaptive_target=args.adaptive_target, adaptive_damping=args.adaptive_damping,
     )
     if args.online:
         res = run_online(s, runners=args.online)

@@ -434,8 +434,9 @@ class ExperimentConfig(Strict):
 # so that an experiment directory made before a key existed can still be resumed.
 _LATER_ANALYSIS_KEYS = {
     "localization": {"max_obs": None, "vertical_radius": None, "vertical_coordinate": None, "vertical_taper": None},
-    "inflation": {"adaptive": "none", "adaptive_initial": 1.0, "adaptive_sd": 0.04, "adaptive_minimum": 1.0,
-                  "adaptive_maximum": 10.0, "adaptive_relax": 0.0, "adaptive_sd_initial": 0.6},
+    "inflation": {"adaptive": "none", "adaptive_initial": 1.0, "adaptive_sd": None, "adaptive_minimum": None,
+                  "adaptive_maximum": None, "adaptive_relax": 0.0, "adaptive_sd_initial": None,
+                  "adaptive_damping": None, "adaptive_sd_max_change": None, "adaptive_target": "prior"},
 }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.analysis.adaptive_inflation import Miyoshi2011, SerialAdaptive
+from enkflow.analysis.adaptive_inflation import AdaptiveScheme
 from enkflow.io.inflation_field import FILE_NAME, read_state, write_field
 from enkflow.parallel import Comm
 
@@ -26,7 +26,7 @@ class InflationCarrier:
     it, the previous cycle's field is needed: in memory or its file). ``coords`` (n_rows, n_dim)
     go into the files."""
 
-    def __init__(self, scheme: Miyoshi2011 | SerialAdaptive, n_rows: int, comm: Comm, *, dir_of: Callable[[int], Path] | None = None,
+    def __init__(self, scheme: AdaptiveScheme, n_rows: int, comm: Comm, *, dir_of: Callable[[int], Path] | None = None,
                  first_cycle: int = 0, coords: np.ndarray | None = None):
         self.scheme, self.n_rows, self.comm = scheme, n_rows, comm
         self.dir_of, self.first_cycle, self.coords = dir_of, first_cycle, coords
