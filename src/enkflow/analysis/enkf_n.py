@@ -29,7 +29,7 @@ import numpy as np
 import scipy.linalg as sla
 from scipy.optimize import brentq
 
-from enkflow.analysis.global_filters import Filter, _apply_transform
+from enkflow.analysis.global_filters import Filter, apply_transform
 from enkflow.analysis.inflation import inflate_posterior
 from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.transforms import estkf_projection, letkf_weights
@@ -136,6 +136,6 @@ class EnKFN(Filter):
         w, W = letkf_weights(dy, Yp, 1.0 / obs.error_var, 1.0 / l1**2)
         if self.rotate:
             W = W @ mean_preserving_rotation(n, np.random.default_rng([self.seed, cycle])).T
-        Xa = _apply_transform(X, self.inflation.prior * w, self.inflation.prior * W)
+        Xa = apply_transform(X, self.inflation.prior * w, self.inflation.prior * W)
         inflate_posterior(Xa, X, self.inflation)
         return Xa

@@ -61,7 +61,9 @@ class Filter:
         check_obs_ensemble(HX, obs, X.shape[1])
 
 
-def _apply_transform(X: np.ndarray, w: np.ndarray, W: np.ndarray) -> np.ndarray:
+def apply_transform(X: np.ndarray, w: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """The ensemble ``X`` (n_rows, N) transformed by the mean weights ``w`` (N,) and the anomaly transform
+    ``W`` (N, N): ``mean(X) + X' (w 1^T + W)``, F order (the square-root filters' last step)."""
     xbar = X.mean(axis=1, keepdims=True)
     Xp = X - xbar
     return np.asfortranarray(xbar + Xp @ (w[:, None] + W))
@@ -78,7 +80,7 @@ class _TransformFilter(Filter):
         Yp = HX - HX.mean(axis=1, keepdims=True)
         dy = obs.values - HX.mean(axis=1)
         w, W = self._weights(dy, Yp, 1.0 / obs.error_var, self.inflation.forgetting_factor)
-        Xa = _apply_transform(X, w, W)
+        Xa = apply_transform(X, w, W)
         inflate_posterior(Xa, X, self.inflation)
         return Xa
 
