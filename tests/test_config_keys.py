@@ -131,3 +131,26 @@ def test_enkflow_run_stops_at_a_method_table_for_another_method_before_any_forec
     err = capsys.readouterr().err
     assert "enkflow run: error: " in err and "[analysis.enkf_n] is for method 'enkf-n'" in err and str(toml) in err
     assert not (tmp_path / "experiment").exists()  # nothing made, nothing run
+
+
+@pytest.mark.parametrize("analysis, message", [
+    ({"inflation": {"adaptive_damping": 0.5}}, "adaptive_damping is a parameter of an adaptive scheme, and adaptive = 'none'"),
+    ({"inflation": {"adaptive_target": "posterior"}}, "adaptive_target is a parameter of an adaptive scheme"),
+    ({"inflation": {"adaptive": "anderson2009", "adaptive_sd": "inf"}}, "finite number"),
+    ({"method": "lnetf", "localization": {"radius": 3.0}, "lnetf": {"rs": "inf"}}, "finite number"),
+    ({"method": "ensrf", "localization": {"radius": 3.0}, "kernel": "reference"}, "kernel = 'reference' is a choice of letkf and lestkf"),
+    ({"method": "enkf-n", "kernel": "reference"}, "method 'enkf-n' has one implementation"),
+])
+def test_settings_the_method_would_ignore_or_fail_on_later_are_refused_at_load(analysis, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(AnalysisConfig, {"method": "letkf", "localization": {"radius": 3.0}} | analysis, prefix="analysis")
+
+
+def test_a_scheme_parameter_spelled_out_at_its_default_keeps_the_digest(tmp_path: Path) -> None:
+    """A study made before the keys defaulted per scheme wrote Miyoshi's defaults; it resumes."""
+    digests = []
+    for extra in ("", ", adaptive_sd = 0.04, adaptive_maximum = 10.0"):
+        toml = tmp_path / "exp.toml"
+        toml.write_text(TOML + f'inflation = {{ adaptive = "miyoshi2011"{extra} }}\n')
+        digests.append(load_experiment(toml).digests()["analysis"])
+    assert digests[0] == digests[1]

@@ -137,32 +137,51 @@ ADAPTIVE_DEFAULTS: dict[AdaptiveInflation, dict[str, float]] = {
 }
 
 
+# The adaptive scheme's keys of [analysis.inflation] and their values when no scheme is set.
+_SCHEME_KEYS: dict[str, Any] = {"adaptive_initial": 1.0, "adaptive_sd": None, "adaptive_sd_initial": None,
+                                "adaptive_minimum": None, "adaptive_maximum": None, "adaptive_relax": 0.0,
+                                "adaptive_damping": None, "adaptive_sd_max_change": None,
+                                "adaptive_target": AdaptiveTarget.PRIOR}
+
+
 class InflationConfig(Strict):
     """Inflation; all default to no inflation. See :class:`enkflow.analysis.Inflation`."""
 
-    prior: float = Field(default=1.0, ge=1.0, description="multiplicative prior factor (1/forgetting factor)")
-    posterior: float = Field(default=1.0, ge=1.0, description="multiplicative factor on analysis anomalies")
+    prior: float = Field(default=1.0, ge=1.0, allow_inf_nan=False,
+                         description="multiplicative prior factor (1/forgetting factor)")
+    posterior: float = Field(default=1.0, ge=1.0, allow_inf_nan=False,
+                             description="multiplicative factor on analysis anomalies")
     rtpp: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior perturbations, alpha")
     rtps: float = Field(default=0.0, ge=0.0, le=1.0, description="relaxation to prior spread, alpha")
-    # Adaptive prior inflation (local filters): enkflow.analysis.adaptive_inflation, docs/analysis.md.
+    # Adaptive inflation (local filters, ensrf): enkflow.analysis.adaptive_inflation, docs/analysis.md.
     adaptive: AdaptiveInflation = Field(default=AdaptiveInflation.NONE,
                                         description="none | miyoshi2011 | gharamti2018 | anderson2009")
-    adaptive_initial: float = Field(default=1.0, gt=0.0, description="covariance inflation factor at the first cycle")
+    adaptive_initial: float = Field(default=1.0, gt=0.0, allow_inf_nan=False,
+                                    description="covariance inflation factor at the first cycle")
     # None: the scheme's default (ADAPTIVE_DEFAULTS).
-    adaptive_sd: float | None = Field(default=None, gt=0.0, description="lower bound of the estimate's standard deviation")
-    adaptive_sd_initial: float | None = Field(default=None, gt=0.0, description="standard deviation of the estimate at the first cycle")
-    adaptive_minimum: float | None = Field(default=None, ge=0.0, description="lower bound of the estimate")
-    adaptive_maximum: float | None = Field(default=None, gt=0.0, description="upper bound of the estimate")
+    adaptive_sd: float | None = Field(default=None, gt=0.0, allow_inf_nan=False,
+                                      description="lower bound of the estimate's standard deviation")
+    adaptive_sd_initial: float | None = Field(default=None, gt=0.0, allow_inf_nan=False,
+                                              description="standard deviation of the estimate at the first cycle")
+    adaptive_minimum: float | None = Field(default=None, ge=0.0, allow_inf_nan=False,
+                                           description="lower bound of the estimate")
+    adaptive_maximum: float | None = Field(default=None, gt=0.0, allow_inf_nan=False,
+                                           description="upper bound of the estimate")
     adaptive_relax: float = Field(default=0.0, ge=0.0, le=1.0, description="miyoshi2011: relaxation towards adaptive_initial per cycle")
     adaptive_damping: float | None = Field(default=None, ge=0.0, le=1.0, description="gharamti2018, anderson2009: "
                                            "DART's inf_damping, factor <- 1 + damping (factor - 1) before each cycle")
     adaptive_sd_max_change: float | None = Field(default=None, ge=1.0, le=2.0, description="gharamti2018: DART's "
-                                                 "inf_sd_max_change, the most the deviation grows per observation")
+                                                 "inf_sd_max_change: a deviation that would grow by more than this "
+                                                 "factor in one observation's update keeps its old value")
     adaptive_target: AdaptiveTarget = Field(default=AdaptiveTarget.PRIOR, description="prior | posterior (DART's schemes)")
 
     @model_validator(mode="after")
     def _adaptive_bounds(self) -> "InflationConfig":
         if self.adaptive is AdaptiveInflation.NONE:
+            unused = [k for k, default in _SCHEME_KEYS.items() if getattr(self, k) != default]
+            if unused:
+                raise ValueError(f"{unused[0]} is a parameter of an adaptive scheme, and adaptive = 'none': set "
+                                 "adaptive (miyoshi2011, gharamti2018, anderson2009) or leave it out")
             return self
         p = self.adaptive_parameters()
         defined = ADAPTIVE_DEFAULTS[self.adaptive]
@@ -213,8 +232,8 @@ class LNETFConfig(Strict):
     """``[analysis.lnetf]``: the local nonlinear ensemble transform filter (Toedter & Ahrens 2015;
     DAPPER's ``LNETF``), :mod:`enkflow.analysis.lnetf`."""
 
-    rs: float = Field(default=1.0, gt=0.0, description="DAPPER's Rs: the observation error standard deviations "
-                      "are multiplied by it in the particle weights (> 1 flattens them)")
+    rs: float = Field(default=1.0, gt=0.0, allow_inf_nan=False, description="DAPPER's Rs: the observation error "
+                      "standard deviations are multiplied by it in the particle weights (> 1 flattens them)")
     rotate: bool = Field(default=False, description="a random mean-preserving rotation of the analysis anomalies "
                          "(DAPPER's rot=True), one per cycle, the same for every domain")
 
@@ -257,16 +276,16 @@ class AnalysisConfig(Strict):
         if adaptive is not AdaptiveInflation.NONE and not (self.method.is_local or self.method is Method.ENSRF):
             raise ValueError(f"inflation.adaptive = '{adaptive.value}' needs a local filter (letkf, lestkf, lnetf) or "
                              f"the serial filter (ensrf), not '{self.method.value}'")
-        if self.method is Method.ENSRF and self.inflation.adaptive_target is not AdaptiveTarget.PRIOR:
+        if self.method is Method.ENSRF and self.inflation.adaptive_target is not AdaptiveTarget.PRIOR:  # a scheme set
             raise ValueError("the serial filter (ensrf) estimates prior inflation only: leave adaptive_target out "
                              "(or 'prior')")
         return self
 
     @model_validator(mode="after")
-    def _lnetf_kernel(self) -> "AnalysisConfig":
-        if self.method is Method.LNETF and self.kernel is not Kernel.COMPILED:
-            raise ValueError(f"kernel = '{self.kernel.value}' is a choice of letkf and lestkf; method 'lnetf' has "
-                             "one implementation (leave kernel out)")
+    def _kernel_of_the_method(self) -> "AnalysisConfig":
+        if self.method in (Method.LNETF, Method.ENSRF, Method.ENKF_N) and self.kernel is not Kernel.COMPILED:
+            raise ValueError(f"kernel = '{self.kernel.value}' is a choice of letkf and lestkf; method "
+                             f"'{self.method.value}' has one implementation (leave kernel out)")
         return self
 
     @model_validator(mode="after")

@@ -115,3 +115,5 @@ def test_l96_rejects_a_bad_xn():
     with pytest.raises(InputError, match="--xn must be a finite number > 0") as ei:
         L96Setup(method=Method.ENKF_N, members=10, xn=-1.0)
     assert ei.value.item == "xn"
+    with pytest.raises(InputError, match="--xn is an option of --method enkf-n, not letkf"):
+        L96Setup(method=Method.LETKF, members=10, xn=2.0)

@@ -136,6 +136,11 @@ def test_adaptive_factors_inflate_rows_and_observations_and_are_updated_per_obse
     y0 = HX[0] - HX[0].mean()  # the first observation's prior variance before the adaptive factor
     assert yvar == pytest.approx((y0 @ y0) / 7, rel=1e-12) and r == obs.error_var[0] and members == 8
     assert d == pytest.approx(obs.values[0] - HX[0].mean(), rel=1e-12) and ((w >= 0) & (w <= 1)).all()
+    # Every observation's update of the factors takes the cycle's original prior statistics (DART's
+    # orig_obs_prior_*), not those left by the observations assimilated before it.
+    for j, (_, _, yvar, _, d, _) in enumerate(keep.calls):
+        yj = HX[j] - HX[j].mean()
+        assert yvar == pytest.approx((yj @ yj) / 7, rel=1e-12) and d == pytest.approx(obs.values[j] - HX[j].mean())
     grow = _Recorder(step=0.1)
     f = field0.copy()
     _filter(adaptive=grow).analyze(X, HX, obs, coords=coords, infl_field=f, obs_factor=obs_factor)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -96,12 +96,23 @@ class _Ensemble:
 
 @dataclass(frozen=True)
 class _Adaptive:
-    """An adaptive scheme with the rows' field ``field`` (n_rows, 2), updated in place, and the factor at
-    each observation ``obs_factor`` (n_obs,)."""
+    """An adaptive scheme with the rows' field ``field`` (n_rows, 2), updated in place, the factor at
+    each observation ``obs_factor`` (n_obs,), and (:meth:`with_prior`) each observation's prior variance
+    without the adaptive factor ``prior_var`` and innovation ``innovation`` (n_obs,), as they were before
+    the first observation of the cycle was assimilated."""
 
     scheme: AdaptiveScheme
     field: np.ndarray
     obs_factor: np.ndarray
+    prior_var: np.ndarray | None = None
+    innovation: np.ndarray | None = None
+
+    def with_prior(self, ys: _Ensemble, obs: ObsSet) -> "_Adaptive":
+        """This scheme with the cycle's original observation priors ``ys`` (before any update): the factor
+        scales the original prior covariance, so each observation's update of it takes the original
+        statistics (DART's ``orig_obs_prior_mean``/``_var``), not those left by the observations before it."""
+        var = np.einsum("ij,ij->i", ys.anom, ys.anom) / (ys.anom.shape[1] - 1) / self.obs_factor
+        return replace(self, prior_var=var, innovation=obs.values - ys.mean)
 
     @classmethod
     def of(cls, scheme: AdaptiveScheme | None, field: np.ndarray | None, obs_factor: np.ndarray | None, n_rows: int,
@@ -123,8 +134,7 @@ class _Adaptive:
                              item="obs_factor")
         return cls(scheme, field, obs_factor)
 
-    def update(self, xs: _Ensemble, rows: _Pairs, k: int, j: int, y: np.ndarray, yy: float, v: float, r: float,
-               d: float) -> None:
+    def update(self, xs: _Ensemble, rows: _Pairs, k: int, j: int, y: np.ndarray, yy: float, r: float) -> None:
         """The factors of the rows within the support of observation ``k`` of the chunk (``j`` of the
         set), weighted by localization (x |correlation| where the scheme asks, Anderson 2009, sec. 3), before the
         rows are updated."""
@@ -136,9 +146,8 @@ class _Adaptive:
             zz = (Z * Z).sum(axis=1)
             with np.errstate(divide="ignore", invalid="ignore"):
                 weight = weight * np.where(zz > 0, np.abs((Z * y).sum(axis=1)) / np.sqrt(zz * yy), 0.0)
-        # The observation's prior carries its adaptive factor (obs_factor): the scheme takes the variance without it.
-        self.field[idx] = self.scheme.update_serial(self.field[idx], weight, v / self.obs_factor[j], r, d,
-                                                    members=y.size)
+        self.field[idx] = self.scheme.update_serial(self.field[idx], weight, float(self.prior_var[j]), r,
+                                                    float(self.innovation[j]), members=y.size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +189,8 @@ class EnSRF(Filter):
         # (a lone row is also F-contiguous, and numpy would reduce it another way).
         Xc = np.ascontiguousarray(X, dtype=np.float64)
         xs, ys = _Ensemble.of(Xc, row_scale), _Ensemble.of(HX, obs_scale)
+        if adapt is not None:
+            adapt = adapt.with_prior(ys, obs)
         rows_geo = Geometry(loc.metric, hcoords, loc.period)
         st = self.stats
         for start, row_pairs, obs_pairs in self._chunks(loc, rows_geo, obs_geo, obs, row_z):
@@ -252,7 +263,7 @@ class EnSRF(Filter):
             dm = v / (v + r) * d
             ds = (np.sqrt(r / (v + r)) - 1.0) * y
             if adapt is not None:
-                adapt.update(xs, rows, k, j, y, yy, v, r, d)
+                adapt.update(xs, rows, k, j, y, yy, r)
             xs.regress(rows, k, y, yy, dm, ds)
             ys.regress(later, k, y, yy, dm, ds)
             ys.mean[j] += dm

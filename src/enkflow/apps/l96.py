@@ -63,6 +63,8 @@ class L96Setup:
             raise InputError(f"--radius must be > 0, got {self.radius}", item="radius")
         if not (np.isfinite(self.xn) and self.xn > 0):
             raise InputError(f"--xn must be a finite number > 0, got {self.xn}", item="xn")
+        if self.method is not Method.ENKF_N and self.xn != 1.0:
+            raise InputError(f"--xn is an option of --method enkf-n, not {self.method.value}", item="xn")
         if self.domain_size < 1 or l96.N_VARS % self.domain_size:
             raise InputError(f"--domain-size must divide {l96.N_VARS}, got {self.domain_size}", item="domain_size")
         try:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from enkflow.config import METHOD_TABLES, AnalysisConfig, Strict, load_toml, validate
+from enkflow.config import ADAPTIVE_DEFAULTS, METHOD_TABLES, AdaptiveInflation, AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.io.config import IOConfig
@@ -447,6 +447,13 @@ def _without_later_defaults(analysis: dict[str, Any]) -> dict[str, Any]:
     for section, later in _LATER_ANALYSIS_KEYS.items():
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items() if k not in later or v != later[k]}
+    infl = out.get("inflation")
+    if isinstance(infl, dict) and infl.get("adaptive", "none") != "none":
+        # A scheme's parameter spelled out at the scheme's default is the same setting as one left out (before
+        # the keys defaulted per scheme, a study wrote Miyoshi's defaults, e.g. adaptive_sd = 0.04).
+        defaults = ADAPTIVE_DEFAULTS[AdaptiveInflation(infl["adaptive"])]
+        out["inflation"] = {k: v for k, v in infl.items()
+                            if not (k.startswith("adaptive_") and defaults.get(k.removeprefix("adaptive_")) == v)}
     return out
 
 
