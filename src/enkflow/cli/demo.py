@@ -11,6 +11,7 @@ import argparse
 
 from enkflow.cli import COMMANDS
 from enkflow.apps.demo import DemoSettings, run_demo
+from enkflow.config import Method
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,11 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="offline: restart files and the job scheme; online: an assimilation server and runners "
                         "exchange the states in memory (same analysis, same results)")
     p.add_argument("--runners", type=int, default=d.runners, help=f"online: runner processes (default {d.runners})")
+    p.add_argument("--method", choices=[m.value for m in Method], default=d.method.value,
+                   help=f"the analysis method, its options at their defaults (default {d.method.value}; docs/analysis.md)")
     p.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     s = DemoSettings(members=args.members, cycles=args.cycles, workers=args.workers, seed=args.seed,
-                     analysis_command=args.analysis_command, mode=args.mode, runners=args.runners)
+                     analysis_command=args.analysis_command, mode=args.mode, runners=args.runners,
+                     method=Method(args.method))
     run_demo(args.dir, s, say=lambda m: print(m, flush=True))
     return 0

@@ -10,13 +10,15 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import netCDF4
 import numpy as np
 
+from enkflow.config import METHOD_TABLES, AdaptiveTarget, Method
 from enkflow.errors import InputError
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.fsutil import atomic_output
@@ -45,6 +47,9 @@ class DemoSettings:
     mode: str = "offline"  # or "online": server and runners exchange states in memory
     runners: int = 2  # online: runner processes
     adaptive: str = "none"  # [analysis.inflation] adaptive, e.g. "miyoshi2011" (then on top of `inflation`)
+    adaptive_target: AdaptiveTarget = AdaptiveTarget.PRIOR  # [analysis.inflation] adaptive_target
+    method: Method = Method.LETKF  # [analysis] method (the localization radius where the method takes one)
+    method_options: Mapping[str, float | bool] = field(default_factory=dict)  # its table, e.g. {"rs": 2.0}
 
 
 def _state(path: Path) -> np.ndarray:
@@ -88,15 +93,22 @@ def _truth_and_observations(directory: Path, s: DemoSettings, truth_path: Path, 
 def _analysis_section(s: DemoSettings) -> str:
     if s.analysis_command:
         return f'[analysis_task]\ncommand = "{s.analysis_command}"\n'
+    table = {m: name for name, m in METHOD_TABLES.items()}.get(s.method)
+    if s.method_options and table is None:
+        raise InputError(f"method {s.method.value!r} takes no options", item="method_options")
+    localization = (f'localization = {{ radius = {s.radius}, metric = "sphere" }}\n'
+                    if s.method.needs_localization else "")
+    target = f', adaptive_target = "{s.adaptive_target.value}"' if s.adaptive_target is not AdaptiveTarget.PRIOR else ""
+    options = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in s.method_options.items())
+    options = f"{table} = {{ {options} }}\n" if options else ""
     return f'''[state]
 variables = ["soil_moisture"]
 coordinates = ["land_lon", "land_lat"]
 
 [analysis]
-method = "letkf"
-localization = {{ radius = {s.radius}, metric = "sphere" }}
-inflation = {{ prior = {s.inflation}, adaptive = "{s.adaptive}" }}
-
+method = "{s.method.value}"
+{localization}inflation = {{ prior = {s.inflation}, adaptive = "{s.adaptive}"{target} }}
+{options}
 [analysis_output]
 statistics = true     # forecast mean and increment too, for the report's maps (docs/output.md)
 '''
