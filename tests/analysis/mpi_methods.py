@@ -1,6 +1,6 @@
-"""Run under mpiexec by test_methods_mpi.py: two cycles of the method ``argv[2]`` (a key of
-:data:`CONFIGS`) on the member files in ``argv[1]`` (updated in place), the rows balanced over the
-ranks (so moved between them); the test runs :func:`analyse` in process too."""
+"""Run under mpiexec by test_methods_mpi.py: two cycles of each method of :data:`CONFIGS` on the member
+files in ``argv[1]/<method>`` (updated in place), the rows balanced over the ranks (so moved between
+them); the test runs :func:`analyse` in process too."""
 
 import sys
 from pathlib import Path
@@ -29,4 +29,5 @@ def analyse(src: Path, method: str, comm: Comm) -> None:
 
 
 if __name__ == "__main__":
-    analyse(Path(sys.argv[1]), sys.argv[2], get_comm())
+    for name in CONFIGS:
+        analyse(Path(sys.argv[1]) / name, name, get_comm())
