@@ -2,7 +2,7 @@
 writes, online writes. This failed while the server assembled its own analysis: it named the
 observation-space diagnostics' coordinates coord_1/coord_2 for a global filter on lon/lat
 observations, where offline writes lon/lat (the balance report of one server rank, the other drift
-of those days, is checked in test_online_diagnostics.py)."""
+of those days, is checked in test_online_modes.py)."""
 
 from pathlib import Path
 
