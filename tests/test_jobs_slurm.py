@@ -148,11 +148,11 @@ def test_table2_short(slurm: LocalSlurm, tmp_path: Path, synth: Path) -> None:
 
     totals: dict[str, float] = {}
     states: dict[str, list[np.ndarray]] = {}
-    with BackgroundLoad(jobs=10, duration_s=(4.0, 16.0), seed=3, distribution="loguniform") as load:
+    with BackgroundLoad(jobs=10, duration_s=(2.0, 8.0), seed=3, distribution="loguniform") as load:
         t0 = time.time()
         while load._count() < 10 and time.time() - t0 < 20:
             time.sleep(0.2)
-        time.sleep(5.0)
+        time.sleep(3.0)
         for strategy in ("dynamic", "per-member", "single"):
             root = tmp_path / strategy
             cfg = load_experiment(make_experiment(root, synth, cycles=1, model_sleep=1.0, strategy=strategy,

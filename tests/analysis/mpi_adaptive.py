@@ -1,6 +1,7 @@
-"""Run under mpiexec by test_adaptive_inflation_mpi.py: two cycles of the built-in analysis of the
-member files in argv[1] with adaptive inflation (argv[3]: [analysis.inflation] keys as JSON), rows
-balanced over the ranks; the inflation and obs_diag files go to argv[2]/c1, argv[2]/c2."""
+"""Run under mpiexec by test_adaptive_inflation_mpi.py: for each case of argv[1] (a JSON list of
+[members' directory, output directory, [analysis.inflation] keys]), two cycles of the built-in analysis
+of the member files with that adaptive inflation, rows balanced over the ranks; the inflation and
+obs_diag files go to <output>/c1, <output>/c2."""
 
 import json
 import sys
@@ -12,11 +13,12 @@ from enkflow.parallel import get_comm
 from enkflow.state import StateConfig
 
 comm = get_comm()
-src, out = Path(sys.argv[1]), Path(sys.argv[2])
-paths = sorted(src.glob("member_*.nc"))
-cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
-                                     "inflation": json.loads(sys.argv[3])})
 state = StateConfig(variables=["soil_moisture"], coordinates=["land_lon", "land_lat"])
-files = AnalysisFiles(cycle_dir=lambda c: out / f"c{c}", first_cycle=1)
-for k in (1, 2):
-    analyse_files(paths, src / "obs.nc", state, cfg, comm=comm, cycle=k, balance=True, files=files)
+for src_dir, out_dir, inflation in json.loads(sys.argv[1]):
+    src, out = Path(src_dir), Path(out_dir)
+    paths = sorted(src.glob("member_*.nc"))
+    cfg = AnalysisConfig.model_validate({"method": "letkf", "localization": {"radius": 3000.0, "metric": "sphere"},
+                                         "inflation": inflation})
+    files = AnalysisFiles(cycle_dir=lambda c, out=out: out / f"c{c}", first_cycle=1)
+    for k in (1, 2):
+        analyse_files(paths, src / "obs.nc", state, cfg, comm=comm, cycle=k, balance=True, files=files)

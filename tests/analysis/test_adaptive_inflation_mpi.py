@@ -25,23 +25,28 @@ def _vars(path: Path) -> dict[str, np.ndarray]:
         return {k: np.asarray(v[:]) for k, v in ds.variables.items()}
 
 
+INFLATIONS = {"miyoshi2011": {"adaptive": "miyoshi2011", "adaptive_sd": 0.3},
+              "gharamti2018": {"adaptive": "gharamti2018", "adaptive_sd": 0.1, "adaptive_target": "posterior"}}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("inflation", [{"adaptive": "miyoshi2011", "adaptive_sd": 0.3},
-                                       {"adaptive": "gharamti2018", "adaptive_sd": 0.1, "adaptive_target": "posterior"}])
-def test_one_and_two_ranks_carry_the_same_field(mpiexec, subprocess_env, tmp_path, inflation):
+def test_one_and_two_ranks_carry_the_same_field(mpiexec, subprocess_env, tmp_path):
     src = synth(tmp_path / "src", "tiny", 8)
     for n in (1, 2):
-        shutil.copytree(src, tmp_path / f"m{n}")
-        cmd = [mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_adaptive.py"), str(tmp_path / f"m{n}"),
-               str(tmp_path / f"o{n}"), json.dumps(inflation)]
+        cases = []
+        for name, inflation in INFLATIONS.items():
+            shutil.copytree(src, tmp_path / f"m{n}{name}")
+            cases.append([str(tmp_path / f"m{n}{name}"), str(tmp_path / f"o{n}{name}"), inflation])
+        cmd = [mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_adaptive.py"), json.dumps(cases)]
         path = os.pathsep.join(filter(None, [str(HERE), subprocess_env.get("PYTHONPATH")]))
         r = subprocess.run(cmd, env=dict(subprocess_env, PYTHONPATH=path), capture_output=True, text=True,
                            timeout=180)
         assert r.returncode == 0, r.stderr[-3000:]
-    for k in (1, 2):
-        for name in ("inflation.nc", "obs_diag.nc"):
-            a, b = _vars(tmp_path / "o1" / f"c{k}" / name), _vars(tmp_path / "o2" / f"c{k}" / name)
-            for v in a:
-                np.testing.assert_allclose(b[v], a[v], rtol=1e-12, atol=1e-14, err_msg=f"{k} {name} {v}")
-    f1, f2 = (_vars(tmp_path / "o1" / f"c{k}" / "inflation.nc")["inflation"] for k in (1, 2))
-    assert f1.max() > 1.0 and not np.array_equal(f1, f2)
+    for name in INFLATIONS:
+        for k in (1, 2):
+            for file in ("inflation.nc", "obs_diag.nc"):
+                a, b = (_vars(tmp_path / f"o{n}{name}" / f"c{k}" / file) for n in (1, 2))
+                for v in a:
+                    np.testing.assert_allclose(b[v], a[v], rtol=1e-12, atol=1e-14, err_msg=f"{name} {k} {file} {v}")
+        f1, f2 = (_vars(tmp_path / f"o1{name}" / f"c{k}" / "inflation.nc")["inflation"] for k in (1, 2))
+        assert f1.max() > 1.0 and not np.array_equal(f1, f2), name
