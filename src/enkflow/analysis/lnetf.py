@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enkflow.analysis.adaptive_inflation import segment_sums
 from enkflow.analysis.domains import LocalDomains
 from enkflow.analysis.inflation import inflate_posterior
 from enkflow.analysis.local_filters import LocalFilter
@@ -75,17 +76,6 @@ def transforms(w: np.ndarray, rotation: np.ndarray | None) -> np.ndarray:
     if rotation is not None:
         W = W @ rotation.T
     return W + w[:, :, None]
-
-
-def segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Sums of ``values`` (n_pairs, N) over the CSR segments ``offsets`` (n_dom + 1,) starting at
-    0: (n_dom, N); an empty segment sums to 0."""
-    counts = np.diff(offsets)
-    out = np.zeros((counts.size, values.shape[1]))
-    full = counts > 0
-    if full.any():
-        out[full] = np.add.reduceat(values, offsets[:-1][full], axis=0)
-    return out
 
 
 @dataclass(frozen=True, kw_only=True)
