@@ -69,9 +69,10 @@ def test_cli_finds_the_run_directory_from_the_demo_directory(demo, tmp_path):
 
 def test_scores_against_the_truth(demo):
     d, out, _ = demo
-    sc = collect_scores(d / "run", str(d / "truth" / "truth_{cycle:04d}.nc"))
+    sc = collect_scores(d / "run", str(d / "truth" / "truth_{cycle:04d}.nc")).cycles
     assert [s.cycle for s in sc] == [1, 2]
     for s in sc:  # the demo's own RMSE (from the same files) and the report's agree
-        assert s.rmse["soil_moisture"] == pytest.approx(out["rmse"][s.cycle], rel=1e-12)
-        assert s.spread["soil_moisture"] == pytest.approx(out["spread"][s.cycle], rel=1e-12)
-        assert s.obs["all"]["n_used"] > 0 and s.qc["gross"] == 0
+        v = s.variables["soil_moisture"]
+        assert v.rmse_analysis == pytest.approx(out["rmse"][s.cycle], rel=1e-12)
+        assert v.spread_analysis == pytest.approx(out["spread"][s.cycle], rel=1e-12)
+        assert all(k.n_used > 0 and k.n_gross == 0 for k in s.kinds.values())

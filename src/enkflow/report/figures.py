@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enkflow.report.scores import CycleScores
+from enkflow.report.score_types import CycleScores, VariableScores
 from enkflow.report.timing import Report
 
 if TYPE_CHECKING:
@@ -59,20 +59,25 @@ def fig_timing(rep: Report) -> bytes:
 def fig_scores(scores: list[CycleScores]) -> bytes:
     fig, (a1, a2) = _plt().subplots(1, 2, figsize=(9, 3.2))
     cyc = [s.cycle for s in scores]
-    names = sorted({n for s in scores for n in (*s.rmse, *s.spread)})
+    names = sorted({n for s in scores for n in s.variables})
+
+    def var(s: CycleScores, n: str, key: str) -> float:
+        x = getattr(s.variables.get(n, VariableScores()), key)
+        return np.nan if x is None else x
+
     for n in names:
-        if any(n in s.rmse for s in scores):
-            a1.plot(cyc, [s.rmse.get(n, np.nan) for s in scores], "o-", label=f"{n} RMSE vs truth")
-        a1.plot(cyc, [s.spread.get(n, np.nan) for s in scores], "s--", label=f"{n} spread")
+        if any(var(s, n, "rmse_analysis") == var(s, n, "rmse_analysis") for s in scores):
+            a1.plot(cyc, [var(s, n, "rmse_analysis") for s in scores], "o-", label=f"{n} RMSE vs truth")
+        a1.plot(cyc, [var(s, n, "spread_analysis") for s in scores], "s--", label=f"{n} spread")
     a1.set_title("analysis RMSE and spread (state space)")
     a1.set_xlabel("cycle")
     if not names:
         a1.text(0.5, 0.5, "no analysis mean/spread files", ha="center", transform=a1.transAxes)
     a1.legend(fontsize=8)
-    for key, style, label in (("omb_rms", "o-", "OmB RMS"), ("oma_rms", "s-", "OmA RMS"),
-                              ("prior_spread", "o:", "prior spread of H(x)"),
-                              ("posterior_spread", "s:", "posterior spread of H(x)")):
-        a2.plot(cyc, [s.obs.get("all", {}).get(key, np.nan) for s in scores], style, label=label)
+    kinds = sorted({k for s in scores for k in s.kinds})
+    for key, style, label in (("omb_rms", "o-", "OmB RMS"), ("oma_rms", "s-", "OmA RMS")):
+        for k in kinds:
+            a2.plot(cyc, [_kind(s, k, key) for s in scores], style, label=f"{k} {label}")
     a2.set_title("observation space (used observations)")
     a2.set_xlabel("cycle")
     a2.legend(fontsize=8)
@@ -81,15 +86,20 @@ def fig_scores(scores: list[CycleScores]) -> bytes:
     return _png(fig)
 
 
+def _kind(s: CycleScores, kind: str, key: str) -> float:
+    k = s.kinds.get(kind)
+    x = None if k is None else getattr(k, key)
+    return np.nan if x is None else x
+
+
 def fig_obs_by_kind(scores: list[CycleScores]) -> bytes:
     fig, (a1, a2) = _plt().subplots(1, 2, figsize=(9, 3.2))
     cyc = [s.cycle for s in scores]
-    kinds = [k for k in dict.fromkeys(k for s in scores for k in s.obs)]
-    kinds = [k for k in kinds if k != "all"] or ["all"]
+    kinds = sorted({k for s in scores for k in s.kinds})
     for k in kinds:
         for key, style in (("omb", "o-"), ("oma", "s--")):
-            a1.plot(cyc, [s.obs.get(k, {}).get(f"{key}_rms", np.nan) for s in scores], style, label=f"{k} {key.upper()}")
-            a2.plot(cyc, [s.obs.get(k, {}).get(f"{key}_bias", np.nan) for s in scores], style, label=f"{k} {key.upper()}")
+            a1.plot(cyc, [_kind(s, k, f"{key}_rms") for s in scores], style, label=f"{k} {key.upper()}")
+            a2.plot(cyc, [_kind(s, k, f"{key}_bias") for s in scores], style, label=f"{k} {key.upper()}")
     a1.set_title("OmB / OmA RMS per kind")
     a2.set_title("OmB / OmA bias (mean) per kind")
     a2.axhline(0.0, color="0.6", lw=0.8)
@@ -103,9 +113,9 @@ def fig_obs_by_kind(scores: list[CycleScores]) -> bytes:
 def fig_qc(scores: list[CycleScores]) -> bytes:
     fig, ax = _plt().subplots(figsize=(7, 3.0))
     cyc = [s.cycle for s in scores]
-    g = np.array([s.qc.get("gross", 0) for s in scores])
-    b = np.array([s.qc.get("buddy", 0) for s in scores])
-    u = np.array([s.qc.get("used", 0) for s in scores])
+    g = np.array([sum(k.n_gross for k in s.kinds.values()) for s in scores])
+    b = np.array([sum(k.n_buddy for k in s.kinds.values()) for s in scores])
+    u = np.array([sum(k.n_used for k in s.kinds.values()) for s in scores])
     ax.bar(cyc, g, label="rejected: gross error", color="tab:red")
     ax.bar(cyc, b, bottom=g, label="rejected: buddy check", color="tab:orange")
     for c, n_used, n_rej in zip(cyc, u, g + b):

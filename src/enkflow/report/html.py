@@ -39,12 +39,12 @@ Figure = tuple[str, str, bytes]  # (id, title, PNG bytes)
 def build_figures(expdir: Path, truth: str | None = None) -> tuple[Report, list[Figure]]:
     """The report and every figure ``(id, title, png bytes)`` of the experiment in ``expdir``."""
     rep = load_report(expdir)
-    scores = collect_scores(rep.expdir, truth)
+    scores = collect_scores(rep.expdir, truth).cycles
     makers: list[tuple[str, str, Callable[[], bytes | list[Figure]]]] = [
         ("timing", "time per cycle", lambda: fig_timing(rep))]
-    if any(s.spread or s.rmse or s.obs for s in scores):
+    if any(s.variables or s.kinds for s in scores):
         makers.append(("scores", "RMSE and spread over cycles", lambda: fig_scores(scores)))
-    if any(s.obs for s in scores):
+    if any(s.kinds for s in scores):
         makers += [("obs-by-kind", "OmB / OmA per observation kind", lambda: fig_obs_by_kind(scores)),
                    ("qc", "quality control counts", lambda: fig_qc(scores))]
     if any(s.inflation_mean is not None for s in scores):
