@@ -63,7 +63,7 @@ def test_cli_finds_the_run_directory_from_the_demo_directory(demo, tmp_path):
                         "--truth", str(d / "truth" / "truth_{cycle:04d}.nc")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(out)
-    assert "report: reading cycles: 2/2" in r.stderr  # plain progress lines off a terminal
+    assert "report: reading cycles: 3/3" in r.stderr  # plain progress lines off a terminal (cycle 0: the initial ensemble)
     assert set(figures(out)) == FIGURES
 
 
