@@ -139,3 +139,16 @@ def test_verification_section_and_its_file_checks(tmp_path):
         check_verification_files(section, lambda p: tmp_path / p, [1, 2], layout)
     text = str(ei.value) + " ".join(getattr(ei.value, "__notes__", []))
     assert "t_2.nc" in text and "'t'" in text and "the truth of cycle 2" in text
+
+
+def test_a_truth_template_without_cycle_is_named_with_its_key(tmp_path):
+    from enkflow.experiment.config import load_experiment
+
+    toml = tmp_path / "exp.toml"
+    toml.write_text('[experiment]\ncycles = 1\nmembers = 2\nrestart = "m_{member}.nc"\nforecast_length = 1\n'
+                    '[model]\ncommand = "model {restart}"\n[observations]\nfile = "obs_{cycle}.nc"\n'
+                    '[analysis]\nmethod = "etkf"\n[verification]\ntruth = "truth.nc"\n')
+    with pytest.raises(ConfigError, match=r"has no \{cycle\}.*verification.truth"):
+        load_experiment(toml)
+    toml.write_text(toml.read_text().replace('"truth.nc"', '"truth/t_{cycle:03d}.nc"'))
+    assert load_experiment(toml).truth_path(7) == tmp_path / "truth" / "t_007.nc"
