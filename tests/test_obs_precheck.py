@@ -158,3 +158,19 @@ def test_the_good_files_pass_and_an_external_analysis_only_needs_them_to_exist(t
     ext = load_experiment(_experiment(tmp_path / "external", synth, external=True))
     _spoil(tmp_path / "external" / "obs" / "obs_003.nc", "value", 0, np.nan)
     checks.check_observations(ext, [1, 2, 3])  # the external program reads the files its own way
+
+
+def test_a_truth_file_without_the_state_variable_stops_the_run_before_any_forecast(
+        tmp_path: Path, synth: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``[verification] truth``: cycle 3's file lacks the state variable; named with the cycle and the key."""
+    toml = _experiment(tmp_path, synth, obs_extra='\n[verification]\ntruth = "truth/t_{cycle}.nc"\n')
+    (tmp_path / "truth").mkdir()
+    for k in (1, 2, 3):
+        shutil.copyfile(synth / "member_0001.nc", tmp_path / "truth" / f"t_{k}.nc")
+    with netCDF4.Dataset(tmp_path / "truth" / "t_3.nc", "a") as ds:
+        ds.renameVariable("soil_moisture", "sm")
+    assert main(["run", "--quiet", str(toml)]) == 2
+    err = capsys.readouterr().err
+    assert "the truth file of cycle 3" in err and "t_3.nc, variable 'soil_moisture'" in err, err
+    assert "key 'verification.truth'" in err
+    assert not (tmp_path / "exp" / "cycles").exists()

@@ -60,8 +60,7 @@ def check_verification_files(section: VerificationSection, resolve: Callable[[st
             try:
                 validate_files([str(p)], layout, writable=False)
             except EnkflowError as exc:
-                exc.add_note(f"(the {key.replace('_', ' ')} of cycle {k}, [verification] {key})")
-                raise
+                raise ConfigError(f"the {key.replace('_', ' ')} file of cycle {k}: {exc}", key=f"verification.{key}") from exc
 
 
 def read_state(path: Path, layout: StateLayout) -> np.ndarray:
