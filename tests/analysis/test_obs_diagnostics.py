@@ -17,9 +17,10 @@ from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
 from enkflow.io.inflation_field import FILE_NAME as INFL_FILE
 from enkflow.io.inflation_field import read_field
 from enkflow.io import EnsembleFiles
-from enkflow.obs.diagnostics import FILE_NAME, summary_by_kind
+from enkflow.obs.diagnostics import FILE_NAME
 from enkflow.obs.obsfile import load_for_state
 from enkflow.parallel import SerialComm
+from enkflow.report.scores import kind_scores
 from enkflow.state import StateLayout
 
 
@@ -67,12 +68,12 @@ def test_omb_oma_equal_a_recomputation_from_the_saved_ensembles(synth_dir, tmp_p
         np.testing.assert_allclose(g[key], ref, rtol=0, atol=1e-12, err_msg=key)
     _check_crps_and_rank(g, HXf, HXa, y, of.obs.error_var, cycle=3)
     # The statistics of the run (the analysis's own) and those of the file agree to 1e-12.
-    s = summary_by_kind(out / FILE_NAME)["all"]
+    (s,) = kind_scores(out / FILE_NAME).values()  # one kind
     omb, oma = y - HXf.mean(axis=1), y - HXa.mean(axis=1)
-    assert s["n_used"] == y.size and s["n_rejected"] == 0
-    assert abs(s["omb_rms"] - np.sqrt(np.mean(omb**2))) < 1e-12 and abs(s["oma_rms"] - np.sqrt(np.mean(oma**2))) < 1e-12
-    assert abs(s["omb_bias"] - omb.mean()) < 1e-12 and abs(s["oma_bias"] - oma.mean()) < 1e-12
-    assert abs(s["omb_rms"] - res["omb_rms"]) < 1e-12 and abs(s["oma_rms"] - res["oma_rms"]) < 1e-12
+    assert s.n_used == y.size and s.n_gross == s.n_buddy == 0
+    assert abs(s.omb_rms - np.sqrt(np.mean(omb**2))) < 1e-12 and abs(s.oma_rms - np.sqrt(np.mean(oma**2))) < 1e-12
+    assert abs(s.omb_bias - omb.mean()) < 1e-12 and abs(s.oma_bias - oma.mean()) < 1e-12
+    assert abs(s.omb_rms - res["omb_rms"]) < 1e-12 and abs(s.oma_rms - res["oma_rms"]) < 1e-12
     xr = pytest.importorskip("xarray")
     with xr.open_dataset(out / FILE_NAME) as ds:
         assert ds["omb"].sizes["obs"] == y.size
@@ -124,13 +125,13 @@ def test_summary_per_kind_leaves_rejected_observations_out(tmp_path):
     flags[[0, 30, 31]] = [1, 1, 2]
     write_obs_diagnostics(tmp_path / "d.nc", y, ObsSpaceStats.from_ensembles(HX, HXa, y, 5), cycle=5, n_members=m,
                           qc_flags=flags, metric="sphere", kind_names={3: "sst", 7: "t2m"})
-    s = summary_by_kind(tmp_path / "d.nc")
-    assert set(s) == {"all", "sst", "t2m"}
-    for name, sel in (("all", np.ones(n, bool)), ("sst", kinds == 3), ("t2m", kinds == 7)):
+    s = kind_scores(tmp_path / "d.nc")
+    assert set(s) == {"sst", "t2m"}
+    for name, sel in (("sst", kinds == 3), ("t2m", kinds == 7)):
         used = sel & (flags == 0)
         omb, oma = y.values[used] - HX[used].mean(axis=1), y.values[used] - HXa[used].mean(axis=1)
-        assert s[name]["n_used"] == used.sum() and s[name]["n_rejected"] == (sel & (flags > 0)).sum()
-        assert abs(s[name]["omb_bias"] - omb.mean()) < 1e-12 and abs(s[name]["oma_rms"] - np.sqrt(np.mean(oma**2))) < 1e-12
+        assert s[name].n_used == used.sum() and s[name].n_gross + s[name].n_buddy == (sel & (flags > 0)).sum()
+        assert abs(s[name].omb_bias - omb.mean()) < 1e-12 and abs(s[name].oma_rms - np.sqrt(np.mean(oma**2))) < 1e-12
     with netCDF4.Dataset(tmp_path / "d.nc") as ds:
         assert ds["kind"].flag_meanings == "sst t2m" and list(ds["qc"][:][[0, 30, 31]]) == [1, 1, 2]
         ds.set_auto_mask(False)

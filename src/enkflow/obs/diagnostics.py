@@ -193,32 +193,3 @@ class ObsDiagnosticsWriter:
                               qc_flags=qc_flags, metric=metric.value if metric is not None else None,
                               kind_names=dict(kind_names))
 
-
-def summary_by_kind(path: str | os.PathLike[str]) -> dict[str, dict[str, float]]:
-    """OmB/OmA bias (mean) and RMS of the used observations, and the counts, per kind name (and
-    ``"all"``) from one diagnostics file: ``{kind: {n_used, n_rejected, omb_bias, omb_rms, oma_bias,
-    oma_rms, prior_spread, posterior_spread}}`` (spreads: RMS of H(x)'s ensemble spread)."""
-    with netCDF4.Dataset(path) as ds:
-        ds.set_auto_mask(False)
-        g = {k: np.asarray(ds.variables[k][:]) for k in ("omb", "oma", "kind", "qc", "prior_spread", "posterior_spread")}
-        kv = ds.variables["kind"]
-        names: dict[int, str] = {}
-        if "flag_meanings" in kv.ncattrs():
-            names = dict(zip(np.atleast_1d(kv.flag_values).tolist(), str(kv.flag_meanings).split()))
-    out: dict[str, dict[str, float]] = {}
-    groups = [("all", np.ones(g["kind"].size, bool))]
-    kinds = np.unique(g["kind"]).tolist()
-    if len(kinds) > 1 or names:
-        groups += [(names.get(k, str(k)), g["kind"] == k) for k in kinds]
-    for name, sel in groups:
-        used = sel & (g["qc"] == QC_USED)
-        d = {"n_used": float(used.sum()), "n_rejected": float((sel & ~used).sum())}
-        for key in ("omb", "oma"):
-            v = g[key][used]
-            d[f"{key}_bias"] = float(v.mean()) if v.size else float("nan")
-            d[f"{key}_rms"] = float(np.sqrt(np.mean(v * v))) if v.size else float("nan")
-        for key in ("prior_spread", "posterior_spread"):
-            v = g[key][used]
-            d[key] = float(np.sqrt(np.mean(v * v))) if v.size else float("nan")
-        out[name] = d
-    return out
