@@ -69,10 +69,14 @@ def test_cli_finds_the_run_directory_from_the_demo_directory(demo, tmp_path):
 
 def test_scores_against_the_truth(demo):
     d, out, _ = demo
-    sc = collect_scores(d / "run", str(d / "truth" / "truth_{cycle:04d}.nc")).cycles
-    assert [s.cycle for s in sc] == [1, 2]
-    for s in sc:  # the demo's own RMSE (from the same files) and the report's agree
+    scores = collect_scores(d / "run")  # the truth of the demo's [verification]
+    sc = scores.cycles
+    assert [s.cycle for s in sc] == [1, 2] and scores.initial is not None and scores.initial.cycle == 0
+    for s in [scores.initial, *sc]:  # the demo's own RMSE (from the same files) and the report's agree
         v = s.variables["soil_moisture"]
         assert v.rmse_analysis == pytest.approx(out["rmse"][s.cycle], rel=1e-12)
         assert v.spread_analysis == pytest.approx(out["spread"][s.cycle], rel=1e-12)
         assert all(k.n_used > 0 and k.n_gross == 0 for k in s.kinds.values())
+    # With [verification] truth the analysis recorded the same RMSE (bitwise) in its diagnostics.
+    events = (d / "run" / "events.jsonl").read_text()
+    assert all(f'"rmse_analysis":{s.variables["soil_moisture"].rmse_analysis!r}' in events.replace(" ", "") for s in sc)
