@@ -152,3 +152,12 @@ def test_a_truth_template_without_cycle_is_named_with_its_key(tmp_path):
         load_experiment(toml)
     toml.write_text(toml.read_text().replace('"truth.nc"', '"truth/t_{cycle:03d}.nc"'))
     assert load_experiment(toml).truth_path(7) == tmp_path / "truth" / "t_007.nc"
+
+
+@pytest.mark.parametrize("observations, enabled", [
+    ({}, False), ({"qc": {"buddy_radius": 100.0}}, True), ({"kinds": {"sst": {"qc_sigma": 4.0}}}, True),
+    ({"kinds": {"sst": {"error_factor": 2.0}}}, False)])
+def test_qc_enabled_from_the_run_config(tmp_path, observations, enabled):
+    (tmp_path / "cycles").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"observations": observations}))
+    assert collect_scores(tmp_path).qc_enabled is enabled

@@ -73,9 +73,9 @@ def _configured(cfg: dict[str, Any], key: str) -> str | None:
 def _qc_enabled(cfg: dict[str, Any]) -> bool:
     obs = cfg.get("observations") or {}
     qc = obs.get("qc") or {}
-    kinds = obs.get("kinds") or []
+    kinds = obs.get("kinds") or {}  # [observations.kinds.NAME] tables
     return (qc.get("gross_sigma") is not None or qc.get("buddy_radius") is not None
-            or any(isinstance(k, dict) and k.get("qc_sigma") is not None for k in kinds))
+            or any(isinstance(k, dict) and k.get("qc_sigma") is not None for k in kinds.values()))
 
 
 def _variable_scores(cdir: CycleDir, names: list[str], cycle: int, truth: str | None,
