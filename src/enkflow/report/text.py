@@ -45,7 +45,7 @@ def _render_online(rep: Report, members: bool) -> str:
                         ("runner_idle", "runner idle")):
         f = s[name]
         pct = f"{f['pct_mean']:8.1f} +- {f['pct_std']:4.1f}" if f["pct_mean"] is not None else ""
-        lines.append(f"{label:12} {f['mean']:11.2f} +- {f['std']:6.2f} {pct}".rstrip())
+        lines.append(f"{label:12} {_sec(f['mean'], 11)} +- {_sec(f['std'], 6)} {pct}".rstrip())
     return "\n".join(lines)
 
 
@@ -83,20 +83,21 @@ def render_report(rep: Report, *, members: bool = False) -> str:
               f"{'':10} {'seconds':>20} {'% of total':>16}"]
     for name, label in (("total", "total"), ("queuing", "queuing"), ("running", "running"), ("io", "I/O"), ("overhead", "overhead")):
         f = s[name]
-        lines.append(f"{label:10} {f['mean']:11.2f} +- {f['std']:6.2f} {f['pct_mean']:8.1f} +- {f['pct_std']:4.1f}")
+        lines.append(f"{label:10} {_sec(f['mean'], 11)} +- {_sec(f['std'], 6)} {f['pct_mean']:8.1f} +- {f['pct_std']:4.1f}")
     return "\n".join(lines)
 
 
 def report_json(rep: Report) -> dict[str, Any]:
-    """The report as plain JSON-able data."""
+    """The report as plain JSON-able data (with ``failure`` where the run failed)."""
     head: dict[str, Any] = ({"expdir": str(rep.expdir), "mode": "online", "launcher": rep.launcher, "runners": rep.runners,
                              "ranks": rep.ranks} if rep.mode == "online" else
                             {"expdir": str(rep.expdir), "strategy": rep.strategy, "launcher": rep.launcher})
+    failed = {"failure": rep.failure.__dict__} if rep.failure is not None else {}  # a successful run's JSON as before
     return {
         **head,
         "cycles": [{**{k: v for k, v in c.__dict__.items() if k != "members"},
                     "members": {str(m): r for m, r in c.members.items()}} for c in rep.cycles],
         "summary": rep.summary(),
         "warnings": rep.warnings,
-        "failure": rep.failure.__dict__ if rep.failure is not None else None,
+        **failed,
     }
