@@ -19,7 +19,7 @@ from enkflow.report.score_types import CycleScores, ExperimentScores, KindScores
 from enkflow.report.scores import collect_scores
 
 MAPS = {"map-soil_moisture-mean", "map-soil_moisture-increment", "map-soil_moisture-spread"}
-SCORES = {"fig-rmse", "fig-consistency", "fig-obs-by-kind"}  # + rank histogram and CRPS with prior_rank in obs_diag.nc
+SCORES = {"fig-rmse", "fig-consistency", "fig-rank-hist", "fig-crps", "fig-obs-by-kind"}
 
 
 def figures(page: Path) -> dict[str, bytes]:
@@ -38,21 +38,12 @@ def check_png(png: bytes) -> None:
     assert float(np.std(img[..., :3])) > 0.02  # not blank: lines, bars or points are drawn
 
 
-def expected_scores(run: Path) -> set[str]:
-    """The score figures of the demo: rank histogram and CRPS where its obs_diag.nc holds them."""
-    import netCDF4
-
-    with netCDF4.Dataset(run / "cycles" / "0001" / "obs_diag.nc") as ds:
-        extra = {"fig-rank-hist", "fig-crps"} if "prior_rank" in ds.variables else set()
-    return SCORES | extra
-
-
 def test_demo_ends_with_the_report_page_and_every_figure_is_drawn(report_demo):
     d, out, _ = report_demo
     page = Path(out["html"])
     assert out["lines"][-1] == f"report: {page}" and page.is_file() and page.parent == d / "run"
     figs = figures(page)
-    assert set(figs) == expected_scores(d / "run") | MAPS | {"map-soil_moisture-minus-truth", "timing"}
+    assert set(figs) == SCORES | MAPS | {"map-soil_moisture-minus-truth", "timing"}
     for png in figs.values():
         check_png(png)
     text = page.read_text()
@@ -71,7 +62,7 @@ def test_without_a_truth_the_page_says_so(report_demo, tmp_path):
     assert r.stdout.strip() == str(tmp_path / "p.html")
     assert "report: reading cycles: 2/2" in r.stderr  # plain progress lines off a terminal
     text = (tmp_path / "p.html").read_text()
-    assert set(figures(tmp_path / "p.html")) == expected_scores(bare) | MAPS | {"timing"}
+    assert set(figures(tmp_path / "p.html")) == SCORES | MAPS | {"timing"}
     assert "cycle 1" in text and "analysis minus truth maps: no truth configured" in text
     assert "truth</td><td>none configured" in text
 

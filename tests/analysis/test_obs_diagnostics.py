@@ -65,6 +65,7 @@ def test_omb_oma_equal_a_recomputation_from_the_saved_ensembles(synth_dir, tmp_p
                      ("posterior_mean", HXa.mean(axis=1)), ("posterior_spread", HXa.std(axis=1, ddof=1)),
                      ("omb", y - HXf.mean(axis=1)), ("oma", y - HXa.mean(axis=1))):
         np.testing.assert_allclose(g[key], ref, rtol=0, atol=1e-12, err_msg=key)
+    _check_crps_and_rank(g, HXf, HXa, y, of.obs.error_var, cycle=3)
     # The statistics of the run (the analysis's own) and those of the file agree to 1e-12.
     s = summary_by_kind(out / FILE_NAME)["all"]
     omb, oma = y - HXf.mean(axis=1), y - HXa.mean(axis=1)
@@ -75,6 +76,20 @@ def test_omb_oma_equal_a_recomputation_from_the_saved_ensembles(synth_dir, tmp_p
     xr = pytest.importorskip("xarray")
     with xr.open_dataset(out / FILE_NAME) as ds:
         assert ds["omb"].sizes["obs"] == y.size
+
+
+def _check_crps_and_rank(g: dict[str, np.ndarray], HX: np.ndarray, HXa: np.ndarray, y: np.ndarray,
+                         error_var: np.ndarray, cycle: int) -> None:
+    """obs_diag.nc's CRPS equals properscoring's to 1e-12, and its prior rank the count recomputed here from
+    the generator the file's ``prior_rank:comment`` documents."""
+    ps = pytest.importorskip("properscoring")
+    np.testing.assert_allclose(g["prior_crps"], ps.crps_ensemble(y, HX), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(g["posterior_crps"], ps.crps_ensemble(y, HXa), rtol=1e-12, atol=1e-12)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x656E6B66, cycle])))
+    perturbed = HX + rng.standard_normal(HX.shape) * np.sqrt(error_var)[:, None]
+    rank = np.array([sum(1 for j in range(HX.shape[1]) if perturbed[i, j] < y[i]) for i in range(y.size)])
+    np.testing.assert_array_equal(g["prior_rank"], rank)
+    assert g["prior_rank"].dtype == np.int32 and 0 <= rank.min() and rank.max() <= HX.shape[1]
 
 
 def test_adaptive_inflation_field_carried_between_analysis_tasks(synth_dir, tmp_path):
@@ -107,7 +122,7 @@ def test_summary_per_kind_leaves_rejected_observations_out(tmp_path):
     HX, HXa = rng.standard_normal((n, m)), 0.5 * rng.standard_normal((n, m))
     flags = np.zeros(n, np.int8)
     flags[[0, 30, 31]] = [1, 1, 2]
-    write_obs_diagnostics(tmp_path / "d.nc", y, ObsSpaceStats.from_ensembles(HX, HXa), cycle=5, n_members=m,
+    write_obs_diagnostics(tmp_path / "d.nc", y, ObsSpaceStats.from_ensembles(HX, HXa, y, 5), cycle=5, n_members=m,
                           qc_flags=flags, metric="sphere", kind_names={3: "sst", 7: "t2m"})
     s = summary_by_kind(tmp_path / "d.nc")
     assert set(s) == {"all", "sst", "t2m"}
@@ -118,3 +133,19 @@ def test_summary_per_kind_leaves_rejected_observations_out(tmp_path):
         assert abs(s[name]["omb_bias"] - omb.mean()) < 1e-12 and abs(s[name]["oma_rms"] - np.sqrt(np.mean(oma**2))) < 1e-12
     with netCDF4.Dataset(tmp_path / "d.nc") as ds:
         assert ds["kind"].flag_meanings == "sst t2m" and list(ds["qc"][:][[0, 30, 31]]) == [1, 1, 2]
+        ds.set_auto_mask(False)
+        g = {k: np.asarray(ds[k][:]) for k in ds.variables}
+        assert "Hamill" in ds["prior_rank"].comment and list(ds["prior_rank"].valid_range) == [0, m]
+    _check_crps_and_rank(g, HX, HXa, y.values, y.error_var, cycle=5)
+
+
+def test_crps_keeps_its_precision_far_from_zero():
+    """Values near 300 (a temperature in K) with a spread of 0.1: the sorted departures keep 1e-12."""
+    from enkflow.obs.ensemble_scores import ensemble_crps
+
+    ps = pytest.importorskip("properscoring")
+    rng = np.random.default_rng(7)
+    HX = 300.0 + 0.1 * rng.standard_normal((200, 40))
+    y = 300.0 + 0.1 * rng.standard_normal(200)
+    np.testing.assert_allclose(ensemble_crps(HX, y), ps.crps_ensemble(y, HX), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(ensemble_crps(HX[:, :1], y), np.abs(HX[:, 0] - y), rtol=0, atol=1e-13)

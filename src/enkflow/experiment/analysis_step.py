@@ -29,6 +29,7 @@ from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.cycling import OutputSink
 from enkflow.experiment.file_store import FileStore
 from enkflow.experiment.step import StateRows, analyse, build_step
+from enkflow.experiment.verification import read_state
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import ensemble_mean_spread, write_mean_spread
@@ -212,5 +213,8 @@ def run_analysis(cfg: ExperimentConfig, cycle: int) -> dict[str, float | list[fl
         mean=cdir.mean if ms else None, spread=cdir.spread if ms else None,
         applied=cdir.applied, stats_dir=expdir.cycles if ao.statistics_for("offline") else None,
         stats_settings=ao.writer_settings(), stats_service=expdir.output_service)
+    tp = cfg.truth_path(cycle)
+    truth = None if tp is None else read_state(tp, StateLayout.from_config(cfg.restart_path(1), cfg.state))
     return analyse_files([cfg.restart_path(m) for m in members], cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io,
-                         cycle=cycle, files=files, hx_files=hx, obs_settings=ObsSettings.from_experiment(cfg))
+                         cycle=cycle, files=files, hx_files=hx, obs_settings=ObsSettings.from_experiment(cfg),
+                         truth=truth)

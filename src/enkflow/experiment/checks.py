@@ -11,6 +11,7 @@ import netCDF4
 
 from enkflow.errors import ConfigError, FileFormatError, StructureMismatchError
 from enkflow.experiment.config import ExperimentConfig, Initial
+from enkflow.experiment.verification import check_verification_files
 from enkflow.io.validate import validate_files
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.state import StateLayout
@@ -36,6 +37,7 @@ def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
     if not builtin or not cycles or template is None:
         return
     layout = StateLayout.from_config(template, cfg.state)
+    check_verification_files(cfg.verification, cfg.path, cycles, layout)
     metric = cfg.analysis.localization.metric if cfg.analysis.localization else None
     settings = ObsSettings.from_experiment(cfg)
     for k in cycles:

@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 from enkflow.config import ADAPTIVE_DEFAULTS, METHOD_TABLES, AdaptiveInflation, AnalysisConfig, Strict, load_toml, validate
 from enkflow.errors import ConfigError
 from enkflow.experiment.directory import ExperimentDir
+from enkflow.experiment.verification import VerificationSection
 from enkflow.io.config import IOConfig
 from enkflow.jobs.config import LauncherSection
 from enkflow.jobs.strategies import Resources, Strategy
@@ -325,6 +326,7 @@ class ExperimentConfig(Strict):
     launcher: LauncherSection = LauncherSection()
     archive: ArchiveSection = ArchiveSection()
     analysis_output: AnalysisOutputSection = AnalysisOutputSection()
+    verification: VerificationSection = VerificationSection()
     base_dir: str = "."
 
     @model_validator(mode="after")
@@ -389,6 +391,11 @@ class ExperimentConfig(Strict):
     def obs_path(self, cycle: int) -> Path:
         """Observation file of ``cycle``."""
         return self.path(self.observations.file.format(cycle=cycle))
+
+    def truth_path(self, cycle: int) -> Path | None:
+        """The truth file of ``cycle`` (``verification.truth``), None without one."""
+        t = self.verification.truth
+        return None if t is None else self.path(t.format(cycle=cycle))
 
     def operator_output(self, member: int, cycle: int) -> Path | None:
         t = self.observations.operator_output

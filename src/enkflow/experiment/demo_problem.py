@@ -151,6 +151,9 @@ command = "{sys.executable} -m enkflow.cli.model {{restart}} --length {{length}}
 [observations]
 file = "obs/obs_{{cycle:04d}}.nc"
 
+[verification]
+truth = "truth/truth_{{cycle:04d}}.nc"   # the analysis's RMSE and the report's scores (docs/configuration.md)
+
 {analysis}
 [jobs]
 strategy = "dynamic"

@@ -7,7 +7,10 @@ spread of H(x), the departures OmB = y - mean H(x^f) and OmA = y - mean H(x^a), 
 ``featureType = "point"``; readable with ``xarray.open_dataset``.
 
 Spreads are ensemble standard deviations (ddof = 1). The posterior H(x) is H applied to every
-analysis member (so its mean equals H of the analysis mean for a linear H).
+analysis member (so its mean equals H of the analysis mean for a linear H). Per observation also the
+ensemble CRPS of the prior and posterior H(x) against y, and the rank of y in the prior H(x) perturbed
+with the observation error (:mod:`enkflow.obs.ensemble_scores`; its histogram over the used observations
+is the rank histogram).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 from enkflow.analysis.obsset import ObsSet
 from enkflow.config import Metric
 from enkflow.fsutil import atomic_output
+from enkflow.obs.ensemble_scores import RANK_METHOD, ensemble_crps, prior_ranks
 
 FILE_NAME = "obs_diag.nc"
 QC_USED = 0
@@ -41,23 +45,29 @@ _COORDS = {
 
 @dataclass(frozen=True)
 class ObsSpaceStats:
-    """Per-observation statistics, all (n_obs,) float64."""
+    """Per-observation statistics, all (n_obs,): float64, ``prior_rank`` int32 in 0..N."""
 
     prior_mean: np.ndarray
     prior_spread: np.ndarray
     posterior_mean: np.ndarray
     posterior_spread: np.ndarray
+    prior_crps: np.ndarray
+    posterior_crps: np.ndarray
+    prior_rank: np.ndarray
 
     @classmethod
-    def from_ensembles(cls, HX: np.ndarray, HXa: np.ndarray) -> "ObsSpaceStats":
-        """From H(x) of the forecast and the analysis ensembles, (n_obs, N) each."""
+    def from_ensembles(cls, HX: np.ndarray, HXa: np.ndarray, y: ObsSet, cycle: int) -> "ObsSpaceStats":
+        """From H(x) of the forecast and the analysis ensembles, (n_obs, N) each, and the observations ``y``
+        of ``cycle`` (which seeds the rank's perturbations)."""
         def ms(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             sd = A.std(axis=1, ddof=1) if A.shape[1] > 1 else np.zeros(A.shape[0])
             return A.mean(axis=1), sd
 
-        pm, ps = ms(np.asarray(HX, dtype=np.float64))
-        am, as_ = ms(np.asarray(HXa, dtype=np.float64))
-        return cls(pm, ps, am, as_)
+        HX, HXa = np.asarray(HX, dtype=np.float64), np.asarray(HXa, dtype=np.float64)
+        pm, ps = ms(HX)
+        am, as_ = ms(HXa)
+        return cls(pm, ps, am, as_, ensemble_crps(HX, y.values), ensemble_crps(HXa, y.values),
+                   prior_ranks(HX, y.values, y.error_var, cycle))
 
 
 def write_obs_diagnostics(
@@ -118,6 +128,18 @@ def write_obs_diagnostics(
                 cell_methods="member: standard_deviation")
             var("omb", y.values - stats.prior_mean, "observation minus background (y - mean H(x_f))")
             var("oma", y.values - stats.posterior_mean, "observation minus analysis (y - mean H(x_a))")
+            crps = "mean_j |x_j - y| - 0.5 mean_jl |x_j - x_l| over the members (properscoring.crps_ensemble)"
+            var("prior_crps", stats.prior_crps, "continuous ranked probability score of the forecast H(x) against y",
+                comment=crps)
+            var("posterior_crps", stats.posterior_crps,
+                "continuous ranked probability score of the analysis H(x) against y", comment=crps)
+            rv = ds.createVariable("prior_rank", "i4", ("obs",))
+            rv.long_name = "rank of y in the forecast H(x) perturbed with the observation error"
+            rv.valid_range = np.array([0, n_members], dtype=np.int32)
+            rv.comment = RANK_METHOD
+            if coords:
+                rv.coordinates = coords
+            rv[:] = stats.prior_rank
             kv = ds.createVariable("kind", "i4", ("obs",))
             kv.long_name = "observation kind code"
             codes = sorted(set(np.unique(y.kinds).tolist()) | set((kind_names or {}).keys()))
@@ -167,7 +189,7 @@ class ObsDiagnosticsWriter:
         p = self.path(cycle)
         p.parent.mkdir(parents=True, exist_ok=True)
         metric = self.metric if self.metric is not None else coordinate_metric
-        write_obs_diagnostics(p, y, ObsSpaceStats.from_ensembles(HX, HXa), cycle=cycle, n_members=HX.shape[1],
+        write_obs_diagnostics(p, y, ObsSpaceStats.from_ensembles(HX, HXa, y, cycle), cycle=cycle, n_members=HX.shape[1],
                               qc_flags=qc_flags, metric=metric.value if metric is not None else None,
                               kind_names=dict(kind_names))
 

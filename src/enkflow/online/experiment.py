@@ -29,6 +29,7 @@ from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import NoOutput, OutputSink
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.experiment.step import StateRows, build_step
+from enkflow.experiment.verification import truth_of
 from enkflow.experiment.output_setup import background_archiver, mean_spread_setup
 from enkflow.fsutil import read_json, write_json_atomic
 from enkflow.io import EnsembleFiles
@@ -162,7 +163,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tupl
     # As offline: the same step (several server ranks analyse rows of equal estimated work, the same
     # result); the adaptive inflation field in memory, and written per cycle (a restart resumes from it).
     step = build_step(cfg.analysis, StateRows.of_layout(layout), comm, cycle_dir=lambda c: cfg.dir.cycle(c).path,
-                      first_cycle=cfg.experiment.first_cycle, output=output)
+                      first_cycle=cfg.experiment.first_cycle, output=output, truth=truth_of(cfg.truth_path, layout))
     obs = CycleObservations(cfg.obs_path, layout, ObsSettings.from_experiment(cfg))
     return Problem(fields, cfg.experiment.members, initial, lambda cycle: steps, obs, step), layout
 

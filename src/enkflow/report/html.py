@@ -32,7 +32,8 @@ from enkflow.report.maps import Figure, MapCycles, map_figures
 from enkflow.report.score_figures import (fig_consistency, fig_crps, fig_inflation, fig_obs_by_kind, fig_qc,
                                           fig_rank_hist, fig_rmse, kinds_with, variables)
 from enkflow.report.score_types import ExperimentScores
-from enkflow.report.scores import collect_scores, truth_path
+from enkflow.report.scores import collect_scores
+from enkflow.report.scores_table import write_scores_table
 from enkflow.report.settings import Setting, settings_summary
 from enkflow.report.text import render_report
 from enkflow.report.timing import Report, load_report
@@ -92,10 +93,8 @@ def build_page(rep: Report, scores: ExperimentScores, map_cycle: int | MapCycles
     page = Page(missing=missing)
     for fid, title, make in progress(makers, desc="report: figures"):
         page.scores.append((fid, title, make()))
-    cfg = run_config(rep.expdir)
-    base = Path(cfg.get("base_dir") or rep.expdir)
     truth = {} if scores.truth is None else {
-        c.cycle: p for c in scores.cycles if (p := truth_path(scores.truth, c.cycle, base)).is_file()}
+        c.cycle: p for c in scores.cycles if (p := Path(scores.truth.format(cycle=c.cycle))).is_file()}
     maps = map_figures(rep.expdir, map_cycle, truth, state_coordinates(rep.expdir))
     page.maps, page.missing = maps.figures, page.missing + list(dict.fromkeys(maps.missing))
     if scores.truth is None:
@@ -142,13 +141,15 @@ def page_html(rep: Report, scores: ExperimentScores, page: Page) -> str:
 def write_html(directory: str | Path, out: str | Path | None = None, *, truth: str | None = None,
                free_run: str | None = None, map_cycle: int | MapCycles = MapCycles.LAST) -> Path:
     """Write the report page of the experiment ``directory`` names (see :func:`enkflow.report.find_expdir`)
-    to ``out`` (default ``EXPDIR/report.html``), atomically; returns its path. ``truth``/``free_run``:
+    to ``out`` (default ``EXPDIR/report.html``) and the scores table (``EXPDIR/scores.nc``, ``scores.csv``),
+    each atomically; returns the page's path. ``truth``/``free_run``:
     templates with ``{cycle}`` overriding the run's ``[verification]``; ``map_cycle``: the cycle mapped."""
     rep = load_report(Path(directory))
     if not rep.cycles and rep.failure is None:
         raise EnkflowError(f"{rep.expdir}: no finished cycle to report yet")
     scores = collect_scores(rep.expdir, truth, free_run)
     page = build_page(rep, scores, map_cycle)
+    write_scores_table(scores, rep.expdir)
     path = Path(out) if out is not None else rep.expdir / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path) as tmp:
