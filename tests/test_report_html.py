@@ -105,3 +105,32 @@ def test_score_figures_only_where_there_is_something_to_show(qc, inflation):
     assert any(m.startswith("quality control counts: quality control is off") for m in missing) is not qc
     for _, _, make in makers:
         check_png(make())
+
+
+def test_a_grids_map_is_in_its_coordinates_with_names_and_units(tmp_path):
+    """A (y, x) state with CF coordinate variables: a mesh over x and y, axes named with their units; the
+    same variable on points named by [state] coordinates: a scatter in those."""
+    import netCDF4
+
+    from enkflow.report.figures import fig_map
+    from enkflow.report.map_grid import map_grid
+
+    path = tmp_path / "mean.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("y", 3)
+        ds.createDimension("x", 4)
+        for name, n, long in (("x", 4, "easting"), ("y", 3, "northing")):
+            v = ds.createVariable(name, "f8", (name,))
+            v.long_name, v.units = long, "km"
+            v[:] = np.arange(n) * 10.0
+        ds.createVariable("tracer", "f8", ("y", "x"))[:] = np.arange(12.0).reshape(3, 4)
+        px, py = ds.createVariable("px", "f8", ("y", "x")), ds.createVariable("py", "f8", ("y", "x"))
+        px[:], py[:] = np.meshgrid(np.arange(4.0), np.arange(3.0))
+    grid = map_grid(path, "tracer", None)
+    assert grid is not None and grid.gridded and grid.same_units
+    assert (grid.x.label, grid.y.label) == ("easting [km]", "northing [km]")
+    assert grid.x.values.tolist() == [0, 10, 20, 30] and grid.y.values.tolist() == [0, 10, 20]
+    points = map_grid(path, "tracer", ["px", "py"])
+    assert points is not None and not points.gridded and points.x.label == "px (no units attribute)"
+    check_png(fig_map(np.arange(12.0).reshape(3, 4), grid, "tracer", diverging=True, units="tracer [1]",
+                      obs=(np.array([5.0, 25.0]), np.array([5.0, 15.0]))))

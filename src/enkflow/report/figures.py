@@ -72,7 +72,7 @@ def _draw_values(ax: Axes, values: np.ndarray, grid: MapGrid | None, diverging: 
     ax.set_xlabel(grid.x.label)
     ax.set_ylabel(grid.y.label)
     if grid.same_units:
-        ax.set_aspect("equal", adjustable="datalim")
+        ax.set_aspect("equal", adjustable="box")
     if grid.gridded:
         return ax.pcolormesh(grid.x.values, grid.y.values, np.ma.masked_invalid(v.reshape(v.shape[-2:])),
                              shading="auto", **kw)
@@ -88,7 +88,7 @@ def fig_map(values: np.ndarray, grid: MapGrid | None, title: str, *, diverging: 
     fig, ax = pyplot().subplots(figsize=(6.4, 4.0))
     mappable = _draw_values(ax, values, grid, diverging)
     if obs is not None and grid is not None:
-        ax.plot(obs[0], obs[1], "k.", ms=2.5, label=f"observations used ({obs[0].size})")
+        ax.plot(obs[0], obs[1], "o", mfc="none", mec="k", ms=3, mew=0.5, label=f"observations used ({obs[0].size})")
         ax.legend(fontsize=7, loc="upper right")
     fig.colorbar(mappable, ax=ax, shrink=0.85, label=units)
     ax.set_title(title, fontsize=10)

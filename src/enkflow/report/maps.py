@@ -103,7 +103,8 @@ def _variable_maps(src: MapSource, n: str, out: Maps) -> None:
     def add(what: str, title: str, values: np.ndarray, diverging: bool,
             obs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         out.figures.append((f"map-{n}-{what}{src.suffix}", f"{n}: {title}, cycle {k}",
-                            fig_map(values, grid, f"{n}: {title}, cycle {k}", diverging=diverging, units=units, obs=obs)))
+                            fig_map(values, grid, f"{n}: {title}, cycle {k}", diverging=diverging,
+                                    units=f"{n} [{units}]" if units else n, obs=obs)))
 
     add("mean", "analysis mean", mean, False)
     inc = _increment(src, n, mean)

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+def kind_label(kind: str) -> str:
+    """A kind's name for a title: ``kind 3`` for a code without a name."""
+    return f"kind {kind}" if kind.lstrip("-").isdigit() else kind
+
+
 def _num(v: float | None) -> float:
     return np.nan if v is None else float(v)
 
@@ -57,7 +62,8 @@ def _sawtooth(cycles: list[CycleScores], initial: VariableScores | None, forecas
         v = c.variables.get(name)
         xs += [float(c.cycle), float(c.cycle)]
         ys += [_num(forecast(v)) if v else np.nan, _num(analysis(v)) if v else np.nan]
-    return xs, ys
+    known = [(x, y) for x, y in zip(xs, ys) if np.isfinite(y)]  # a score not written joins its neighbours
+    return [x for x, _ in known], [y for _, y in known]
 
 
 def fig_rmse(scores: ExperimentScores) -> bytes:
@@ -105,12 +111,12 @@ def fig_consistency(scores: ExperimentScores, kinds: list[str]) -> bytes:
         top.plot(cyc, _series(scores, kind, _total_spread), "s--", label="sqrt(prior spread² + σo²)")
         top.plot(cyc, _series(scores, kind, lambda k: None if k.prior_spread_ms is None else np.sqrt(k.prior_spread_ms)),
                  ":", color="0.5", label="prior spread of H(x)")
-        top.set_title(f"{kind}: OmB RMS against the total spread", fontsize=9)
+        top.set_title(f"{kind_label(kind)}: OmB RMS against the total spread", fontsize=9)
         top.legend(fontsize=7)
         bottom.plot(cyc, _series(scores, kind, lambda k: k.consistency), "o-", color="tab:purple")
         bottom.axhline(1.0, color="0.6", lw=0.8)
         bottom.set_ylabel("OmB RMS / total spread")
-        bottom.set_title(f"{kind}: consistency ratio", fontsize=9)
+        bottom.set_title(f"{kind_label(kind)}: consistency ratio", fontsize=9)
         _cycle_axis(top, cyc)
         _cycle_axis(bottom, cyc)
     fig.tight_layout()
@@ -134,7 +140,7 @@ def fig_rank_hist(scores: ExperimentScores, kinds: list[str]) -> bytes:
         ax.set_xlabel("rank of y among the N prior members")
         ax.set_ylabel("observations")
         ax.set_xticks(np.arange(h.size))
-        ax.set_title(f"{kind}: rank histogram, {len(scores.cycles)} cycle(s) pooled", fontsize=9)
+        ax.set_title(f"{kind_label(kind)}: rank histogram, {len(scores.cycles)} cycle(s) pooled", fontsize=9)
         ax.legend(fontsize=7)
     return png_bytes(fig)
 
@@ -147,7 +153,7 @@ def fig_crps(scores: ExperimentScores, kinds: list[str]) -> bytes:
         ax.plot(cyc, _series(scores, kind, lambda k: k.crps_prior), "o-", label="prior (forecast)")
         ax.plot(cyc, _series(scores, kind, lambda k: k.crps_posterior), "s--", label="posterior (analysis)")
         ax.set_ylabel("mean CRPS (observation units)")
-        ax.set_title(f"{kind}: CRPS", fontsize=9)
+        ax.set_title(f"{kind_label(kind)}: CRPS", fontsize=9)
         _cycle_axis(ax, cyc)
         ax.legend(fontsize=7)
     return png_bytes(fig)
@@ -164,7 +170,7 @@ def fig_obs_by_kind(scores: ExperimentScores, kinds: list[str]) -> bytes:
         ax.plot(cyc, _series(scores, kind, lambda k: k.oma_bias), "s:", color="tab:blue", label="OmA bias")
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.set_ylabel("observation units")
-        ax.set_title(f"{kind}: OmB / OmA", fontsize=9)
+        ax.set_title(f"{kind_label(kind)}: OmB / OmA", fontsize=9)
         _cycle_axis(ax, cyc)
         ax.legend(fontsize=7)
     return png_bytes(fig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from enkflow.report.score_figures import kind_label
 from enkflow.report.score_types import ExperimentScores
 
 
@@ -58,7 +59,7 @@ def _counts(scores: ExperimentScores) -> str:
         used = [c.kinds[kind].n_used for c in scores.cycles if kind in c.kinds]
         rejected = sum(c.kinds[kind].n_gross + c.kinds[kind].n_buddy for c in scores.cycles if kind in c.kinds)
         span = f"{min(used)}" if min(used) == max(used) else f"{min(used)}-{max(used)}"
-        out.append(f"{kind}: {span} used per cycle, {rejected} rejected in all")
+        out.append(f"{kind_label(kind)}: {span} used per cycle, {rejected} rejected in all")
     return "; ".join(out) if out else "no obs_diag.nc in the cycle directories"
 
 
