@@ -95,7 +95,7 @@ def build_page(rep: Report, scores: ExperimentScores, map_cycle: int | MapCycles
         page.scores.append((fid, title, make()))
     truth = {} if scores.truth is None else {
         c.cycle: p for c in scores.cycles if (p := Path(scores.truth.format(cycle=c.cycle))).is_file()}
-    maps = map_figures(rep.expdir, map_cycle, truth, state_coordinates(rep.expdir))
+    maps = map_figures(rep.expdir, map_cycle, [c.cycle for c in scores.cycles], truth, state_coordinates(rep.expdir))
     page.maps, page.missing = maps.figures, page.missing + list(dict.fromkeys(maps.missing))
     if scores.truth is None:
         page.missing.append("analysis minus truth maps: no truth configured")

@@ -123,10 +123,12 @@ def _variable_maps(src: MapSource, n: str, out: Maps) -> None:
         out.missing.append(f"{n}, cycle {k}: no analysis-minus-truth map ({src.truth} has no {n} of the mean's size)")
 
 
-def map_figures(expdir: Path, choice: int | MapCycles, truth: dict[int, Path], coordinates: list[str] | None) -> Maps:
-    """The maps of every state variable for ``choice`` (a cycle number, the last cycle or all cycles);
-    ``truth``: the truth file of each cycle that has one."""
-    cycles = [(k, d) for k, d in cycle_dirs(expdir) if d.mean.is_file() and k > 0]
+def map_figures(expdir: Path, choice: int | MapCycles, scored: list[int], truth: dict[int, Path],
+                coordinates: list[str] | None) -> Maps:
+    """The maps of every state variable for ``choice`` (a cycle number, the last cycle or all cycles) among the
+    ``scored`` cycles (the initial ensemble's directory excepted); ``truth``: the truth file of each cycle
+    that has one."""
+    cycles = [(k, d) for k, d in cycle_dirs(expdir) if d.mean.is_file() and k in scored]
     out = Maps()
     if not cycles:
         out.missing.append("no analysis_mean.nc in the cycle directories ([analysis_output] mean_spread_files = "

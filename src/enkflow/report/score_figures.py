@@ -6,6 +6,7 @@ missing score (None) is a gap in its line, never a zero."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -145,35 +146,47 @@ def fig_rank_hist(scores: ExperimentScores, kinds: list[str]) -> bytes:
     return png_bytes(fig)
 
 
-def fig_crps(scores: ExperimentScores, kinds: list[str]) -> bytes:
-    """Per kind: the mean ensemble CRPS of H(x) against y, prior and posterior, per cycle."""
+@dataclass(frozen=True)
+class Line:
+    """One line of a per-kind panel: the score it draws, its matplotlib format and colour, and its label."""
+
+    score: Callable[[KindScores], float | None]
+    fmt: str
+    label: str
+    color: str | None = None
+
+
+def _kind_lines(scores: ExperimentScores, kinds: list[str], lines: list[Line], ylabel: str, title: str,
+                zero: bool = False) -> bytes:
+    """One panel per kind, each with ``lines`` over the cycles (``zero``: a line at 0)."""
     fig, axes = _panels(len(kinds))
     cyc = [c.cycle for c in scores.cycles]
     for ax, kind in zip(axes[0], kinds):
-        ax.plot(cyc, _series(scores, kind, lambda k: k.crps_prior), "o-", label="prior (forecast)")
-        ax.plot(cyc, _series(scores, kind, lambda k: k.crps_posterior), "s--", label="posterior (analysis)")
-        ax.set_ylabel("mean CRPS (observation units)")
-        ax.set_title(f"{kind_label(kind)}: CRPS", fontsize=9)
+        for line in lines:
+            ax.plot(cyc, _series(scores, kind, line.score), line.fmt, color=line.color, label=line.label)
+        if zero:
+            ax.axhline(0.0, color="0.6", lw=0.8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{kind_label(kind)}: {title}", fontsize=9)
         _cycle_axis(ax, cyc)
         ax.legend(fontsize=7)
     return png_bytes(fig)
+
+
+def fig_crps(scores: ExperimentScores, kinds: list[str]) -> bytes:
+    """Per kind: the mean ensemble CRPS of H(x) against y, prior and posterior, per cycle."""
+    return _kind_lines(scores, kinds, [Line(lambda k: k.crps_prior, "o-", "prior (forecast)"),
+                                       Line(lambda k: k.crps_posterior, "s--", "posterior (analysis)")],
+                       "mean CRPS (observation units)", "CRPS")
 
 
 def fig_obs_by_kind(scores: ExperimentScores, kinds: list[str]) -> bytes:
     """Per kind (one panel each): bias and RMS of OmB and OmA over the used observations."""
-    fig, axes = _panels(len(kinds))
-    cyc = [c.cycle for c in scores.cycles]
-    for ax, kind in zip(axes[0], kinds):
-        ax.plot(cyc, _series(scores, kind, lambda k: k.omb_rms), "o-", color="tab:red", label="OmB RMS")
-        ax.plot(cyc, _series(scores, kind, lambda k: k.oma_rms), "s-", color="tab:blue", label="OmA RMS")
-        ax.plot(cyc, _series(scores, kind, lambda k: k.omb_bias), "o:", color="tab:red", label="OmB bias")
-        ax.plot(cyc, _series(scores, kind, lambda k: k.oma_bias), "s:", color="tab:blue", label="OmA bias")
-        ax.axhline(0.0, color="0.6", lw=0.8)
-        ax.set_ylabel("observation units")
-        ax.set_title(f"{kind_label(kind)}: OmB / OmA", fontsize=9)
-        _cycle_axis(ax, cyc)
-        ax.legend(fontsize=7)
-    return png_bytes(fig)
+    return _kind_lines(scores, kinds, [Line(lambda k: k.omb_rms, "o-", "OmB RMS", "tab:red"),
+                                       Line(lambda k: k.oma_rms, "s-", "OmA RMS", "tab:blue"),
+                                       Line(lambda k: k.omb_bias, "o:", "OmB bias", "tab:red"),
+                                       Line(lambda k: k.oma_bias, "s:", "OmA bias", "tab:blue")],
+                       "observation units", "OmB / OmA", zero=True)
 
 
 def fig_qc(scores: ExperimentScores) -> bytes:
