@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from enkflow.cli import main
 from enkflow.report.html import _score_makers
 from enkflow.report.score_types import CycleScores, ExperimentScores, KindScores, VariableScores
 from enkflow.report.scores import collect_scores
@@ -54,8 +55,10 @@ def test_demo_ends_with_the_report_page_and_every_figure_is_drawn(report_demo):
     assert "truth_{cycle:04d}.nc</td>" in text
 
 
-def test_without_a_truth_the_page_says_so(report_demo, tmp_path):
+def test_without_a_truth_the_page_says_so(report_demo, tmp_path, capsys):
     _, _, bare = report_demo
+    assert main(["report", str(bare), "--scores"]) == 0
+    assert capsys.readouterr().out.split() == [str(bare / "scores.nc"), str(bare / "scores.csv")]
     r = subprocess.run([sys.executable, "-m", "enkflow", "report", str(bare), "--html", "--out", str(tmp_path / "p.html"),
                         "--map-cycle", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
