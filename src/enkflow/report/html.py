@@ -72,7 +72,9 @@ def _score_makers(s: ExperimentScores) -> tuple[list[Maker], list[str]]:
             missing.append(f"{maker[1]}: {why}")
 
     obs_why = "no obs_diag.nc with used observations in the cycle directories"
-    want(bool(variables(s)), ("fig-rmse", "RMSE and spread, forecast and analysis", lambda: fig_rmse(s)),
+    rmse_title = ("RMSE against the truth and spread, forecast and analysis" if s.truth is not None else
+                  "spread, forecast and analysis (no truth configured: no RMSE)")
+    want(bool(variables(s)), ("fig-rmse", rmse_title, lambda: fig_rmse(s)),
          "no analysis mean/spread files in the cycle directories")
     want(bool(kinds), ("fig-consistency", "observation-space consistency", lambda: fig_consistency(s, kinds)), obs_why)
     want(bool(with_rank), ("fig-rank-hist", "rank histograms (prior)", lambda: fig_rank_hist(s, with_rank)),
