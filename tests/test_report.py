@@ -245,3 +245,13 @@ def test_seconds_under_a_tenth_keep_two_significant_digits(tmp_path: Path) -> No
     (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
     row = render_report(load_report(d)).splitlines()[4].split()
     assert row[0] == "1" and row[7] == "0.0042"
+
+
+def test_report_of_a_failed_online_study_names_its_reason(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    reason = "runner 2 exited with status 1; runner-2.log ends with: FloatingPointError: overflow"
+    events = [*_ONLINE[:9], {"t": 9.0, "event": "experiment_fail", "cycle": 1, "member": 3, "reason": reason}]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = load_report(d)
+    assert rep.mode == "online" and render_report(rep).splitlines()[2] == f"FAILED: cycle 1, member 3: {reason}"

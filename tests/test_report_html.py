@@ -106,8 +106,9 @@ def test_score_figures_only_where_there_is_something_to_show(qc, inflation):
     assert ids[:5] == ["fig-rmse", "fig-consistency", "fig-rank-hist", "fig-crps", "fig-obs-by-kind"]
     assert ("fig-qc" in ids) is qc and ("fig-inflation" in ids) is inflation
     assert any(m.startswith("quality control counts: quality control is off") for m in missing) is not qc
-    for _, _, make in makers:
-        check_png(make())
+    if qc:  # every figure drawn once
+        for _, _, make in makers:
+            check_png(make())
 
 
 def test_a_grids_map_is_in_its_coordinates_with_names_and_units(tmp_path):
