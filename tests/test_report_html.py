@@ -63,7 +63,7 @@ def test_without_a_truth_the_page_says_so(report_demo, tmp_path, capsys):
                         "--map-cycle", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(tmp_path / "p.html")
-    assert "report: reading cycles: 2/2" in r.stderr  # plain progress lines off a terminal
+    assert "report: reading cycles: 3/3" in r.stderr  # plain progress lines off a terminal (cycle 0: the initial ensemble)
     text = (tmp_path / "p.html").read_text()
     assert set(figures(tmp_path / "p.html")) == SCORES | MAPS | {"timing"}
     assert "cycle 1" in text and "analysis minus truth maps: no truth configured" in text

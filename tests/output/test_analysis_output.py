@@ -21,7 +21,7 @@ from enkflow.jobs.events import iter_events
 from enkflow_testing.experiments import STATE_VARIABLE, synth_problem, write_builtin_experiment
 
 N = 4
-STATS = ("forecast_mean", "analysis_mean", "analysis_spread", "analysis_increment")
+STATS = ("forecast_mean", "forecast_spread", "analysis_mean", "analysis_spread", "analysis_increment")
 
 
 def _var(path: Path, name: str) -> np.ndarray:
@@ -57,9 +57,9 @@ def test_analyse_hands_on_the_forecast_and_analysis_statistics() -> None:
 
     sink = _Rows()
     Xa, diag = analyse(AnalysisStep(ETKF(), stats=sink), ArrayStore(X), Obs(), 1)
-    fm, _ = ensemble_mean_spread(prior)
+    fm, fsp = ensemble_mean_spread(prior)
     am, asp = ensemble_mean_spread(Xa)
-    assert np.array_equal(sink.got["forecast_mean"], fm)
+    assert np.array_equal(sink.got["forecast_mean"], fm) and np.array_equal(sink.got["forecast_spread"], fsp)
     assert np.array_equal(sink.got["analysis_mean"], am) and np.array_equal(sink.got["analysis_spread"], asp)
     assert np.array_equal(sink.got["analysis_increment"], am - fm)
     assert not np.array_equal(am, fm) and diag.stats_s is not None and diag.stats_s >= 0
@@ -81,14 +81,14 @@ def test_offline_two_ranks_statistics_equal_the_mean_spread_files_and_the_foreca
         shutil.copyfile(tmp_path / "members" / f"member_{m:04d}.nc", fc / f"m{m}.nc")
         subprocess.run([sys.executable, "-m", "enkflow.cli.model", str(fc / f"m{m}.nc"), "--length", "6", "--cycle", "1"],
                        check=True, env=subprocess_env)
-    fmean, _ = ensemble_mean_spread(np.stack([_var(fc / f"m{m}.nc", STATE_VARIABLE) for m in range(1, N + 1)], axis=1))
+    fmean, fspread = ensemble_mean_spread(np.stack([_var(fc / f"m{m}.nc", STATE_VARIABLE) for m in range(1, N + 1)], axis=1))
     cfg = load_experiment(toml)
     Experiment(cfg).run()
     c = cfg.cycle_dir(1)
     got = {s: _var(c / f"{STATE_VARIABLE}_{s}.nc", f"{STATE_VARIABLE}_{s}")[0] for s in STATS}
     assert np.array_equal(got["analysis_mean"], _var(c / "analysis_mean.nc", STATE_VARIABLE))
     assert np.array_equal(got["analysis_spread"], _var(c / "analysis_spread.nc", STATE_VARIABLE))
-    assert np.array_equal(got["forecast_mean"], fmean)
+    assert np.array_equal(got["forecast_mean"], fmean) and np.array_equal(got["forecast_spread"], fspread)
     assert np.array_equal(got["analysis_increment"], got["analysis_mean"] - got["forecast_mean"])
     timings = [e for e in iter_events(cfg.expdir / "events.jsonl") if e["event"] == "task_end" and e["task"] == N + 1]
     assert timings and {"stats_s", "stats_wait_s", "stats_start_s"} <= set(timings[0]["timings"])
@@ -107,6 +107,61 @@ def test_online_statistics_equal_the_mean_spread_files(tmp_path: Path) -> None:
         assert np.array_equal(got["analysis_increment"], got["analysis_mean"] - got["forecast_mean"])
         with netCDF4.Dataset(c / f"{STATE_VARIABLE}_analysis_spread.nc") as ds:
             assert ds.Conventions.startswith("CF-") and float(ds["time"][0]) == k
+
+
+def test_statistics_files_keep_the_state_layout_masked_points_missing(tmp_path: Path) -> None:
+    """A masked (time, y, x) variable: the files are (time, y, x) with the template's x/y coordinates, NaN where
+    the mask leaves a point out; two adds of row ranges that split a grid row (as two ranks do) fill them."""
+    from enkflow.output.analysis_output import AnalysisOutput
+    from enkflow.output.mean_spread_files import _statistics
+    from enkflow.state import StateConfig, StateLayout
+
+    ny, nx = 5, 7
+    mask = (np.add.outer(np.arange(ny), np.arange(nx)) % 3 != 0).astype(np.int8)
+    with netCDF4.Dataset(tmp_path / "t.nc", "w") as ds:
+        for d, n in (("time", 1), ("y", ny), ("x", nx)):
+            ds.createDimension(d, n)
+        for d, n in (("y", ny), ("x", nx)):
+            c = ds.createVariable(d, "f8", (d,))
+            c.units, c.axis = "km", d.upper()
+            c[:] = 10.0 * np.arange(n)
+        ds.createVariable("land", "i1", ("y", "x"))[:] = mask
+        v = ds.createVariable("t", "f8", ("time", "y", "x"))
+        v.units = "K"
+        v[:] = 0.0
+    layout = StateLayout.from_config(tmp_path / "t.nc", StateConfig(variables=["t"], mask={"variable": "land"}))
+    x = np.arange(layout.n_rows, dtype=np.float64) + 0.5
+    out = AnalysisOutput(layout, tmp_path / "cycles")
+    split = layout.n_rows // 2 + 1
+    for stat in ("analysis_mean", "analysis_spread"):
+        out.add(3, 0, {stat: x[:split]})
+        out.add(3, split, {stat: x[split:]})
+    out.close()
+    c = tmp_path / "cycles" / "0003"
+    with netCDF4.Dataset(c / "t_analysis_mean.nc") as ds:
+        assert ds["t_analysis_mean"].dimensions == ("time", "y", "x") and ds["x"].units == "km"
+        np.testing.assert_array_equal(ds["y"][:], 10.0 * np.arange(ny))
+        ds.set_auto_mask(False)
+        got = np.asarray(ds["t_analysis_mean"][0])
+    np.testing.assert_array_equal(got, layout.to_fields(x)["t"].reshape(ny, nx))
+    assert np.isnan(got[mask == 0]).all() and np.isfinite(got[mask == 1]).all()
+    np.testing.assert_array_equal(_statistics(c, layout, "analysis_spread"), x)  # the mean/spread writer's rows
+
+
+def test_flat_ranges_as_regions() -> None:
+    from enkflow.output.analysis_output import flat_blocks
+
+    for shape in ((7,), (3, 4), (2, 3, 5)):
+        n = int(np.prod(shape))
+        for lo in range(n + 1):
+            for hi in range(lo, n + 1):
+                a = np.full(shape, -1)
+                for region, off, size in flat_blocks(lo, hi, shape):
+                    assert (a[region] == -1).all() and a[region].size == size
+                    a[region] = np.arange(lo + off, lo + off + size).reshape(a[region].shape)
+                ref = np.full(n, -1)
+                ref[lo:hi] = np.arange(lo, hi)
+                np.testing.assert_array_equal(a.reshape(-1), ref)
 
 
 def _file(path: Path, root: Path) -> list:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from enkflow.errors import DETERMINISTIC_ERROR_RC, ConfigError, EnkflowError, MemberError
 from enkflow.experiment import checks, provenance
+from enkflow.experiment.initial_statistics import write_initial_from_restarts
 from enkflow.experiment.provenance import RestartState
 from enkflow.experiment.config import ExperimentConfig, Initial
 from enkflow.experiment.cycling import run_cycles
@@ -207,6 +208,7 @@ class Experiment:
                 provenance.check_new(sources, self.expdir)
             if cfg.experiment.initial is Initial.COPY:
                 self._copy_initial()
+            write_initial_from_restarts(cfg)  # the report's cycle 0
             state = ExperimentState.create(self.dir.state, digests, {str(p): fingerprint(p) for p in sources})
         else:
             state.check_finished(digests)

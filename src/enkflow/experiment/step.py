@@ -140,7 +140,7 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
 
     The observations the quality control rejects (decided from the full ``HX``, so the same on
     every rank) are left out of the analysis and of ``n_obs``, ``omb_rms`` and ``oma_rms``. The
-    forecast mean, the analysis mean and spread and the increment of this rank's rows go to
+    forecast and analysis means and spreads and the increment of this rank's rows go to
     ``step.stats`` as :func:`enkflow.io.meanspread.ensemble_mean_spread` computes them (the values
     of the mean and spread files, bitwise). The adaptive inflation field's posterior is kept (and
     written) before the store commits the analysis, so that a redo of a committed cycle finds it."""
@@ -149,7 +149,8 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     infl = step.inflation.prior(cycle, store.row_start, store.row_stop) if step.inflation is not None else None
     X = store.gather(cycle)
     t0 = time.perf_counter()
-    fmean = ensemble_mean(X) if step.stats is not None else None  # before the in-place analysis overwrites X
+    # Before the in-place analysis overwrites X.
+    forecast = ensemble_mean_spread(X) if step.stats is not None else None
     t_fmean = time.perf_counter() - t0
     y_all = obs.observations(cycle)
     HX_all = obs.apply(cycle, X, store.row_start, comm)
@@ -171,8 +172,8 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     if step.inflation is not None and infl is not None:
         step.inflation.posterior(cycle, infl)
     store.scatter(cycle, Xa, diag.record())
-    if step.stats is not None and fmean is not None:
-        diag.stats_s = t_fmean + _add_statistics(step.stats, cycle, store.row_start, fmean, Xa)
+    if step.stats is not None and forecast is not None:
+        diag.stats_s = t_fmean + _add_statistics(step.stats, cycle, store.row_start, forecast, Xa)
     step.output.write(cycle, Xa, store.row_start, diag)
     return Xa, diag
 
@@ -234,20 +235,13 @@ def _write_obs_diag(writer: ObsDiagnosticsWriter, obs: ObservationSpace, cycle: 
     return time.perf_counter() - t0
 
 
-def _add_statistics(stats: StatsSink, cycle: int, row_start: int, fmean: np.ndarray, Xa: np.ndarray) -> float:
-    """Hand this rank's rows of the forecast mean ``fmean``, the analysis mean and spread and the
+def _add_statistics(stats: StatsSink, cycle: int, row_start: int, forecast: tuple[np.ndarray, np.ndarray],
+                    Xa: np.ndarray) -> float:
+    """Hand this rank's rows of the forecast mean and spread ``forecast``, the analysis mean and spread and the
     increment to ``stats``; its seconds."""
     t0 = time.perf_counter()
+    fmean, fspread = forecast
     amean, aspread = ensemble_mean_spread(Xa)
-    stats.add(cycle, row_start, {"forecast_mean": fmean, "analysis_mean": amean, "analysis_spread": aspread,
-                                 "analysis_increment": amean - fmean})
+    stats.add(cycle, row_start, {"forecast_mean": fmean, "forecast_spread": fspread, "analysis_mean": amean,
+                                 "analysis_spread": aspread, "analysis_increment": amean - fmean})
     return time.perf_counter() - t0
-
-
-def ensemble_mean(X: np.ndarray, block: int = 65536) -> np.ndarray:
-    """The row-wise mean of ``X`` (n_rows, N) as :func:`~enkflow.io.meanspread.ensemble_mean_spread`
-    computes it (the same blocks, the same bits), without the spread."""
-    mean = np.empty(X.shape[0])
-    for r0 in range(0, X.shape[0], block):
-        mean[r0:r0 + block] = X[r0:r0 + block].mean(axis=1)
-    return mean

@@ -12,7 +12,7 @@ from enkflow.experiment.config import ExperimentConfig, Mode
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import log_tail
 from enkflow.jobs.launchers import LAUNCHERS
-from enkflow.output.analysis_output import output_config
+from enkflow.output.analysis_output import output_config, statistics_coords
 from enkflow.experiment.output_setup import mean_spread_setup
 from enkflow.output.mean_spread_files import MEAN, SPREAD, MeanSpreadFromStatistics, files_missing
 from enkflow.output.service import OutputService
@@ -44,7 +44,7 @@ class StudyOutput:
             tcp = LAUNCHERS[cfg.launcher.kind].spans_hosts
             svc = OutputService.start(ocfg, cfg.dir.output_service, transport="tcp" if tcp else "ipc",
                                       bind="0.0.0.0" if tcp else "127.0.0.1",
-                                      timeout_key="[analysis_output] writer_timeout")
+                                      timeout_key="[analysis_output] writer_timeout", coords=statistics_coords(layout))
         except (EnkflowError, OSError) as exc:
             self.say(f"output service not started ({exc}); each analysis task starts its own writer")
             self.events.emit("output_service_failed", error=str(exc))

@@ -29,6 +29,7 @@ from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.cycling import NoOutput, OutputSink
 from enkflow.experiment.directory import ExperimentDir
 from enkflow.experiment.step import StateRows, build_step
+from enkflow.experiment.initial_statistics import write_initial_mean_spread
 from enkflow.experiment.verification import truth_of
 from enkflow.experiment.output_setup import background_archiver, mean_spread_setup
 from enkflow.fsutil import read_json, write_json_atomic
@@ -157,6 +158,7 @@ def build_problem(cfg: ExperimentConfig, comm: Comm, output: OutputSink) -> tupl
         with EnsembleFiles(paths, layout, mode="r", comm=comm, config=cfg.io) as ens:
             X = ens.read()
         store.scatter(cfg.cycle_numbers[0], X)
+        write_initial_mean_spread(cfg, X, layout, comm)  # the report's cycle 0
         _carried_io(cfg, store, write=False)
 
     steps = cfg.steps_per_cycle

@@ -10,13 +10,18 @@ the next forecast). Nothing is gathered across ranks.
 
 Files (one per statistic, state variable and cycle), under the experiment's cycle directories::
 
-    EXPDIR/cycles/NNNN/soil_moisture_forecast_mean.nc      (time = cycle number, the variable's points)
+    EXPDIR/cycles/NNNN/soil_moisture_forecast_mean.nc      (time = cycle number, then the variable's dimensions)
+    EXPDIR/cycles/NNNN/soil_moisture_forecast_spread.nc    (standard deviation, ddof = 1)
     EXPDIR/cycles/NNNN/soil_moisture_analysis_mean.nc
-    EXPDIR/cycles/NNNN/soil_moisture_analysis_spread.nc    (standard deviation, ddof = 1)
+    EXPDIR/cycles/NNNN/soil_moisture_analysis_spread.nc
     EXPDIR/cycles/NNNN/soil_moisture_analysis_increment.nc (analysis minus forecast mean)
 
-float64, the values the state rows hold (a masked variable: its unmasked points, in the
-layout's order; a variable of several dimensions: flattened in C order), units from the restart.
+float64 in the state's own layout: the variable's dimensions as the restart template has them (a leading
+``time`` or ``member`` dimension of size 1 left out: the file's own ``time`` is the cycle), their coordinate
+variables where the template has one-dimensional ones, units from the restart; points the state's mask
+leaves out are NaN (missing to xarray). A rank adds the elements from its first row's up to the next rank's
+first row's, masked ones as NaN, as hyper-rectangular regions of the variable, so the ranks together cover
+every element once.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +42,15 @@ from enkflow.output.client import Output
 from enkflow.output.config import DimSpec, FieldSpec, OutputConfig
 from enkflow.output.remote import RemoteOutput
 from enkflow.state import StateLayout
+from enkflow.state.layout import StateVariable
 
-STATS = ("forecast_mean", "analysis_mean", "analysis_spread", "analysis_increment")
-_WHAT = {"forecast_mean": "forecast ensemble mean", "analysis_mean": "analysis ensemble mean",
+_RESERVED = ("time", "member")  # the statistics files' own dimensions
+
+STATS = ("forecast_mean", "forecast_spread", "analysis_mean", "analysis_spread", "analysis_increment")
+_WHAT = {"forecast_mean": "forecast ensemble mean", "forecast_spread": "forecast ensemble spread (standard deviation)",
+         "analysis_mean": "analysis ensemble mean",
          "analysis_spread": "analysis ensemble spread (standard deviation)",
          "analysis_increment": "analysis increment (analysis minus forecast ensemble mean)"}
-_CELL = {"forecast_mean": "member: mean", "analysis_mean": "member: mean", "analysis_spread": "member: standard_deviation",
-         "analysis_increment": "member: mean"}
 
 
 def service_dir(expdir: str | os.PathLike[str]) -> Path:
@@ -62,30 +71,101 @@ def _template_attrs(layout: StateLayout) -> dict[str, dict[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """The statistics files' dimensions: per state variable its output dimensions (``dims``) and shape
+    (``shape``), every dimension's :class:`DimSpec` (``specs``) and the values of the template's
+    one-dimensional coordinate variables (``coords``)."""
+
+    dims: dict[str, list[str]]
+    shape: dict[str, tuple[int, ...]]
+    specs: dict[str, DimSpec]
+    coords: dict[str, list[float]]
+
+
+def _grid(layout: StateLayout) -> _Grid:
+    dims: dict[str, list[str]] = {}
+    shape: dict[str, tuple[int, ...]] = {}
+    specs: dict[str, DimSpec] = {}
+    coords: dict[str, list[float]] = {}
+    with netCDF4.Dataset(layout.template) as ds:
+        for v in layout.variables:
+            kept = [(d, n) for d, n in zip(v.dims, v.shape) if not (d in _RESERVED and n == 1)] or [(f"{v.name}_points", 1)]
+            dims[v.name], shape[v.name] = [], tuple(n for _, n in kept)
+            for d, n in kept:
+                out = d if d not in _RESERVED and (d not in specs or specs[d].size == n) else f"{v.name}_{d}"
+                dims[v.name].append(out)
+                if out in specs:
+                    continue
+                cv = ds.variables.get(d)
+                one_d = cv is not None and cv.dimensions == (d,) and np.issubdtype(cv.dtype, np.number)
+                a = {k: str(cv.getncattr(k)) for k in ("units", "standard_name", "long_name", "axis")
+                     if one_d and k in cv.ncattrs()}
+                specs[out] = DimSpec(size=n, units=a.get("units"), standard_name=a.get("standard_name"),
+                                     long_name=a.get("long_name", f"dimension {d} of {v.name}"),
+                                     axis=a.get("axis") if a.get("axis") in ("X", "Y", "Z") else None)
+                if one_d:
+                    coords[out] = np.asarray(cv[:], dtype=np.float64).tolist()
+    return _Grid(dims, shape, specs, coords)
+
+
 def output_config(layout: StateLayout, directory: str | os.PathLike[str], *, compression: str = "zlib",
                   complevel: int = 1, writer_timeout: float = 60.0, tcp_bind: str | None = None) -> OutputConfig:
     """The output server's configuration of the analysis statistics of ``layout``'s variables
     (the keyword arguments: ``[analysis_output]``'s, :meth:`AnalysisOutputSection.writer_settings`;
-    ``tcp_bind``: ranks on other nodes add to the writer, over TCP (CURVE) on this interface or address)."""
+    ``tcp_bind``: ranks on other nodes add to the writer, over TCP (CURVE) on this interface or address).
+    Its coordinate values: :func:`statistics_coords`."""
     attrs = _template_attrs(layout)
-    dims: dict[str, DimSpec] = {}
+    grid = _grid(layout)
     fields: dict[str, FieldSpec] = {}
     for v in layout.variables:
-        dim = v.dims[0] if v.index is None and len(v.dims) == 1 else f"{v.name}_points"
-        if dim in dims and dims[dim].size != v.n_rows or dim in ("time", "member"):
-            dim = f"{v.name}_points"
-        dims[dim] = DimSpec(size=v.n_rows, long_name=f"points of {v.name} in the state")
         a = attrs[v.name]
         for stat in STATS:
             fields[field_name(v.name, stat)] = FieldSpec(
-                dims=[dim], units=a.get("units"), ensemble=False, dtype="float64",
+                dims=grid.dims[v.name], units=a.get("units"), ensemble=False, dtype="float64",
                 long_name=f"{a.get('long_name', v.name)}: {_WHAT[stat]}")
-    n_bytes = 8 * layout.n_rows * len(STATS)
+    n_bytes = 8 * sum(v.n_elems for v in layout.variables) * len(STATS)
+    masked = any(v.index is not None for v in layout.variables)
     return OutputConfig(
-        directory=str(directory), file="{time:04g}/{field}.nc", dims=dims, fields=fields, diagnostics=False,
+        directory=str(directory), file="{time:04g}/{field}.nc", dims=grid.specs, fields=fields, diagnostics=False,
         writers=1, buffer_mb=max(64.0, 2.0 * n_bytes / 2**20), compression=compression, complevel=complevel,
-        nan="warn", time_units="1", title="enkflow analysis statistics (time: the cycle number)",
+        # The masked points are NaN by design; without a mask a NaN is the analysis's and is warned about.
+        nan="allow" if masked else "warn", time_units="1", title="enkflow analysis statistics (time: the cycle number)",
         writer_timeout=writer_timeout, **({"transport": "tcp", "bind": tcp_bind} if tcp_bind is not None else {}))
+
+
+def statistics_coords(layout: StateLayout) -> dict[str, list[float]]:
+    """The coordinate values of the statistics files' dimensions (``Output(coords=...)``)."""
+    return _grid(layout).coords
+
+
+def flat_blocks(lo: int, hi: int, shape: tuple[int, ...]) -> Iterator[tuple[tuple[slice, ...], int, int]]:
+    """The C-order elements ``[lo, hi)`` of an array of ``shape`` as hyper-rectangles, in order:
+    ``(region, offset, size)``, ``offset`` counted from ``lo`` (at most 2 len(shape) - 1 of them)."""
+    if lo >= hi:
+        return
+    if len(shape) == 1:
+        yield (slice(lo, hi),), 0, hi - lo
+        return
+    inner = int(np.prod(shape[1:], dtype=np.int64))
+    full = tuple(slice(0, n) for n in shape[1:])
+    i0, r0 = divmod(lo, inner)
+    i1, r1 = divmod(hi, inner)
+    if i0 == i1:
+        for reg, off, n in flat_blocks(r0, r1, shape[1:]):
+            yield (slice(i0, i0 + 1), *reg), off, n
+        return
+    pos = 0
+    if r0:
+        for reg, off, n in flat_blocks(r0, inner, shape[1:]):
+            yield (slice(i0, i0 + 1), *reg), off, n
+        pos, i0 = inner - r0, i0 + 1
+    if i1 > i0:
+        yield (slice(i0, i1), *full), pos, (i1 - i0) * inner
+        pos += (i1 - i0) * inner
+    if r1:
+        for reg, off, n in flat_blocks(0, r1, shape[1:]):
+            yield (slice(i1, i1 + 1), *reg), pos + off, n
 
 
 class AnalysisOutput:
@@ -99,11 +179,12 @@ class AnalysisOutput:
                  **settings: Any):
         self.layout = layout
         self.cfg = output_config(layout, Path(directory), **settings)
+        self.grid = _grid(layout)
         self.remote = remote is not None
         if remote is not None:
             self.out = remote
         else:
-            self.out = Output(self.cfg, comm=comm)
+            self.out = Output(self.cfg, comm=comm, coords=self.grid.coords)
         self.add_s = 0.0
 
     @classmethod
@@ -144,9 +225,13 @@ class AnalysisOutput:
         for stat, x in rows.items():
             x = np.asarray(x, dtype=np.float64)
             for p in self.layout.pieces(row_start, row_start + x.shape[0]):
-                lo = p.row_start - p.var.rows.start
-                self.out.add(field_name(p.var.name, stat), x[p.row_start - row_start:p.row_stop - row_start],
-                             float(cycle), region=(slice(lo, lo + p.n_rows),))
+                v = p.var
+                lo, chunk = _elements(v, p.row_start - v.row0, p.row_stop - v.row0,
+                                      x[p.row_start - row_start:p.row_stop - row_start])
+                shape = self.grid.shape[v.name]
+                for region, off, n in flat_blocks(lo, lo + chunk.size, shape):
+                    block = tuple(r.stop - r.start for r in region)
+                    self.out.add(field_name(v.name, stat), chunk[off:off + n].reshape(block), float(cycle), region=region)
         self.add_s += time.perf_counter() - t0
 
     def sync(self) -> None:
@@ -176,3 +261,16 @@ def _same_fields(a: OutputConfig, b: OutputConfig) -> bool:
     keys = ("dims", "fields", "file", "compression", "complevel", "nan", "time_units")
     da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
     return all(da[k] == db[k] for k in keys) and Path(a.directory).resolve() == Path(b.directory).resolve()
+
+
+def _elements(v: StateVariable, r0: int, r1: int, x: np.ndarray) -> tuple[int, np.ndarray]:
+    """The elements a rank adds for its local rows ``[r0, r1)`` of ``v`` with values ``x``: from its first
+    row's element up to the next rows' first element (the variable's first and last rows: its first and
+    last elements), masked elements NaN. Returns the first element and the values."""
+    if v.index is None:
+        return r0, x
+    lo = 0 if r0 == 0 else int(v.index[r0])
+    hi = v.n_elems if r1 == v.n_rows else int(v.index[r1])
+    chunk = np.full(hi - lo, np.nan)
+    chunk[v.index[r0:r1] - lo] = x
+    return lo, chunk

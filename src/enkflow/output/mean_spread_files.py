@@ -300,9 +300,10 @@ def _statistics(cdir: Path, layout: StateLayout, stat: str) -> np.ndarray:
                 x = np.asarray(var[...], dtype=np.float64).reshape(-1)
         except (OSError, KeyError) as exc:
             raise FileFormatError(f"the analysis statistics cannot be read: {exc}", path=str(path)) from None
-        if x.size != v.n_rows:
-            raise FileFormatError(f"{x.size} values, the state variable {v.name!r} has {v.n_rows} rows", path=str(path))
-        rows[v.rows] = x
+        if x.size != v.n_elems:
+            raise FileFormatError(f"{x.size} values, the state variable {v.name!r} has {v.n_elems} elements",
+                                  path=str(path))
+        rows[v.rows] = x if v.index is None else x[v.index]  # the statistics files keep the variable's layout
     return rows
 
 
