@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 CHROMIUM, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 SHOTS = os.environ.get("ENKFLOW_REPORT_SCREENSHOTS")  # a folder: save a screenshot of each page there
 
-SCORES = ["fig-rmse", "fig-consistency", "fig-rank-hist", "fig-crps", "fig-obs-by-kind"]
+SCORES = ["fig-rmse", "fig-consistency", "fig-rank-hist", "fig-crps", "fig-obs-by-kind", "fig-inflation"]
 MAPS = ["map-soil_moisture-mean", "map-soil_moisture-increment", "map-soil_moisture-spread"]
 
 

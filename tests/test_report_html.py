@@ -20,7 +20,7 @@ from enkflow.report.score_types import CycleScores, ExperimentScores, KindScores
 from enkflow.report.scores import collect_scores
 
 MAPS = {"map-soil_moisture-mean", "map-soil_moisture-increment", "map-soil_moisture-spread"}
-SCORES = {"fig-rmse", "fig-consistency", "fig-rank-hist", "fig-crps", "fig-obs-by-kind"}
+SCORES = {"fig-rmse", "fig-consistency", "fig-rank-hist", "fig-crps", "fig-obs-by-kind", "fig-inflation"}
 
 
 def figures(page: Path) -> dict[str, bytes]:
