@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -60,3 +61,21 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         raise
     yield ls
     ls.stop()
+
+
+@pytest.fixture(scope="session")
+def report_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, Path]:
+    """One short offline demo (4 members, 2 cycles, adaptive inflation) for the report tests: its directory, what run_demo
+    returned (with the page it wrote), and a copy of its run directory without a truth configured."""
+    from enkflow.apps.demo import DemoSettings, run_demo  # heavy; only the report tests use it
+
+    d = tmp_path_factory.mktemp("report") / "demo"
+    lines: list[str] = []
+    out = run_demo(d, DemoSettings(members=4, cycles=2, adaptive="miyoshi2011"), say=lines.append)
+    out["lines"] = lines
+    bare = d.parent / "run_without_truth"
+    shutil.copytree(d / "run", bare)
+    cfg = json.loads((bare / "config.json").read_text())
+    cfg.pop("verification", None)
+    (bare / "config.json").write_text(json.dumps(cfg))
+    return d, out, bare

@@ -9,7 +9,7 @@ import pytest
 
 from enkflow.cli import main
 from enkflow.errors import EnkflowError
-from enkflow.report import load_report, render_report, report_json
+from enkflow.report import load_report, render_report, report_json, write_html
 from enkflow.report.timing import _union_length, cycle_timings
 
 
@@ -207,3 +207,51 @@ def test_offline_report_json_is_unchanged(tmp_path: Path) -> None:
     js = report_json(rep)
     assert set(js) == {"expdir", "strategy", "launcher", "cycles", "summary", "warnings"}
     assert set(js["summary"]) == {"total", "queuing", "running", "io", "overhead"}
+
+
+def test_report_of_a_failed_run_leads_with_the_failure(tmp_path: Path) -> None:
+    """The failed member, its error and the log that holds the cause, at the top of the text and the page;
+    the protected-restart rerun stays a warning."""
+    log = tmp_path / "run" / "cycles" / "0002" / "logs" / "member-3.log"
+    report = {"step": "model", "returncode": 1, "argv": ["model", "m3.nc"], "log": str(log),
+              "stderr_tail": "Traceback (most recent call last):\nFloatingPointError: overflow in tracer"}
+    events = [*_EVENTS,
+              {"t": 1.1, "event": "cycle_start", "cycle": 2},
+              {"t": 1.2, "event": "task_restore", "cycle": 2, "task": 3, "member": 3},
+              {"t": 1.5, "event": "task_fail", "cycle": 2, "task": 3, "member": 3, "final": True, **report},
+              {"t": 1.6, "event": "experiment_fail", "cycle": 2, "task": 3, "report": report}]
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = load_report(d)
+    text = render_report(rep).splitlines()
+    assert text[2] == "FAILED: cycle 2, member 3: model exited with status 1"
+    assert "  FloatingPointError: overflow in tracer" in text and f"  the cause is in: {log}" in text
+    assert any("rerun from its protected restart" in line for line in text)
+    assert report_json(rep)["failure"]["log"] == str(log)
+    page = write_html(d, tmp_path / "failed.html").read_text()
+    assert page.index("id='failure'") < page.index("id='settings'") and "FloatingPointError: overflow" in page
+
+
+def test_seconds_under_a_tenth_keep_two_significant_digits(tmp_path: Path) -> None:
+    """A 4 ms analysis shows as 0.004 in the an.comp column, not 0.00."""
+    ev = [{"t": 0.0, "event": "cycle_start", "cycle": 1},
+          {"t": 0.1, "event": "task_start", "cycle": 1, "task": 3, "member": None, "worker": "w"},
+          {"t": 0.5, "event": "task_end", "cycle": 1, "task": 3, "member": None, "worker": "w", "run_s": 0.4,
+           "timings": {"read_s": 0.01, "analysis_s": 0.0042}},
+          {"t": 0.6, "event": "cycle_end", "cycle": 1}]
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
+    row = render_report(load_report(d)).splitlines()[4].split()
+    assert row[0] == "1" and row[7] == "0.0042"
+
+
+def test_report_of_a_failed_online_study_names_its_reason(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    reason = "runner 2 exited with status 1; runner-2.log ends with: FloatingPointError: overflow"
+    events = [*_ONLINE[:9], {"t": 9.0, "event": "experiment_fail", "cycle": 1, "member": 3, "reason": reason}]
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rep = load_report(d)
+    assert rep.mode == "online" and render_report(rep).splitlines()[2] == f"FAILED: cycle 1, member 3: {reason}"

@@ -1,10 +1,11 @@
 """Reading an experiment's cycle directories for the report page: the state variables, a variable as
-float64 with fill values as NaN, and the longitude and latitude of its points."""
+float64 with fill values as NaN."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import netCDF4
 import numpy as np
@@ -21,13 +22,23 @@ def cycle_dirs(expdir: Path) -> list[tuple[int, CycleDir]]:
     return out
 
 
-def state_variables(expdir: Path) -> list[str] | None:
-    """The state variables the experiment's ``config.json`` names; None where it names none or cannot be read."""
+def run_config(expdir: Path) -> dict[str, Any]:
+    """The run's ``config.json`` (the resolved experiment TOML); empty where it cannot be read."""
     try:
         cfg = json.loads(ExperimentDir(expdir).config.read_text())
-        return list((cfg.get("state") or {}).get("variables") or []) or None
     except (OSError, ValueError):
-        return None
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def state_variables(expdir: Path) -> list[str] | None:
+    """The state variables the experiment's ``config.json`` names; None where it names none or cannot be read."""
+    return list((run_config(expdir).get("state") or {}).get("variables") or []) or None
+
+
+def state_coordinates(expdir: Path) -> list[str] | None:
+    """The run's ``[state] coordinates`` (horizontal first), None where it names none."""
+    return list((run_config(expdir).get("state") or {}).get("coordinates") or []) or None
 
 
 def mean_variables(path: Path, names: list[str] | None) -> list[str]:
@@ -50,29 +61,3 @@ def read_float(path: Path, name: str) -> np.ndarray:
 def has_variable(path: Path, name: str) -> bool:
     with netCDF4.Dataset(path) as ds:
         return name in ds.variables
-
-
-def lonlat(path: Path, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Longitude and latitude of every point of ``name`` (its shape), from its CF coordinates."""
-    with netCDF4.Dataset(path) as ds:
-        v = ds.variables[name]
-        cands = str(getattr(v, "coordinates", "")).split() + list(v.dimensions)
-        lon = lat = None
-        for c in cands:
-            if c not in ds.variables:
-                continue
-            cv = ds.variables[c]
-            sn, un = str(getattr(cv, "standard_name", "")), str(getattr(cv, "units", ""))
-            if sn == "longitude" or un.startswith("degrees_e") or (lon is None and "lon" in c.lower()):
-                lon = c
-            elif sn == "latitude" or un.startswith("degrees_n") or (lat is None and "lat" in c.lower()):
-                lat = c
-        if lon is None or lat is None:
-            return None
-        lo, la = np.asarray(ds.variables[lon][:], float), np.asarray(ds.variables[lat][:], float)
-        if lo.shape == v.shape and la.shape == v.shape:
-            return lo, la
-        if lo.ndim == 1 and la.ndim == 1 and v.ndim >= 2 and v.shape[-2:] == (la.size, lo.size):
-            LO, LA = np.meshgrid(lo, la)
-            return np.broadcast_to(LO, v.shape), np.broadcast_to(LA, v.shape)
-        return None

@@ -1,7 +1,9 @@
-"""The warnings of a report: what went wrong in a run that a user must look at (read from its event log)."""
+"""The warnings of a report, and the failure that stopped a run: what went wrong that a user must look at
+(read from its event log)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -68,3 +70,47 @@ def online_warnings(events: list[dict[str, Any]]) -> list[str]:
         out.append(f"the server refused {n} message(s): {shown}")
     return out
 
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run stopped: the cycle, the task that failed (``member 3``, ``the analysis``), its error and the
+    log that holds the cause (None where the event names none)."""
+
+    cycle: int | None
+    task: str
+    error: str
+    log: str | None
+
+    def lines(self) -> list[str]:
+        """The failure in words, for the top of the report."""
+        where = f"cycle {self.cycle}, " if self.cycle is not None else ""
+        out = [f"FAILED: {where}{self.task}: {self.error.splitlines()[0] if self.error else '?'}"]
+        out += [f"  {line}" for line in self.error.splitlines()[1:]]
+        if self.log:
+            out.append(f"  the cause is in: {self.log}")
+        return out
+
+
+def _task_name(e: dict[str, Any], members: dict[int, Any]) -> str:
+    member = e.get("member", members.get(e.get("task")) if isinstance(e.get("task"), int) else None)
+    if member is not None:
+        return f"member {member}"
+    return "the analysis" if e.get("task") is not None else "the study"
+
+
+def failure(events: list[dict[str, Any]]) -> Failure | None:
+    """The run's last ``experiment_fail``, with what the failed task's own report says (offline: the step,
+    its exit status, the tail of its stderr and its log; online: the reason)."""
+    fails = [e for e in events if e["event"] == "experiment_fail"]
+    if not fails:
+        return None
+    e = fails[-1]
+    rep = e.get("report") or {}
+    members = {t["task"]: t.get("member") for t in events if t["event"] == "task_fail" and t.get("cycle") == e.get("cycle")}
+    reason = e.get("reason") or rep.get("reason")
+    if reason is None and rep.get("returncode") is not None:
+        reason = f"{rep.get('step', 'model')} exited with status {rep['returncode']}"
+    tail = str(rep.get("stderr_tail") or "").strip()
+    error = str(reason or "stopped") + ("\nstderr (last lines):\n" + tail if tail else "")
+    return Failure(cycle=e.get("cycle"), task=_task_name(e, members), error=error, log=rep.get("log") or e.get("log"))

@@ -50,7 +50,7 @@ from enkflow.experiment.directory import ExperimentDir
 from enkflow.jobs.events import iter_events
 from enkflow.jobs.worker import COMPUTE_KEYS, io_seconds
 from enkflow.report.expdir import find_expdir
-from enkflow.report.incidents import online_warnings, warnings
+from enkflow.report.incidents import Failure, failure, online_warnings, warnings
 
 FIGURES = ("total", "queuing", "running", "io", "overhead")
 ONLINE_FIGURES = ("total", "forecast", "transfer", "analysis", "runner_idle")
@@ -121,7 +121,7 @@ class Report:
     """Every finished cycle of an experiment, with mean and std over cycles.
 
     ``mode`` is ``"offline"`` (``cycles`` are :class:`CycleTiming`) or ``"online"``
-    (:class:`OnlineCycleTiming`; ``runners`` and ``ranks`` as started).
+    (:class:`OnlineCycleTiming`; ``runners`` and ``ranks`` as started); ``failure`` why a failed run stopped.
     """
 
     expdir: Path
@@ -132,6 +132,7 @@ class Report:
     mode: str = "offline"
     runners: int | None = None
     ranks: int | None = None
+    failure: Failure | None = None  # why the run stopped, where it failed
 
     def summary(self) -> dict[str, dict[str, float | None]]:
         """``{figure: {mean, std, pct_mean, pct_std}}`` over cycles (std is the sample std; 0 for one cycle).
@@ -314,7 +315,7 @@ def load_report(expdir: str | Path) -> Report:
     for e in events:
         if e["event"] in ("experiment_start", "resume"):
             strategy, launcher = e.get("strategy", ""), e.get("launcher", "")
-    return Report(d, cycle_timings(events), strategy, launcher, warnings(events))
+    return Report(d, cycle_timings(events), strategy, launcher, warnings(events), failure=failure(events))
 
 
 def _online_report(d: Path, events: list[dict[str, Any]]) -> Report:
@@ -329,5 +330,5 @@ def _online_report(d: Path, events: list[dict[str, Any]]) -> Report:
     if runners is None:  # a server started by hand (enkflow serve): the runners that joined
         runners = len({e.get("runner") for e in events if e["event"] == "runner_join"})
     return Report(d, online_cycle_timings(events), "", launcher, online_warnings(events), mode="online",
-                  runners=runners, ranks=ranks)
+                  runners=runners, ranks=ranks, failure=failure(events))
 
