@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import zmq
 
@@ -44,6 +45,8 @@ from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
+from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed
+from enkflow.online.study_progress import StudyProgress
 from enkflow.transport import TRANSPORT_ENV
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
@@ -87,10 +90,12 @@ def make_secrets(directory: Path, *, curve: bool) -> Path:
 
 
 class OnlineExperiment:
-    """Runs (or resumes) an online experiment; ``progress`` receives one-line status messages."""
+    """Runs (or resumes) an online experiment; ``progress`` receives one-line status messages (per cycle the
+    members done and runners alive, each analysis, each runner that ended), ``bar_stream``, where it is a
+    terminal, shows the members done as a bar instead."""
 
     def __init__(self, cfg: ExperimentConfig, launcher: Launcher | None = None,
-                 progress: Callable[[str], None] | None = None, poll_s: float = 0.2):
+                 progress: Callable[[str], None] | None = None, poll_s: float = 0.2, bar_stream: TextIO | None = None):
         if cfg.experiment.mode is not Mode.ONLINE or cfg.online is None:
             raise ConfigError("not an online experiment (experiment.mode)", key="experiment.mode")
         self.cfg = cfg
@@ -105,6 +110,10 @@ class OnlineExperiment:
         self.rank_losses = 0  # server ends with a rank lost (of server_restarts + 1)
         self.alive = AliveWatch(self.odir.alive, alive_limit(self.o.rank_timeout), alive_period(self.o.rank_timeout))
         self.runner_starts = 0
+        self.runner_index: dict[str, int] = {}  # job -> K of its runner-K.log
+        self.exits = RunnerExits()
+        self.study = StudyProgress(self.xdir.events, cfg.experiment.members, self._say,
+                                   bar_stream if progress is not None else None)
         self.output_service = None
         self.lease = RunLease(self.xdir, cfg.launcher.lease_timeout, self.events, self._say)
 
@@ -210,15 +219,16 @@ class OnlineExperiment:
         if state == ServerStatus.FAILED:
             self.events.emit("experiment_fail", reason=status.get("error"))
             if status.get("member") is not None:
-                raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
-            raise EnkflowError(f"the server stopped: {status.get('error')}")
+                raise MemberError(f"{status.get('error')}{self.exits.cause()}", member=int(status["member"]),
+                                  cycle=status.get("cycle"))
+            raise StudyFailed(f"the server stopped: {status.get('error')}")
         lost = state == ServerStatus.RANK_LOST
         self.rank_losses += lost
         ends = self.server_restarts + 1
         if self.server_restarts >= self.o.max_server_restarts:
             raise EnkflowError(f"the server ended {ends} times, {self.rank_losses} of them with a server rank lost and "
                                f"{ends - self.rank_losses} crashed (online.max_server_restarts = "
-                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
+                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_server_tail(self.odir.logs)}")
         self.server_restarts += 1
         if lost:
             ranks, nodes = list(status.get("ranks", [])), list(status.get("nodes", []))
@@ -266,6 +276,7 @@ class OnlineExperiment:
                        env=self._env() | {TRANSPORT_ENV: self.o.transport},
                        requeue=False)
         jid = self.launcher.submit(spec)
+        self.runner_index[jid] = k
         self.events.emit("runner_start", job=jid, runner=k)
         return jid
 
@@ -288,6 +299,7 @@ class OnlineExperiment:
                     runners = [self._start_runner(address) for _ in range(self.o.runners)]
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
+                self.study.poll()  # after the states: a runner that ended had joined if it says so by now
                 if st[server] is not JobState.FINISHED:
                     self._cancel_silent(server)
                 if st[server] is JobState.FINISHED:
@@ -305,21 +317,33 @@ class OnlineExperiment:
                 for i, jid in enumerate(runners):
                     # A runner ends when told the study is over: then it is not replaced.
                     if st[jid] is JobState.FINISHED and not self.odir.stopping.exists():
+                        self._runner_ended(jid)
                         if self.runner_starts >= max_starts:
                             raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
-                                               f"{self.odir.logs}{_tail(self.odir.logs, 'runner')}")
-                        self.events.emit("runner_exit", job=jid)
+                                               f"{self.odir.logs}{self.exits.cause()}")
                         runners[i] = self._start_runner(address)
                 time.sleep(self.poll_s)
         finally:
-            active = [j for j in [server, *runners]]
-            self.launcher.cancel(active)
+            self.study.close()
+            self.launcher.cancel([server, *runners])
+
+    def _runner_ended(self, jid: str) -> None:
+        """Report a runner that ended before the study did, at once: its exit status and its log's tail.
+        Raises :class:`StudyFailed` for one that failed to start (no runner joined yet)."""
+        k = self.runner_index[jid]
+        ended = RunnerExit(k, jid, self.launcher.exit_status(jid), self.odir.logs / f"runner-{k}.log")
+        self.events.emit("runner_exit", job=jid, runner=k, status=ended.status)
+        self.exits.add(ended, any_joined=self.study.any_joined)  # first: its error says the same
+        self._say(f"{ended.describe()}{ended.tail()}")
 
 
-def _tail(logs: Path, prefix: str, lines: int = 15) -> str:
-    """The tail of the newest ``prefix-*.log``, for an error message ('' when there is none)."""
-    log = newest(logs, f"{prefix}-*.log")
-    return "" if log is None else f"; {log} ends with:\n" + log_tail(log, lines)
+def _server_tail(logs: Path, lines: int = 15) -> str:
+    """The tail of the newest server log, for an error message (saying so where it is empty)."""
+    log = newest(logs, "server-*.log")
+    if log is None:
+        return ""
+    text = log_tail(log, lines)
+    return f"; {log} ends with:\n{text}" if text.strip() else f"; {log} is empty"
 
 
 def restore_online(cfg: ExperimentConfig, cycle: int, progress: Callable[[str], None] | None = None) -> dict:
