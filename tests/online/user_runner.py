@@ -3,7 +3,7 @@
 
 CASE ``raise``: member 2 raises a FloatingPointError inside the loop (the process ends through the
 uncaught exception); ``extra-field``: it also declares the restart's ``land_i``, which the experiment
-does not carry ([online] carried); ``ok``: the forecast is the state unchanged.
+does not carry ([online] carried); ``wrong-token``: it sends another token than the server's.
 """
 
 import sys
@@ -23,7 +23,8 @@ if case == "extra-field":
     fields.append(Field("land_i", "int64", (n,), assimilated=False))
     state["land_i"] = np.zeros(n, dtype=np.int64)
 
-runner = Runner(address, Path(token_file).read_text().strip())
+token = Path(token_file).read_text().strip()
+runner = Runner(address, "0" * len(token) if case == "wrong-token" else token)
 runner.init(fields)
 state, nsteps = runner.expose(state)
 while nsteps:
