@@ -3,8 +3,10 @@
 The server (``python -m enkflow.online.experiment EXPDIR``, under ``mpiexec -n
 ranks`` when ``[online] ranks > 1``) and ``[online] runners`` runner processes
 are jobs of an :mod:`enkflow.jobs` launcher, on this machine or through SLURM.
-The supervisor replaces a runner that exits before the study is over and
-restarts a crashed server, which resumes from its checkpoints (up to
+The supervisor shows each cycle's progress from the server's events
+(:mod:`enkflow.online.study_progress`), reports a runner that exits before the
+study is over at once and replaces it, or stops the study when the runner failed
+to start (:mod:`enkflow.online.process_ends`), and restarts a crashed server, which resumes from its checkpoints (up to
 ``max_server_restarts`` times). The server's verdict is
 ``EXPDIR/online/status.json``: done, or failed with the error (a member that
 failed ``max_failures`` times, bad input), which is not retried. The server and

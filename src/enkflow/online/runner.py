@@ -2,18 +2,19 @@
 
 ::
 
-    runner = Runner("tcp://127.0.0.1:5555", token)
-    runner.init([Field("x", "float64", (40,))])
-    state = {"x": np.zeros(40)}
-    state, nsteps = runner.expose(state)        # the first state to propagate
-    while nsteps:
-        advance(state["x"], nsteps, runner.cycle, runner.member)
-        state, nsteps = runner.expose(state)    # send the forecast back, get the next member
-    runner.close()
+    with Runner("tcp://127.0.0.1:5555", token) as runner:
+        runner.init([Field("x", "float64", (40,))])
+        state = {"x": np.zeros(40)}
+        state, nsteps = runner.expose(state)        # the first state to propagate
+        while nsteps:
+            advance(state["x"], nsteps, runner.cycle, runner.member)
+            state, nsteps = runner.expose(state)    # send the forecast back, get the next member
 
 ``expose`` sends the forecast of the task it holds (none on the first call),
 asks for the next task and fills ``state`` in place with that member's state;
-``nsteps == 0`` means the study is over. The server may hand any member to any
+``nsteps == 0`` means the study is over. Leaving the ``with`` block says BYE (an exception FAILs the
+member held first); a runner left open is closed the same way when its process ends
+(:mod:`enkflow.online.exit_report`). The server may hand any member to any
 runner, so the model must keep no member's state of its own between calls
 (the server's ``stateless_check`` tests that in the first cycle).
 
