@@ -57,6 +57,7 @@ def test_a_runner_without_with_that_raises_names_its_exception_at_once(problem, 
     assert "exited with status 1;" in err.split("enkflow run: error:")[0], err
     assert "no heartbeat" not in err and not any(e["event"] == "runner_lost" for e in events), err
     assert {e.get("status") for e in events if e["event"] == "runner_exit"} == {1}
+    assert re.search(r"/runner-\d\.log$", [e for e in events if e["event"] == "experiment_fail"][-1]["log"])
 
 
 @pytest.mark.parametrize("case, cause", [
@@ -75,6 +76,8 @@ def test_a_runner_that_cannot_start_or_join_stops_the_study_at_once(problem, tmp
                     r"server", error), error
     assert re.search(r"runner-\d\.log ends with:\n", error) and re.search(cause, error), error
     assert sum(e["event"] == "runner_start" for e in events) == 2, "a runner that cannot start was restarted"
+    fail = events[-1]  # for `enkflow report`: why, and the log that holds the cause
+    assert fail["event"] == "experiment_fail" and re.search(cause, fail["reason"]) and fail["log"] in fail["reason"], fail
 
 
 def test_the_log_named_is_the_first_failed_runners_and_never_an_empty_tail(tmp_path) -> None:

@@ -39,7 +39,7 @@ from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.run_lease import RunLease
 from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
-from enkflow.jobs.files import log_tail, newest
+from enkflow.jobs.files import log_tail
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
@@ -219,7 +219,8 @@ class OnlineExperiment:
             self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
             return status
         if state == ServerStatus.FAILED:
-            self.events.emit("experiment_fail", reason=status.get("error"))
+            self.events.emit("experiment_fail", reason=status.get("error"), member=status.get("member"),
+                             cycle=status.get("cycle"), log=str(self.exits.log_or(self._server_log())))
             if status.get("member") is not None:
                 raise MemberError(f"{status.get('error')}{self.exits.cause()}", member=int(status["member"]),
                                   cycle=status.get("cycle"))
@@ -228,9 +229,10 @@ class OnlineExperiment:
         self.rank_losses += lost
         ends = self.server_restarts + 1
         if self.server_restarts >= self.o.max_server_restarts:
+            self.events.emit("experiment_fail", reason=f"the server ended {ends} times", log=str(self._server_log()))
             raise EnkflowError(f"the server ended {ends} times, {self.rank_losses} of them with a server rank lost and "
                                f"{ends - self.rank_losses} crashed (online.max_server_restarts = "
-                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_server_tail(self.odir.logs)}")
+                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_server_tail(self._server_log())}")
         self.server_restarts += 1
         if lost:
             ranks, nodes = list(status.get("ranks", [])), list(status.get("nodes", []))
@@ -242,6 +244,10 @@ class OnlineExperiment:
             self.events.emit("server_crash", restart=self.server_restarts, cause="crash")
             self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
         return None
+
+    def _server_log(self) -> Path:
+        """The log of the server started last."""
+        return self.odir.logs / f"server-{self.server_restarts}.log"
 
     def _start_server(self) -> str:
         self.odir.status.unlink(missing_ok=True)  # the verdict of this server, not of the one before
@@ -321,6 +327,8 @@ class OnlineExperiment:
                     if st[jid] is JobState.FINISHED and not self.odir.stopping.exists():
                         self._runner_ended(jid)
                         if self.runner_starts >= max_starts:
+                            self.events.emit("experiment_fail", reason=f"runners exited {self.runner_starts} times",
+                                             log=str(self.exits.log_or(self.odir.logs)))
                             raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
                                                f"{self.odir.logs}{self.exits.cause()}")
                         runners[i] = self._start_runner(address)
@@ -335,16 +343,20 @@ class OnlineExperiment:
         k = self.runner_index[jid]
         ended = RunnerExit(k, jid, self.launcher.exit_status(jid), self.odir.logs / f"runner-{k}.log")
         self.events.emit("runner_exit", job=jid, runner=k, status=ended.status)
-        self.exits.add(ended, any_joined=self.study.any_joined)  # first: its error says the same
+        try:
+            self.exits.add(ended, any_joined=self.study.any_joined)
+        except StudyFailed as exc:  # its error says what the line below would
+            self.events.emit("experiment_fail", reason=str(exc), runner=k, log=str(ended.log))
+            raise
         self._say(f"{ended.describe()}{ended.tail()}")
 
 
-def _server_tail(logs: Path, lines: int = 15) -> str:
-    """The tail of the newest server log, for an error message (saying so where it is empty)."""
-    log = newest(logs, "server-*.log")
-    if log is None:
-        return ""
-    text = log_tail(log, lines)
+def _server_tail(log: Path, lines: int = 15) -> str:
+    """The tail of the server log ``log``, for an error message (saying so where it is empty or missing)."""
+    try:
+        text = log_tail(log, lines)
+    except OSError:
+        return f"; its log {log} is missing"
     return f"; {log} ends with:\n{text}" if text.strip() else f"; {log} is empty"
 
 

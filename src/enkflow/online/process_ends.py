@@ -84,8 +84,17 @@ class RunnerExits:
                               "start, fields or a token the server refuses), so it is not restarted ([online] runner)"
                               f"{ended.tail()}")
 
-    def cause(self) -> str:
-        """A line to add to an error: the first runner that failed (else the first that ended) and the tail
-        of its log, most likely to hold the cause; '' when no runner ended."""
+    def first_failed(self) -> RunnerExit | None:
+        """The first runner that failed (else the first that ended): its log most likely holds the cause."""
         failed = [e for e in self.exits if e.failed] or self.exits
-        return f"\nthe first runner to fail: {failed[0].describe()}{failed[0].tail()}" if failed else ""
+        return failed[0] if failed else None
+
+    def log_or(self, default: Path) -> Path:
+        """The log of :meth:`first_failed`, else ``default``."""
+        first = self.first_failed()
+        return default if first is None else first.log
+
+    def cause(self) -> str:
+        """A line to add to an error: :meth:`first_failed` and the tail of its log; '' when no runner ended."""
+        first = self.first_failed()
+        return "" if first is None else f"\nthe first runner to fail: {first.describe()}{first.tail()}"
