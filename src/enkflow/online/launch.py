@@ -6,8 +6,8 @@ are jobs of an :mod:`enkflow.jobs` launcher, on this machine or through SLURM.
 The supervisor shows each cycle's progress from the server's events
 (:mod:`enkflow.online.study_progress`), reports a runner that exits before the
 study is over at once and replaces it, or stops the study when the runner failed
-to start (:mod:`enkflow.online.process_ends`), and restarts a crashed server, which resumes from its checkpoints (up to
-``max_server_restarts`` times). The server's verdict is
+to start (:mod:`enkflow.online.process_ends`), and restarts a crashed server,
+which resumes from its checkpoints (up to ``max_server_restarts`` times). The server's verdict is
 ``EXPDIR/online/status.json``: done, or failed with the error (a member that
 failed ``max_failures`` times, bad input), which is not retried. The server and
 the runners run under the run's lease (:mod:`enkflow.experiment.run_lease`):
@@ -39,7 +39,6 @@ from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.run_lease import RunLease
 from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
-from enkflow.jobs.files import log_tail
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
@@ -47,7 +46,7 @@ from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
-from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed
+from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed, tail_of
 from enkflow.online.study_progress import StudyProgress
 from enkflow.transport import TRANSPORT_ENV
 from enkflow.output import archive as _archive
@@ -232,7 +231,7 @@ class OnlineExperiment:
             self.events.emit("experiment_fail", reason=f"the server ended {ends} times", log=str(self._server_log()))
             raise EnkflowError(f"the server ended {ends} times, {self.rank_losses} of them with a server rank lost and "
                                f"{ends - self.rank_losses} crashed (online.max_server_restarts = "
-                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_server_tail(self._server_log())}")
+                               f"{self.o.max_server_restarts}); see {self.odir.logs}{tail_of(self._server_log())}")
         self.server_restarts += 1
         if lost:
             ranks, nodes = list(status.get("ranks", [])), list(status.get("nodes", []))
@@ -349,15 +348,6 @@ class OnlineExperiment:
             self.events.emit("experiment_fail", reason=str(exc), runner=k, log=str(ended.log))
             raise
         self._say(f"{ended.describe()}{ended.tail()}")
-
-
-def _server_tail(log: Path, lines: int = 15) -> str:
-    """The tail of the server log ``log``, for an error message (saying so where it is empty or missing)."""
-    try:
-        text = log_tail(log, lines)
-    except OSError:
-        return f"; its log {log} is missing"
-    return f"; {log} ends with:\n{text}" if text.strip() else f"; {log} is empty"
 
 
 def restore_online(cfg: ExperimentConfig, cycle: int, progress: Callable[[str], None] | None = None) -> dict:

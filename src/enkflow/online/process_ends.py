@@ -53,12 +53,16 @@ class RunnerExit:
         return f"runner {self.runner} (job {self.job}) {how}"
 
     def tail(self) -> str:
-        """``; LOG ends with:`` and its last lines, or that the log is empty or missing."""
-        try:
-            text = log_tail(self.log, TAIL_LINES)
-        except OSError:
-            return f"; its log {self.log} is missing"
-        return f"; {self.log} ends with:\n{text}" if text.strip() else f"; its log {self.log} is empty"
+        return tail_of(self.log)
+
+
+def tail_of(log: Path) -> str:
+    """For an error message: ``; LOG ends with:`` and its last lines, or that the log is empty or missing."""
+    try:
+        text = log_tail(log, TAIL_LINES)
+    except OSError:
+        return f"; its log {log} is missing"
+    return f"; {log} ends with:\n{text}" if text.strip() else f"; its log {log} is empty"
 
 
 def _signal_name(number: int) -> str:
