@@ -38,14 +38,23 @@ class Counter:
         self._bar: tqdm | None = None
         self._tty = getattr(self.stream, "isatty", lambda: False)()
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: int, total: int, note: str = "") -> None:
+        """``done`` of ``total``; ``note`` (e.g. the workers alive) after the count."""
         if not self._tty:
-            print(f"{self.desc}: {done}/{total}", file=self.stream, flush=True)
+            print(f"{self.desc}: {done}/{total}" + (f", {note}" if note else ""), file=self.stream, flush=True)
             return
         if self._bar is None:
             self._bar = tqdm(total=total, desc=self.desc, file=self.stream, leave=False)
         self._bar.update(done - self._bar.n)
+        if note:
+            self._bar.set_postfix_str(note)
+
+    def clear(self) -> None:
+        """Take the bar off its line for a moment, so that a message printed next is not drawn through it."""
+        if self._bar is not None:
+            self._bar.clear()
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._bar = None

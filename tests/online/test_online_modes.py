@@ -2,6 +2,7 @@
 inflation fields and the same table of scores; Lorenz-96 through the server gives the scores of
 `enkflow l96`; a model keeping state between exposes is caught by the statelessness check."""
 
+import re
 import threading
 
 import netCDF4
@@ -25,7 +26,7 @@ def _var(path, name="soil_moisture"):
 
 
 def test_demo_online_is_bitwise_the_offline_demo(tmp_path):
-    """`enkflow demo` both ways, with Miyoshi's adaptive inflation: the demo's progress, report and falling
+    """`enkflow demo` both ways, with Miyoshi's adaptive inflation: the demo's progress (online too), report and falling
     RMSE; the members, every cycle's analysis mean and spread, observation-space diagnostics and inflation
     field bit for bit; the same analysis balance report from one server rank as from one analysis rank."""
     out = {}
@@ -50,6 +51,10 @@ def test_demo_online_is_bitwise_the_offline_demo(tmp_path):
     rmse_lines = [line for line in out["online"]["lines"] if line.strip().startswith("cycle ") and "RMSE" in line]
     assert rmse_lines == [line for line in out["offline"]["lines"] if line.strip().startswith("cycle ") and "RMSE" in line]
     assert len(rmse_lines) == 5  # the initial line, then cycles 0-3
+    online = "\n".join(out["online"]["lines"])  # its progress, as offline's: members done, then the analysis
+    for k in (1, 2, 3):
+        assert re.search(rf"cycle {k}: 6/6 members done, [12] runners? alive \(", online), online
+        assert re.search(rf"cycle {k}: analysis done \(\d+\.\d\d s\), omb \S+ -> oma \S+", online), online
     _diagnostics_and_inflation_equal(tmp_path)
     _the_same_balance_report(tmp_path)
 

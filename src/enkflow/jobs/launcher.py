@@ -60,6 +60,11 @@ class Launcher(Protocol):
         """Remove pending jobs and stop running ones (SIGTERM first); unknown IDs are ignored."""
         ...
 
+    def exit_status(self, job_id: str) -> int | None:
+        """A finished job's exit status: its code, or -N when signal N ended it; None while it runs, or
+        where the batch system does not say (no accounting)."""
+        ...
+
     def close(self) -> None:
         """Release what the launcher holds (nothing is cancelled)."""
         ...

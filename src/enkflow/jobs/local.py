@@ -143,6 +143,10 @@ class LocalLauncher:
                 _signal_group(job.proc.pid, signal.SIGCONT)
         self._schedule()
 
+    def exit_status(self, job_id: str) -> int | None:
+        job = self._jobs.get(job_id)
+        return job.proc.poll() if job is not None and job.proc is not None else None
+
     def pid(self, job_id: str) -> int | None:
         """The process ID of a started job (tests use it to kill workers)."""
         job = self._jobs.get(job_id)

@@ -118,6 +118,18 @@ class SlurmLauncher:
                     result[parts[0]] = JobState.RUNNING
         return result
 
+    def exit_status(self, job_id: str) -> int | None:
+        # From accounting where the site runs it (`sacct` prints "code:signal"); None where it does not.
+        try:
+            res = subprocess.run([self._cmd("sacct"), "-n", "-X", "-P", "-o", "ExitCode", "-j", job_id],
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        code, _, sig = res.stdout.strip().partition(":")
+        if res.returncode != 0 or not (code.isdigit() and sig.isdigit()):
+            return None
+        return -int(sig) if int(sig) else int(code)
+
     def cancel(self, job_ids: Sequence[str]) -> None:
         if not job_ids:
             return

@@ -28,6 +28,12 @@ from enkflow.online.sockets import Incarnation, send_error
 from enkflow.online.wire import Header, Kind, ProtocolError, decode_json, encode_json
 
 
+# Why a runner's fields are refused is nearly always the configuration, not the model: say where they come from.
+FIELDS_HINT = ("the server's fields are the state variables ([state] variables), then the restart variables the model "
+               "needs back but the analysis leaves alone ([online] carried): declare each variable of the runner in one "
+               "of them, or drop it from the runner")
+
+
 @dataclass
 class RunnerRecord:
     """A runner that joined; times in seconds of ``time.monotonic``."""
@@ -132,7 +138,8 @@ class Control:
         name = str(body.get("name", hdr.runner))[:200]
         if diff:
             self._emit("online_reject", runner=name, reason=diff)
-            send_error(self.socket, identity, hdr, f"the runner's fields do not match the server's: {diff}", self.me)
+            send_error(self.socket, identity, hdr, f"the runner's fields do not match the server's: {diff}; {FIELDS_HINT}",
+                       self.me)
             return
         old = self.runners.get(hdr.runner)
         if old is not None:

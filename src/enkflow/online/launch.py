@@ -3,9 +3,11 @@
 The server (``python -m enkflow.online.experiment EXPDIR``, under ``mpiexec -n
 ranks`` when ``[online] ranks > 1``) and ``[online] runners`` runner processes
 are jobs of an :mod:`enkflow.jobs` launcher, on this machine or through SLURM.
-The supervisor replaces a runner that exits before the study is over and
-restarts a crashed server, which resumes from its checkpoints (up to
-``max_server_restarts`` times). The server's verdict is
+The supervisor shows each cycle's progress from the server's events
+(:mod:`enkflow.online.study_progress`), reports a runner that exits before the
+study is over at once and replaces it, or stops the study when the runner failed
+to start (:mod:`enkflow.online.process_ends`), and restarts a crashed server,
+which resumes from its checkpoints (up to ``max_server_restarts`` times). The server's verdict is
 ``EXPDIR/online/status.json``: done, or failed with the error (a member that
 failed ``max_failures`` times, bad input), which is not retried. The server and
 the runners run under the run's lease (:mod:`enkflow.experiment.run_lease`):
@@ -23,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import zmq
 
@@ -36,7 +39,6 @@ from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.run_lease import RunLease
 from enkflow.fsutil import read_json, write_bytes_atomic, write_json_atomic
 from enkflow.jobs.events import EventLog
-from enkflow.jobs.files import log_tail, newest
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
@@ -44,6 +46,8 @@ from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
+from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed, tail_of
+from enkflow.online.study_progress import StudyProgress
 from enkflow.transport import TRANSPORT_ENV
 from enkflow.output import archive as _archive
 from enkflow.output.service import OutputService
@@ -87,10 +91,12 @@ def make_secrets(directory: Path, *, curve: bool) -> Path:
 
 
 class OnlineExperiment:
-    """Runs (or resumes) an online experiment; ``progress`` receives one-line status messages."""
+    """Runs (or resumes) an online experiment; ``progress`` receives one-line status messages (per cycle the
+    members done and runners alive, each analysis, each runner that ended), ``bar_stream``, where it is a
+    terminal, shows the members done as a bar instead."""
 
     def __init__(self, cfg: ExperimentConfig, launcher: Launcher | None = None,
-                 progress: Callable[[str], None] | None = None, poll_s: float = 0.2):
+                 progress: Callable[[str], None] | None = None, poll_s: float = 0.2, bar_stream: TextIO | None = None):
         if cfg.experiment.mode is not Mode.ONLINE or cfg.online is None:
             raise ConfigError("not an online experiment (experiment.mode)", key="experiment.mode")
         self.cfg = cfg
@@ -105,6 +111,10 @@ class OnlineExperiment:
         self.rank_losses = 0  # server ends with a rank lost (of server_restarts + 1)
         self.alive = AliveWatch(self.odir.alive, alive_limit(self.o.rank_timeout), alive_period(self.o.rank_timeout))
         self.runner_starts = 0
+        self.runner_index: dict[str, int] = {}  # job -> K of its runner-K.log
+        self.exits = RunnerExits()
+        self.study = StudyProgress(self.xdir.events, cfg.experiment.members, self._say,
+                                   bar_stream if progress is not None else None)
         self.output_service = None
         self.lease = RunLease(self.xdir, cfg.launcher.lease_timeout, self.events, self._say)
 
@@ -208,17 +218,20 @@ class OnlineExperiment:
             self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
             return status
         if state == ServerStatus.FAILED:
-            self.events.emit("experiment_fail", reason=status.get("error"))
+            self.events.emit("experiment_fail", reason=status.get("error"), member=status.get("member"),
+                             cycle=status.get("cycle"), log=str(self.exits.log_or(self._server_log())))
             if status.get("member") is not None:
-                raise MemberError(str(status.get("error")), member=int(status["member"]), cycle=status.get("cycle"))
-            raise EnkflowError(f"the server stopped: {status.get('error')}")
+                raise MemberError(f"{status.get('error')}{self.exits.cause()}", member=int(status["member"]),
+                                  cycle=status.get("cycle"))
+            raise StudyFailed(f"the server stopped: {status.get('error')}")
         lost = state == ServerStatus.RANK_LOST
         self.rank_losses += lost
         ends = self.server_restarts + 1
         if self.server_restarts >= self.o.max_server_restarts:
+            self.events.emit("experiment_fail", reason=f"the server ended {ends} times", log=str(self._server_log()))
             raise EnkflowError(f"the server ended {ends} times, {self.rank_losses} of them with a server rank lost and "
                                f"{ends - self.rank_losses} crashed (online.max_server_restarts = "
-                               f"{self.o.max_server_restarts}); see {self.odir.logs}{_tail(self.odir.logs, 'server')}")
+                               f"{self.o.max_server_restarts}); see {self.odir.logs}{tail_of(self._server_log())}")
         self.server_restarts += 1
         if lost:
             ranks, nodes = list(status.get("ranks", [])), list(status.get("nodes", []))
@@ -230,6 +243,10 @@ class OnlineExperiment:
             self.events.emit("server_crash", restart=self.server_restarts, cause="crash")
             self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
         return None
+
+    def _server_log(self) -> Path:
+        """The log of the server started last."""
+        return self.odir.logs / f"server-{self.server_restarts}.log"
 
     def _start_server(self) -> str:
         self.odir.status.unlink(missing_ok=True)  # the verdict of this server, not of the one before
@@ -266,6 +283,7 @@ class OnlineExperiment:
                        env=self._env() | {TRANSPORT_ENV: self.o.transport},
                        requeue=False)
         jid = self.launcher.submit(spec)
+        self.runner_index[jid] = k
         self.events.emit("runner_start", job=jid, runner=k)
         return jid
 
@@ -288,6 +306,7 @@ class OnlineExperiment:
                     runners = [self._start_runner(address) for _ in range(self.o.runners)]
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
+                self.study.poll()  # after the states: a runner that ended had joined if it says so by now
                 if st[server] is not JobState.FINISHED:
                     self._cancel_silent(server)
                 if st[server] is JobState.FINISHED:
@@ -305,21 +324,30 @@ class OnlineExperiment:
                 for i, jid in enumerate(runners):
                     # A runner ends when told the study is over: then it is not replaced.
                     if st[jid] is JobState.FINISHED and not self.odir.stopping.exists():
+                        self._runner_ended(jid)
                         if self.runner_starts >= max_starts:
+                            self.events.emit("experiment_fail", reason=f"runners exited {self.runner_starts} times",
+                                             log=str(self.exits.log_or(self.odir.logs)))
                             raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
-                                               f"{self.odir.logs}{_tail(self.odir.logs, 'runner')}")
-                        self.events.emit("runner_exit", job=jid)
+                                               f"{self.odir.logs}{self.exits.cause()}")
                         runners[i] = self._start_runner(address)
                 time.sleep(self.poll_s)
         finally:
-            active = [j for j in [server, *runners]]
-            self.launcher.cancel(active)
+            self.study.close()
+            self.launcher.cancel([server, *runners])
 
-
-def _tail(logs: Path, prefix: str, lines: int = 15) -> str:
-    """The tail of the newest ``prefix-*.log``, for an error message ('' when there is none)."""
-    log = newest(logs, f"{prefix}-*.log")
-    return "" if log is None else f"; {log} ends with:\n" + log_tail(log, lines)
+    def _runner_ended(self, jid: str) -> None:
+        """Report a runner that ended before the study did, at once: its exit status and its log's tail.
+        Raises :class:`StudyFailed` for one that failed to start (no runner joined yet)."""
+        k = self.runner_index[jid]
+        ended = RunnerExit(k, jid, self.launcher.exit_status(jid), self.odir.logs / f"runner-{k}.log")
+        self.events.emit("runner_exit", job=jid, runner=k, status=ended.status)
+        try:
+            self.exits.add(ended, any_joined=self.study.any_joined)
+        except StudyFailed as exc:  # its error says what the line below would
+            self.events.emit("experiment_fail", reason=str(exc), runner=k, log=str(ended.log))
+            raise
+        self._say(f"{ended.describe()}{ended.tail()}")
 
 
 def restore_online(cfg: ExperimentConfig, cycle: int, progress: Callable[[str], None] | None = None) -> dict:

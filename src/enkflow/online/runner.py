@@ -2,18 +2,19 @@
 
 ::
 
-    runner = Runner("tcp://127.0.0.1:5555", token)
-    runner.init([Field("x", "float64", (40,))])
-    state = {"x": np.zeros(40)}
-    state, nsteps = runner.expose(state)        # the first state to propagate
-    while nsteps:
-        advance(state["x"], nsteps, runner.cycle, runner.member)
-        state, nsteps = runner.expose(state)    # send the forecast back, get the next member
-    runner.close()
+    with Runner("tcp://127.0.0.1:5555", token) as runner:
+        runner.init([Field("x", "float64", (40,))])
+        state = {"x": np.zeros(40)}
+        state, nsteps = runner.expose(state)        # the first state to propagate
+        while nsteps:
+            advance(state["x"], nsteps, runner.cycle, runner.member)
+            state, nsteps = runner.expose(state)    # send the forecast back, get the next member
 
 ``expose`` sends the forecast of the task it holds (none on the first call),
 asks for the next task and fills ``state`` in place with that member's state;
-``nsteps == 0`` means the study is over. The server may hand any member to any
+``nsteps == 0`` means the study is over. Leaving the ``with`` block says BYE (an exception FAILs the
+member held first); a runner left open is closed the same way when its process ends
+(:mod:`enkflow.online.exit_report`). The server may hand any member to any
 runner, so the model must keep no member's state of its own between calls
 (the server's ``stateless_check`` tests that in the first cycle).
 
@@ -34,7 +35,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -45,8 +45,10 @@ import zmq
 
 from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.lease import watch_from_environment
-from enkflow.online.connection import Connection, ServerError, ServerLost, configure
+from enkflow.online import exit_report
+from enkflow.online.connection import Connection, ServerError, ServerLost
 from enkflow.online.fields import Field, Ownership
+from enkflow.online.heartbeat import Heartbeat
 from enkflow.online.segments import SLOT_GONE
 from enkflow.transport import Transport
 from enkflow.online.shm_exchange import Extent, ShmExchange, choose_ranks
@@ -98,7 +100,7 @@ class Runner:
         self._slices: list[tuple[int, int]] = []
         self._own: Ownership | None = None
         self._epoch = 0
-        self._hb: _Heartbeat | None = None
+        self._hb: Heartbeat | None = None
         self._waited_us = 0
         self._have_state = False
         self.task = 0
@@ -111,6 +113,7 @@ class Runner:
         self._leased = watch_from_environment(f"runner {self.name}")
         if self._leased:
             remove_dead_segments()
+        exit_report.register(self)  # a process that ends with this runner open still tells the server why
 
     # -- set-up ------------------------------------------------------------------
 
@@ -150,7 +153,7 @@ class Runner:
         self._data = [Connection(self._ctx, a, curve_server_key=self._curve) for a in welcome["data"]]
         self._collective(lambda: self._shm.reset(choose_ranks(welcome, self.transport)))
         if self.comm.rank == 0 and self._hb is None:
-            self._hb = _Heartbeat(self._ctx, self.address, self._cred, self.id, float(welcome["heartbeat_s"]), self._curve)
+            self._hb = Heartbeat(self._ctx, self.address, self._cred, self.id, float(welcome["heartbeat_s"]), self._curve)
 
     def _hello(self) -> dict:
         deadline = time.monotonic() + self.reconnect_s
@@ -244,6 +247,7 @@ class Runner:
 
     def close(self) -> None:
         """Leave the study (BYE; a task still held goes to another runner)."""
+        exit_report.forget(self)
         if self._hb is not None:
             self._hb.stop()
             self._hb = None
@@ -438,37 +442,6 @@ class Runner:
                 raise ServerError(f"server rank {r} sent {src.size} elements of field "
                                   f"{self._fields[k].name!r}, expected {cnt}")
             dst[...] = src
-
-
-class _Heartbeat:
-    """Rank 0's heartbeat thread: a message every ``interval_s`` on its own socket, so a runner busy
-    in its model still shows it is alive (and a stopped or killed one stops showing it)."""
-
-    def __init__(self, ctx: zmq.Context, address: str, cred: bytes, runner: int, interval_s: float, curve: str | None):
-        self.task = 0
-        self._stop = threading.Event()
-        self._args = (ctx, address, cred, runner, interval_s, curve)
-        self._thread = threading.Thread(target=self._run, name="enkflow-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        ctx, address, cred, runner, interval_s, curve = self._args
-        sock = ctx.socket(zmq.DEALER)
-        configure(sock, curve)
-        sock.setsockopt(zmq.SNDHWM, 4)
-        sock.connect(address)
-        try:
-            while not self._stop.wait(interval_s):
-                try:
-                    sock.send(Header(Kind.HEARTBEAT, cred, runner, self.task).pack(), zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-        finally:
-            sock.close(0)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def run_runner_process(runner: Runner, body: Callable[[], int], *, name: str,
