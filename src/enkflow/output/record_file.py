@@ -60,7 +60,8 @@ class RecordFile:
 
     def __init__(self, path: Path, define: Callable[[Path], None]) -> None:
         self.path = path
-        template = path.with_name(f".{path.name}.{os.getpid()}.definition")
+        # Named like atomic_output's temporaries: a killed writer's are removed by its senders.
+        template = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             define(template)
             want, _ = read_header(str(template))
