@@ -43,12 +43,15 @@ while True:
 
 
 def output_config(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    """The ``[output]`` table of the server's run: one field ``u`` (lat, lon) as the options say."""
+    """The ``[output]`` table of the server's run: one field ``u`` (lat, lon) as the options say; compressed,
+    one NetCDF-4 file per step (the growing files are CDF-5, which has no compression); uncompressed, the
+    one growing file of ``u``, appended each step like the baseline's."""
     f: dict[str, Any] = {"dims": ["lat", "lon"], "ensemble": False, "units": "1", "long_name": "demo model state",
                          "dtype": args.dtype}
     if args.dtype == "int16":
         f["pack_range"] = [-10.0, 10.0]
     return {"directory": str(directory), "members": 0, "transport": args.transport,
+            "file": "{field}.nc" if args.compression == "none" else "{field}_{time:g}.nc",
             "dims": {"lat": {"size": args.ny, "units": "degrees_north", "standard_name": "latitude", "axis": "Y"},
                      "lon": {"size": args.nx, "units": "degrees_east", "standard_name": "longitude", "axis": "X"}},
             "fields": {"u": f}, "compression": args.compression, "complevel": args.complevel, "diagnostics": False,
