@@ -60,17 +60,17 @@ class RecordFile:
 
     def __init__(self, path: Path, define: Callable[[Path], None]) -> None:
         self.path = path
-        # Named like atomic_output's temporaries: a killed writer's are removed by its senders.
-        template = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            define(template)
-            want, _ = read_header(str(template))
-            if not path.exists():
-                os.replace(template, path)
-            else:
-                self._check(path, template, want)
-        finally:
-            template.unlink(missing_ok=True)
+        if path.exists():
+            # Named like atomic_output's temporaries: a killed writer's are removed by its senders.
+            template = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            try:
+                define(template)
+                self._check(path, template)
+            finally:
+                template.unlink(missing_ok=True)
+        else:
+            with atomic_output(path) as tmp:
+                define(tmp)
         header, _ = read_header(str(path))
         self.vars: dict[str, HeaderVar] = header.variables
         self.recsize = _record_size(header)
@@ -82,7 +82,9 @@ class RecordFile:
         self.free: list[int] = []  # handed out and given back (a time that failed), below the top
 
     @staticmethod
-    def _check(path: Path, template: Path, want: Header) -> None:
+    def _check(path: Path, template: Path) -> None:
+        """``path`` has the layout and the fixed values of the definition at ``template``."""
+        want, _ = read_header(str(template))
         have, _ = read_header(str(path))
         if _layout(have) != _layout(want) or have.version != want.version:
             raise FileFormatError("it was written with other output settings (fields, dimensions, members, "
