@@ -106,6 +106,38 @@ def test_a_failed_time_leaves_no_gap_and_other_settings_are_refused(tmp_path: Pa
         Output(config(d, compression="zlib"))
 
 
+def test_records_complete_out_of_order_and_a_gap_is_closed_at_the_end(tmp_path: Path) -> None:
+    """RecordFile alone: the count is the complete prefix at every moment; a time given back below
+    complete ones is filled by the highest of them at close."""
+    from enkflow.output.config import OutputConfig
+    from enkflow.output.series import open_field_series
+
+    cfg = OutputConfig.model_validate(config(tmp_path))
+    path = tmp_path / "u.nc"
+    rf = open_field_series(path, cfg, "u", {}, {})
+    for t in (0.0, 6.0, 12.0, 18.0):
+        r = rf.record(t)
+        rf.write(r, "u", (), np.stack([field(t, m) for m in range(1, N + 1)]))
+    seen = []
+    for t in (12.0, 0.0, 18.0):
+        rf.commit(t)
+        with xr.open_dataset(path, decode_times=False) as ds:
+            seen.append(list(ds["time"].values))
+    assert seen == [[], [0.0], [0.0]]  # 6 is still open: 12 and 18 wait behind it
+    rf.release(6.0)  # time 6 failed
+    rf.close()
+    with xr.open_dataset(path, decode_times=False) as ds:
+        assert list(ds["time"].values) == [0.0, 18.0, 12.0]
+        for k, t in enumerate((0.0, 18.0, 12.0)):
+            np.testing.assert_array_equal(ds["u"].values[k], np.stack([field(t, m) for m in range(1, N + 1)]))
+    empty = open_field_series(tmp_path / "e.nc", cfg, "u", {}, {})
+    empty.record(0.0)
+    empty.release(0.0)
+    empty.close()
+    with xr.open_dataset(tmp_path / "e.nc", decode_times=False) as ds:
+        assert ds.sizes["time"] == 0
+
+
 MODEL = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})

@@ -80,6 +80,7 @@ class RecordFile:
         self.pending: dict[float, int] = {}  # handed out, not complete
         self.complete: set[int] = set(range(header.numrecs))
         self.free: list[int] = []  # handed out and given back (a time that failed), below the top
+        self.top = header.numrecs  # the next record never handed out
 
     @staticmethod
     def _check(path: Path, template: Path) -> None:
@@ -110,9 +111,11 @@ class RecordFile:
         r = self.times.get(t, self.pending.get(t))
         if r is not None:
             return r
-        r = min(self.free) if self.free else max(self.complete | set(self.pending.values()), default=-1) + 1
-        if r in self.free:
+        if self.free:
+            r = min(self.free)
             self.free.remove(r)
+        else:
+            r, self.top = self.top, self.top + 1
         self.pending[t] = r
         self.write(r, "time", (), np.float64(t))
         return r
@@ -166,7 +169,7 @@ class RecordFile:
         """Records given back below complete ones: the highest complete records moved into them, so
         that the count covers every complete record."""
         for hole in sorted(self.free):
-            top = max(self.complete)
+            top = max(self.complete, default=-1)
             if top < hole:
                 break
             data = os.pread(self.fd, self.recsize, self.recsize * top + self._record_start())
@@ -176,6 +179,7 @@ class RecordFile:
             self.complete.add(hole)
             self.times[t] = hole
         self.free.clear()
+        self.top = max(self.complete, default=-1) + 1
         self._count()
 
     def _record_start(self) -> int:
