@@ -91,9 +91,10 @@ def _field_attrs(var: Any, name: str, spec: FieldSpec, cell_methods: str | None,
 
 
 def _define_field(ds: Any, cfg: OutputConfig, name: str, coords: dict[str, np.ndarray],
-                  comp: dict[str, Any]) -> Any:
+                  comp: dict[str, Any] | None) -> Any:
     """The coordinates, ``member(member)`` (an ensemble field's only realization coordinate) and the
-    field itself (``write_members``; else None), ``(time, member, dims...)`` or ``(time, dims...)``."""
+    field itself (``write_members``; else None), ``(time, member, dims...)`` or ``(time, dims...)``;
+    ``comp``: NetCDF-4's compression (chunked by member and time), None in a CDF-5 file."""
     spec = cfg.fields[name]
     _coordinates(ds, cfg, spec.dims, coords)
     if spec.ensemble:
@@ -104,8 +105,7 @@ def _define_field(ds: Any, cfg: OutputConfig, name: str, coords: dict[str, np.nd
     if not cfg.write_members:
         return None
     lead = ("time", "member") if spec.ensemble else ("time",)
-    if comp:
-        comp = dict(comp, chunksizes=(1,) * len(lead) + cfg.shape(name))
+    comp = {} if comp is None else dict(comp, chunksizes=(1,) * len(lead) + cfg.shape(name))
     if spec.dtype == "int16":
         scale, offset, err = packing(spec)
         v = ds.createVariable(name, "i2", lead + tuple(spec.dims), fill_value=INT16_FILL, **comp)
@@ -162,7 +162,7 @@ def define_series(path: Path, cfg: OutputConfig, name: str, coords: dict[str, np
     with netCDF4.Dataset(path, "w", format="NETCDF3_64BIT_DATA") as ds:
         _global(ds, cfg, f"{name}, one record per output time")
         _time_coord(ds, cfg)
-        _define_field(ds, cfg, name, coords, {})
+        _define_field(ds, cfg, name, coords, None)
         _define_statistics(ds, cfg, name, {})
         for red, size in reduction_sizes.items():
             _define_reduction(ds, cfg, name, red, size)
