@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from enkflow.errors import ConfigError
-from enkflow.io.netcdf3 import read_header
+from enkflow.io.netcdf3 import Header, read_header
 from enkflow.output import Output, OutputError
 
 xr = pytest.importorskip("xarray")
@@ -139,55 +139,83 @@ def test_records_complete_out_of_order_and_a_gap_is_closed_at_the_end(tmp_path: 
 
 
 MODEL = """
-import sys, numpy as np
+import os, sys, netCDF4
 sys.path.insert(0, {tests!r})
-from test_output_series import add_time, config
-from enkflow.output import Output
-out = Output(config({d!r}, fields={{"u": {{"dims": ["y", "x"], "dtype": "float64"}}}}, writer_nice=0))
-print(out._channels[0].writer.pid, flush=True)
-try:
-    for k in range(100000):
-        for m in range(1, 5):
-            out.add("u", __import__("test_output_series").field(float(k), m), time=float(k), member=m)
-        if k % 10 == 9:
-            out.sync()
-            print(k + 1, flush=True)
-except Exception:
-    pass
+from test_output_series import N, config, field
+from enkflow.output import Output, OutputError
+path = os.path.join({d!r}, "u.nc")
+while True:  # each writer killed by the test: a new Output continues the file after its last whole time
+    n = len(netCDF4.Dataset(path).dimensions["time"]) if os.path.exists(path) else 0
+    out = Output(config({d!r}, fields={{"u": {{"dims": ["y", "x"], "dtype": "float64"}}}}, writer_nice=0))
+    print("start", n, out._channels[0].writer.pid, flush=True)
+    try:
+        for k in range(n, n + 100000):
+            for m in range(1, N + 1):
+                out.add("u", field(float(k), m), time=float(k), member=m)
+            if k % 10 == 9:
+                out.sync()
+                print("synced", k + 1, flush=True)
+    except OutputError:
+        try:
+            out.close()
+        except OutputError:
+            pass
 """
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _records_end(header: Header) -> int:
+    """The byte after the counted records (all of u.nc's record variables are float64: no padding)."""
+    recs = [v for v in header.variables.values() if v.is_record]
+    per_record = sum(math.prod(v.shape[1:]) * v.dtype.itemsize for v in recs)
+    return min(v.begin for v in recs) + header.numrecs * per_record
+
+
 def test_kill_9_of_the_writer_mid_append_leaves_every_completed_time(tmp_path: Path) -> None:
-    """A real writer process, killed at random moments while it appends: the file opens with xarray and holds
-    the times 0..n-1 whole, n at least the times the model saw synced; a restarted writer appends after them."""
+    """A real writer process, killed with SIGKILL at a random moment while it appends, four times over: each
+    new writer finds every time the model saw synced before the kill and continues the file; in the end it
+    holds the times 0..n-1, each whole."""
     rng = random.Random(24)
-    mid_append = 0
-    for trial in range(3):
-        d = tmp_path / f"trial{trial}"
-        model = subprocess.Popen([sys.executable, "-c", MODEL.format(tests=str(Path(__file__).parent), d=str(d))],
-                                 stdout=subprocess.PIPE, text=True)
-        try:
-            assert model.stdout is not None
-            wpid = int(model.stdout.readline())
-            synced = int(model.stdout.readline())  # at least one sync before the kill: a lower bound to check
-            time.sleep(rng.uniform(0.0, 0.3))
-            os.kill(wpid, signal.SIGKILL)
-            lines = model.stdout.read().split()
-            synced = max([synced] + [int(x) for x in lines])
-        finally:
-            model.kill()
-            model.wait()
-        with xr.open_dataset(d / "u.nc", decode_times=False) as ds:
-            n = ds.sizes["time"]
-        assert n >= synced
-        header, size = read_header(str(d / "u.nc"))
-        records_start = min(v.begin for v in header.variables.values() if v.is_record)
-        per_record = sum(math.prod(v.shape[1:]) * v.dtype.itemsize for v in header.variables.values() if v.is_record)
-        mid_append += size > records_start + n * per_record  # values of the next time were in when it died
-        cfg = config(d, fields={"u": {"dims": ["y", "x"], "dtype": "float64"}})
-        with Output(cfg) as out:
-            for t in (float(n), n + 1.0):
-                for m in range(1, N + 1):
-                    out.add("u", field(t, m), time=t, member=m)
-        check_u(d / "u.nc", [float(k) for k in range(n + 2)])
-    assert mid_append, "no kill fell inside an append"
+    d = tmp_path / "out"
+    model = subprocess.Popen([sys.executable, "-c", MODEL.format(tests=str(Path(__file__).parent), d=str(d))],
+                             stdout=subprocess.PIPE, text=True)
+    kills = mid_append = synced = pid = 0
+    armed = False
+    try:
+        assert model.stdout is not None
+        for line in model.stdout:
+            word, *rest = line.split()
+            if word == "start":
+                assert int(rest[0]) >= synced, "a time synced before the kill is missing"
+                pid, armed = int(rest[1]), True
+                if kills == 4:
+                    break
+            elif word == "synced" and armed:  # this writer is appending: kill it a moment later
+                synced, armed = int(rest[0]), False
+                time.sleep(rng.uniform(0.0, 0.2))
+                os.kill(pid, signal.SIGKILL)
+                kills += 1
+                header, size = read_header(str(d / "u.nc"))
+                mid_append += size > _records_end(header)  # values of a time not yet counted were in
+            elif word == "synced":
+                synced = int(rest[0])
+        time.sleep(rng.uniform(0.0, 0.2))
+        os.kill(pid, signal.SIGKILL)  # the fifth writer too, wherever it is
+    finally:
+        model.kill()
+        model.wait()
+    assert kills == 4 and mid_append, (kills, mid_append)
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with xr.open_dataset(d / "u.nc", decode_times=False) as ds:
+        n = ds.sizes["time"]
+    assert n >= synced
+    check_u(d / "u.nc", [float(k) for k in range(n)])
