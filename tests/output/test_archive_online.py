@@ -1,5 +1,6 @@
 """Background archiving of an online study (server and runner processes): every cycle's analysis checkpoint is
-archived, and `enkflow run --from-archive CYCLE` resumes the server from it with the same next cycle, bitwise."""
+archived, and `enkflow run --from-archive CYCLE` resumes the server from it with the same next cycle, bitwise.
+The same study's runners write their forecasts through the output service: one dataset per field."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from enkflow.experiment.config import load_experiment
@@ -15,6 +17,8 @@ from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.jobs.events import iter_events
 from enkflow.online.launch import OnlineExperiment
 from enkflow.output import archive as A
+
+from demo_runner_with_output import with_model_output
 
 N = 4
 
@@ -33,9 +37,12 @@ def test_online_archive_and_restart_from_it_bitwise(tmp_path: Path, ranks: int, 
     if ranks > 1:  # one checkpoint per server rank, all archived together
         text = text.replace("runners = 2", f'runners = 2\nranks = {ranks}\nmpiexec = "{mpiexec}"')
     toml.write_text(text + '\n[archive]\ndir = "backup"\nkeep_last = 0\n')
+    n_land = with_model_output(toml, N) if ranks == 1 else 0
     status = OnlineExperiment(load_experiment(toml)).run()
     assert status["state"] == "done"
     final = _members(d)
+    if n_land:
+        forecasts = _model_output(d, n_land)
     assert A.listed_cycles(d / "backup") == [1, 2, 3]
     assert sorted(f["target"] for f in A.verify(d / "backup", 2)["files"]) == [f"rank:{r}" for r in range(ranks)]
 
@@ -52,6 +59,23 @@ def test_online_archive_and_restart_from_it_bitwise(tmp_path: Path, ranks: int, 
     assert len(i) == 1 and ev[i[0]]["cycle"] == 2
     assert [e["cycle"] for e in ev[i[0]:] if e["event"] == "online_cycle_end"] == [3]
     assert A.verify(run / "backup", 3)
+    if n_land:  # the resumed study wrote cycle 3's forecasts again, in place, into the file it found
+        assert np.array_equal(_model_output(run, n_land), forecasts)
+
+
+def _model_output(d: Path, n_land: int) -> np.ndarray:
+    """The runners' forecasts as xarray (no dask) opens their one file: (cycle, member, point), mean beside."""
+    xr = pytest.importorskip("xarray")
+    assert sorted(p.name for p in (d / "model_output").glob("*.nc")) == ["soil_moisture.nc"]
+    with xr.open_dataset(d / "model_output" / "soil_moisture.nc", decode_times=False) as ds:
+        assert ds["soil_moisture"].dims == ("time", "member", "point")
+        assert ds["soil_moisture"].shape == (3, N, n_land) and list(ds["member"].values) == list(range(1, N + 1))
+        assert list(ds["time"].values) == [1.0, 2.0, 3.0] and "realization" not in ds.variables
+        x = ds["soil_moisture"].values
+        assert np.isfinite(x).all() and not np.array_equal(x[0], x[1])
+        np.testing.assert_allclose(ds["soil_moisture_mean"].values, x.mean(axis=1), rtol=0, atol=1e-14)
+        np.testing.assert_allclose(ds["soil_moisture_spread"].values, x.std(axis=1, ddof=1), rtol=1e-12, atol=1e-15)
+    return x
 
 
 def test_online_archive_failure_stops_the_study_when_configured(tmp_path: Path) -> None:

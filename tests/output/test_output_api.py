@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,8 @@ NY, NX, N = 12, 16, 5
 
 
 def config(tmp_path: Path, **over: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "directory": str(tmp_path / "out"), "members": N,
+    cfg: dict[str, Any] = {  # one file per time here; the growing files: test_output_series.py
+        "directory": str(tmp_path / "out"), "members": N, "file": "{field}_{time:g}.nc",
         "dims": {"lat": {"size": NY, "start": -82.5, "step": 15.0, "units": "degrees_north",
                          "standard_name": "latitude", "axis": "Y"},
                  "lon": {"size": NX, "start": 0.0, "step": 22.5, "units": "degrees_east",
@@ -114,7 +115,7 @@ def test_xarray_opens_the_files_and_cf_attributes(tmp_path: Path) -> None:
         assert ds["t2m_spread"].attrs["cell_methods"] == "realization: standard_deviation"
         assert ds["t2m"].attrs["standard_name"] == "air_temperature" and ds["t2m"].attrs["units"] == "K"
         assert ds.attrs["Conventions"] == "CF-1.8" and "enkflow.output" in ds.attrs["history"]
-        assert ds["member"].attrs["standard_name"] == "realization"
+        assert ds["member"].attrs["standard_name"] == "realization" and "realization" not in ds.variables
     with netCDF4.Dataset(path) as nc:
         assert nc["t2m"].filters().get("zstd")
 
@@ -238,7 +239,8 @@ def reduce_zonal(x: np.ndarray) -> np.ndarray:
 
 def test_windows_user_reductions_several_writers_and_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                   os.environ.get("PYTHONPATH")])))
     cfg = config(tmp_path, writers=2, windows=[{"name": "day", "length": 24.0}],
                  reductions={"total": "test_output_api:reduce_total", "zonal": "test_output_api:reduce_zonal"})
     cfg["fields"]["sst"] = {"dims": ["lat", "lon"], "ensemble": False, "units": "K"}

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import netCDF4
 import numpy as np
@@ -18,9 +19,11 @@ from enkflow.output import Output
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("cf") / "out"
-    cfg = {
-        "directory": str(d), "members": 3, "title": "cf test",
+    """Both layouts: one NetCDF-4 file per time (zstd) and the growing CDF-5 files."""
+    top = tmp_path_factory.mktemp("cf")
+    d, g = top / "out", top / "growing"
+    cfg: dict[str, Any] = {
+        "directory": str(d), "file": "{field}_{time:g}.nc", "members": 3, "title": "cf test",
         "dims": {"lat": {"size": 6, "start": -75.0, "step": 30.0, "units": "degrees_north", "standard_name": "latitude",
                          "axis": "Y"},
                  "lon": {"size": 8, "start": 0.0, "step": 45.0, "units": "degrees_east", "standard_name": "longitude",
@@ -32,14 +35,23 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                            "ensemble": False}},
         "windows": [{"name": "day", "length": 24.0}], "compression": "zstd",
     }
-    rng = np.random.default_rng(0)
-    with Output(cfg) as out:
-        for t in (0.0, 12.0, 24.0):
-            for m in (1, 2, 3):
-                out.add("sm", rng.uniform(0.1, 0.9, (6, 8)), time=t, member=m)
-            out.add("sst", 290 + rng.standard_normal((6, 8)), time=t)
+    growing = dict(cfg, directory=str(g), file="{field}.nc", compression=None)
+    for c in (cfg, growing):
+        rng = np.random.default_rng(0)
+        with Output(c) as out:
+            for t in (0.0, 12.0, 24.0):
+                for m in (1, 2, 3):
+                    out.add("sm", rng.uniform(0.1, 0.9, (6, 8)), time=t, member=m)
+                out.add("sst", 290 + rng.standard_normal((6, 8)), time=t)
     return {"ensemble": d / "sm_0.nc", "single": d / "sst_12.nc", "window": d / "sm_day_0.nc",
-            "window_single": d / "sst_day_0.nc"}
+            "window_single": d / "sst_day_0.nc", "growing": g / "sm.nc", "growing_single": g / "sst.nc",
+            "growing_window": g / "sm_day.nc"}
+
+
+# CF-1.8 7.3: a cell_methods name "can be a dimension of the variable, a scalar coordinate variable, a valid
+# standard name, or the word area"; "realization: mean" names member(member)'s standard name (a scalar
+# coordinate beside it would be a second realization variable). The checker knows only the first two forms.
+_REALIZATION = "cell_methods name component realization does not match a dimension, area or auxiliary coordinate"
 
 
 def _checker() -> str | None:
@@ -47,7 +59,8 @@ def _checker() -> str | None:
     return str(exe) if exe.exists() else shutil.which("compliance-checker")
 
 
-@pytest.mark.parametrize("kind", ["ensemble", "single", "window", "window_single"])
+@pytest.mark.parametrize("kind", ["ensemble", "single", "window", "window_single", "growing", "growing_single",
+                                  "growing_window"])
 def test_compliance_checker_cf_1_8_strict(files: dict[str, Path], kind: str, tmp_path: Path) -> None:
     exe = _checker()
     if exe is None:
@@ -58,10 +71,10 @@ def test_compliance_checker_cf_1_8_strict(files: dict[str, Path], kind: str, tmp
                         str(files[kind])], capture_output=True, text=True, timeout=120)
     data = json.loads(report.read_text())
     res = data["cf:1.8"]
-    problems = [(p["name"], p["msgs"]) for group in ("high_priorities", "medium_priorities", "low_priorities")
+    problems = [(p["name"], [m for m in p["msgs"] if _REALIZATION not in m])
+                for group in ("high_priorities", "medium_priorities", "low_priorities")
                 for p in res.get(group, []) if p["value"][0] < p["value"][1]]
-    assert not problems, f"{files[kind].name}: {problems}\n{r.stdout[-2000:]}"
-    assert res["scored_points"] == res["possible_points"]
+    assert not [p for p in problems if p[1]], f"{files[kind].name}: {problems}\n{r.stdout[-2000:]}"
 
 
 def test_required_attributes(files: dict[str, Path]) -> None:
@@ -79,8 +92,8 @@ def test_required_attributes(files: dict[str, Path]) -> None:
         assert v.filters()["zstd"]
         assert ds["sm_mean"].cell_methods == "realization: mean"
         assert ds["sm_spread"].cell_methods == "realization: standard_deviation"
-        assert ds["sm_mean"].coordinates == "realization" and ds["realization"].standard_name == "realization"
         assert ds["member"].standard_name == "realization"
+        assert [v for v in ds.variables if getattr(ds[v], "standard_name", "") == "realization"] == ["member"]
     with netCDF4.Dataset(files["window"]) as ds:
         assert ds["time"].bounds == "time_bnds" and list(ds["time_bnds"][0]) == [0.0, 24.0]
         assert float(ds["time"][0]) == 12.0 and ds.number_of_times == 2 and ds.window_complete == 1
@@ -91,3 +104,21 @@ def test_required_attributes(files: dict[str, Path]) -> None:
     with netCDF4.Dataset(files["single"]) as ds:
         assert ds["sst"].dimensions == ("time", "lat", "lon") and ds["sst"].dtype == np.float32
         assert "sst_mean" not in ds.variables
+
+
+def test_growing_files_hold_every_time_with_the_same_attributes(files: dict[str, Path]) -> None:
+    with netCDF4.Dataset(files["growing"]) as ds, netCDF4.Dataset(files["ensemble"]) as one:
+        assert ds.data_model == "NETCDF3_64BIT_DATA" and list(ds["time"][:]) == [0.0, 12.0, 24.0]
+        for name in ("time", "lat", "lon", "member", "sm", "sm_mean", "sm_spread"):
+            assert ds[name].dimensions == one[name].dimensions
+            assert {k: str(ds[name].getncattr(k)) for k in ds[name].ncattrs()} == \
+                {k: str(one[name].getncattr(k)) for k in one[name].ncattrs()}
+        one.set_auto_maskandscale(False)
+        ds.set_auto_maskandscale(False)
+        for name in ("sm", "sm_mean", "sm_spread"):
+            np.testing.assert_array_equal(ds[name][0], one[name][0])
+        assert ds["member"].standard_name == "realization" and "realization" not in ds.variables
+    with netCDF4.Dataset(files["growing_window"]) as ds:
+        assert list(ds["time"][:]) == [12.0] and list(ds["time_bnds"][0]) == [0.0, 24.0]
+        assert list(ds["number_of_times"][:]) == [2] and list(ds["window_complete"][:]) == [1]
+        assert ds.window == "day" and ds["sm_mean"].cell_methods == "realization: mean time: mean"

@@ -28,6 +28,7 @@ NY, NX, N = 64, 64, 4
 
 def config(d: Path, **over: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {"directory": str(d), "members": N, "dims": {"y": {"size": NY}, "x": {"size": NX}},
+                           "file": "{field}_{time:g}.nc",
                            "fields": {"u": {"dims": ["y", "x"], "dtype": "float64"}},
                            "compression": "zlib", "complevel": 9}
     cfg.update(over)

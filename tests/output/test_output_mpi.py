@@ -19,10 +19,11 @@ def test_ranks_add_their_regions(tmp_path: Path, mpiexec: str, subprocess_env: d
                        capture_output=True, text=True, timeout=180, env=subprocess_env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "rank 0 done" in r.stdout and "rank 1 done" in r.stdout
-    for t in range(T):
-        with netCDF4.Dataset(d / f"u_{t}.nc") as ds:
+    with netCDF4.Dataset(d / "u.nc") as ds:  # one file growing along time, each rank's rows in every record
+        assert list(ds["time"][:]) == list(range(T))
+        for t in range(T):
             X = np.stack([full(t, m) for m in range(1, N + 1)])
-            np.testing.assert_array_equal(ds["u"][0], X)
-            np.testing.assert_allclose(ds["u_mean"][0], X.mean(0), rtol=1e-12, atol=1e-12)
-            np.testing.assert_allclose(ds["u_spread"][0], X.std(0, ddof=1), rtol=1e-12, atol=1e-12)
-            assert ds["u"].shape[2] == NY
+            np.testing.assert_array_equal(ds["u"][t], X)
+            np.testing.assert_allclose(ds["u_mean"][t], X.mean(0), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(ds["u_spread"][t], X.std(0, ddof=1), rtol=1e-12, atol=1e-12)
+        assert ds["u"].shape[2] == NY

@@ -324,7 +324,7 @@ def test_online_runners_get_the_output_service_through_placeholders(tmp_path: Pa
         svc.stop()
     finally:
         svc.kill()
-    h = read(tmp_path / "model_output" / "h_1.nc", "h")[0]
+    h = read(tmp_path / "model_output" / "h.nc", "h")[0]
     assert np.array_equal(h, [0.0, 1.0, 3.0, 4.0])
 
 

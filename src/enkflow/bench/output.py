@@ -3,7 +3,8 @@
 1. no output: the model alone;
 2. synchronous output: the model appends the field to one NetCDF-4 file each step with netCDF4
    (same dtype and compression as the server's files): the baseline a user would write;
-3. through :class:`~enkflow.output.Output`: ``add`` each step, the writer process does the rest;
+3. through :class:`~enkflow.output.Output`: ``add`` each step, the writer process does the rest
+   (compressed: one NetCDF-4 file per step; ``--compression none``: the field's one growing file);
 
 and a probe of the machine, not of enkflow: the model without output while a busy loop (no memory
 traffic, no system calls) runs at the writer's niceness and on its CPUs. Where the CPUs are

@@ -43,12 +43,15 @@ while True:
 
 
 def output_config(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    """The ``[output]`` table of the server's run: one field ``u`` (lat, lon) as the options say."""
+    """The ``[output]`` table of the server's run: one field ``u`` (lat, lon) as the options say; compressed,
+    one NetCDF-4 file per step (the growing files are CDF-5, which has no compression); uncompressed, the
+    one growing file of ``u``, appended each step like the baseline's."""
     f: dict[str, Any] = {"dims": ["lat", "lon"], "ensemble": False, "units": "1", "long_name": "demo model state",
                          "dtype": args.dtype}
     if args.dtype == "int16":
         f["pack_range"] = [-10.0, 10.0]
     return {"directory": str(directory), "members": 0, "transport": args.transport,
+            "file": "{field}.nc" if args.compression == "none" else "{field}_{time:g}.nc",
             "dims": {"lat": {"size": args.ny, "units": "degrees_north", "standard_name": "latitude", "axis": "Y"},
                      "lon": {"size": args.nx, "units": "degrees_east", "standard_name": "longitude", "axis": "X"}},
             "fields": {"u": f}, "compression": args.compression, "complevel": args.complevel, "diagnostics": False,
@@ -166,15 +169,21 @@ class OutputRuns:
         self.backlog_bytes = max(self.backlog_bytes, s["backlog_max_bytes"])
 
     def _check_files(self, d: Path) -> None:
-        """One file per step; the first round's last file holds the model's last field."""
+        """One file per step (or one record per step of the growing file); the first round's last step
+        holds the model's last field."""
         args = self.args
-        files = sorted(d.glob("u_*.nc"))
-        if len(files) != args.steps:
-            raise RuntimeError(f"the server wrote {len(files)} files, expected {args.steps}")
+        if self.ocfg.series:
+            with netCDF4.Dataset(d / "u.nc") as nc:
+                steps = len(nc.dimensions["time"])
+        else:
+            steps = len(list(d.glob("u_*.nc")))
+        if steps != args.steps:
+            raise RuntimeError(f"the server wrote {steps} steps, expected {args.steps}")
         if self.checksum is not None:
             return
-        with netCDF4.Dataset(d / f"u_{args.steps}.nc") as nc:
-            last = np.asarray(nc["u"][0], dtype=np.float64)
+        last_file, at = (d / "u.nc", -1) if self.ocfg.series else (d / f"u_{args.steps}.nc", 0)
+        with netCDF4.Dataset(last_file) as nc:
+            last = np.asarray(nc["u"][at], dtype=np.float64)
         ref = self.ref
         tol = 20.0 / 65534 if args.dtype == "int16" else (1e-6 * np.abs(ref).max() if args.dtype == "float32" else 0)
         self.checksum = float(np.abs(last - ref).max())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +26,29 @@ _STREAMING = 0xFFFFFFFF
 
 class _NeedMore(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class HeaderVar:
+    """One variable as the header defines it: ``shape`` with the record count first for a record
+    variable (``is_record``: along the unlimited dimension); ``begin``: the byte offset of its first
+    value (of record 0 for a record variable); ``dtype`` big-endian."""
+
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    begin: int
+    is_record: bool
+
+
+@dataclass(frozen=True)
+class Header:
+    """A NetCDF-3 header: ``version`` (cdf1, cdf2, cdf5), ``numrecs`` (records along the unlimited
+    dimension; at byte 4, 4 bytes, or 8 in cdf5), the variables in the order of the file."""
+
+    version: str
+    numrecs: int
+    variables: dict[str, HeaderVar]
 
 
 class _Reader:
@@ -71,7 +95,7 @@ class _Reader:
             self._take(size + (-size % 4))
 
 
-def _parse(buf: bytes, version: str, path: str) -> tuple[int, dict[str, tuple[tuple[str, ...], tuple[int, ...], str, int, bool]]]:
+def _parse(buf: bytes, version: str) -> Header:
     r = _Reader(buf, version)
     numrecs = r.count()
     tag = r.u32()
@@ -100,14 +124,15 @@ def _parse(buf: bytes, version: str, path: str) -> tuple[int, dict[str, tuple[tu
             vd = tuple(dims[i][0] for i in ids)
             is_rec = bool(ids) and dims[ids[0]][1] == 0
             shape = tuple((numrecs if (k == 0 and is_rec) else dims[i][1]) for k, i in enumerate(ids))
-            out[name] = (vd, shape, _TYPES[t], begin, is_rec)
+            out[name] = HeaderVar(vd, shape, np.dtype(_TYPES[t]), begin, is_rec)
     elif tag != 0:
         raise ValueError(f"bad variable-list tag {tag}")
-    return numrecs, out
+    return Header(version, numrecs, out)
 
 
-def read_structure(path: str) -> FileStructure:
-    """Parse a NetCDF-3 header; raises :class:`FileFormatError` naming the file."""
+def read_header(path: str) -> tuple[Header, int]:
+    """Parse a NetCDF-3 header: it and the file's size in bytes; raises :class:`FileFormatError`
+    naming the file."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -123,7 +148,7 @@ def read_structure(path: str) -> FileStructure:
             if version is None:
                 raise FileFormatError("not a NetCDF-3 file (bad magic number)", path=path)
             try:
-                numrecs, vars_ = _parse(buf, version, path)
+                header = _parse(buf, version)
                 break
             except _NeedMore:
                 if len(buf) < want:
@@ -133,12 +158,19 @@ def read_structure(path: str) -> FileStructure:
                 raise FileFormatError(f"corrupt NetCDF-3 header: {exc}", path=path) from None
     finally:
         os.close(fd)
-    if numrecs == _STREAMING:
+    if header.numrecs == _STREAMING:
         raise FileFormatError("NetCDF-3 file in streaming mode (numrecs unknown)", path=path)
-    n_recvars = sum(1 for v in vars_.values() if v[4])
+    return header, size
+
+
+def read_structure(path: str) -> FileStructure:
+    """Parse a NetCDF-3 header; raises :class:`FileFormatError` naming the file."""
+    header, size = read_header(path)
+    numrecs = header.numrecs
+    n_recvars = sum(1 for v in header.variables.values() if v.is_record)
     variables = {}
-    for name, (vd, shape, dt, begin, is_rec) in vars_.items():
-        contiguous = not is_rec or numrecs <= 1 or n_recvars == 1
+    for name, v in header.variables.items():
+        contiguous = not v.is_record or numrecs <= 1 or n_recvars == 1
         reason = "" if contiguous else f"record variable with {numrecs} interleaved records"
-        variables[name] = VarStorage(name, vd, shape, np.dtype(dt), begin if contiguous else None, contiguous, reason)
-    return FileStructure(path, version, size, variables)
+        variables[name] = VarStorage(name, v.dims, v.shape, v.dtype, v.begin if contiguous else None, contiguous, reason)
+    return FileStructure(path, header.version, size, variables)

@@ -80,8 +80,9 @@ class OutputConfig(Strict):
     """``[output]``: writer processes, buffers, diagnostics and the NetCDF files they write."""
 
     directory: str = Field(default="output", description="where the files go (relative: to the experiment file)")
-    file: str = Field(default="{field}_{time:g}.nc", description="file of one field at one output time; "
-                                                              "placeholders {field} {time}")
+    file: str = Field(default="{field}.nc", description="file of one field (and window): without {time}, one "
+                                                      "file per field that grows along time (CDF-5, crash-safe "
+                                                      "appends); with {time}, one NetCDF-4 file per field and time")
     members: int = Field(default=0, ge=0, description="ensemble size N_e of ensemble fields (0: no ensemble fields)")
     dims: dict[str, DimSpec] = Field(default_factory=dict)
     fields: dict[str, FieldSpec] = Field(default_factory=dict)
@@ -97,7 +98,9 @@ class OutputConfig(Strict):
                                    "the notices; ipc/tcp: arrays sent as ZeroMQ frames")
     bind: str = Field(default="127.0.0.1", description="interface the writers listen on with transport = 'tcp'")
     buffer_mb: float = Field(default=64.0, gt=0, description="bytes in flight per writer (MiB, 2**20) before add blocks")
-    compression: Literal["none", "zlib", "zstd"] = "zlib"
+    compression: Literal["none", "zlib", "zstd"] | None = Field(
+        default=None, description="of the files per time (file with {time}, NetCDF-4; unset: zlib); the growing "
+                                  "files (CDF-5) have none")
     complevel: int = Field(default=1, ge=1, le=9)
     nan: Literal["error", "warn", "allow"] = Field(
         default="error", description="NaN in a field: error (the writer reports it, that time's file is not "
@@ -148,8 +151,9 @@ class OutputConfig(Strict):
             v.format(field="x", time=1.5)
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"file template {v!r}: {exc} (placeholders: {{field}} {{time}})") from None
-        if "{field" not in v or "{time" not in v:
-            raise ValueError(f"file template {v!r} must hold {{field}} and {{time}} (one file per field and time)")
+        if "{field" not in v:
+            raise ValueError(f"file template {v!r} must hold {{field}} (one file per field, or per field and "
+                             "time with {time})")
         return v
 
     @model_validator(mode="after")
@@ -170,10 +174,19 @@ class OutputConfig(Strict):
             raise ValueError(f"{', '.join(sorted(clash))}: reserved names (the output's own coordinates)")
         if set(self.dims) & set(self.fields):
             raise ValueError(f"a name is both a dimension and a field: {sorted(set(self.dims) & set(self.fields))}")
+        if self.series and self.compression not in (None, "none"):
+            raise ValueError(f"compression = {self.compression!r} needs one NetCDF-4 file per time (a file template "
+                             f"with {{time}}); file = {self.file!r} gives one file per field growing along time, "
+                             "CDF-5, which has no compression (its appends are crash-safe)")
         names = [w.name for w in self.windows]
         if len(set(names)) != len(names):
             raise ValueError(f"window names repeat: {names}")
         return self
+
+    @property
+    def series(self) -> bool:
+        """Whether each field (and window) has one file that grows along time (``file`` without ``{time}``)."""
+        return "{time" not in self.file
 
     def shape(self, field: str) -> tuple[int, ...]:
         """The global shape of ``field`` (its dimensions' sizes)."""

@@ -1,7 +1,8 @@
-"""The files one writer process writes (:class:`TimeFiles`): each (field, time) file open under a
-temporary name while its pieces arrive, written piece by piece, reduced inline (ensemble mean/spread,
-windows, user reductions) and renamed once every member and region is in; the window statistics and
-their checkpoints. The process around it is :mod:`enkflow.output.writer`.
+"""The files one writer process writes (:class:`TimeFiles`): each (field, time) written piece by piece,
+reduced inline (ensemble mean/spread, windows, user reductions) and made visible once every member and
+region is in: as the next record of the field's growing file (:mod:`enkflow.output.series`, ``output.file``
+without ``{time}``) or as a file of its own, open under a temporary name and renamed; the window
+statistics and their checkpoints. The process around it is :mod:`enkflow.output.writer`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from enkflow.errors import FileFormatError
 from enkflow.fsutil import atomic_output
 from enkflow.output.config import OutputConfig
 from enkflow.output.diagnostics import EnsembleAccumulator, WindowSet, remove_checkpoint
 from enkflow.output.netcdf import TimeFile, write_window
+from enkflow.output.record_file import RecordFile
+from enkflow.output.series import SeriesTime, open_field_series, open_window_series, write_window_record
 
 class PieceError(Exception):
     """A piece the writer refuses (the sender's data is at fault); ``fatal`` errors are the writer's own (I/O)."""
@@ -57,18 +61,72 @@ def _space_note(path: Path) -> str:
     return f" (only {free} bytes free on its file system: full?)" if free < 1 << 20 else ""
 
 
+class TimeSink(Protocol):
+    """Where the values of one (field, time) go while its pieces arrive."""
+
+    def write(self, x: np.ndarray, member: int | None, region: tuple[slice, ...]) -> int: ...
+
+    def diagnostics(self, mean: np.ndarray | None, spread: np.ndarray | None,
+                    reductions: dict[str, np.ndarray]) -> None: ...
+
+    def complete(self) -> None: ...
+
+    def abandon(self) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class SingleFile:
+    """The file of one (field, time) of its own (``output.file`` with ``{time}``), under a temporary
+    name until :meth:`complete` renames it."""
+
+    def __init__(self, path: Path, cfg: OutputConfig, name: str, t: float, coords: dict[str, np.ndarray]) -> None:
+        self.cm: AbstractContextManager[Path] = atomic_output(path)
+        self.tmp = self.cm.__enter__()
+        try:
+            self.file = TimeFile(self.tmp, cfg, name, t, coords)
+        except BaseException as exc:
+            self.cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def write(self, x: np.ndarray, member: int | None, region: tuple[slice, ...]) -> int:
+        return self.file.write(x, member, region)
+
+    def diagnostics(self, mean: np.ndarray | None, spread: np.ndarray | None,
+                    reductions: dict[str, np.ndarray]) -> None:
+        self.file.diagnostics(mean, spread, reductions)
+
+    def complete(self) -> None:
+        self.file.close()
+        self.cm.__exit__(None, None, None)
+
+    def abandon(self) -> None:
+        try:
+            self.file.close()
+        except Exception:
+            pass
+        exc = RuntimeError("abandoned")
+        self.cm.__exit__(RuntimeError, exc, None)  # removes the temporary file
+
+    def flush(self) -> None:
+        self.file.ds.sync()
+        fd = os.open(self.tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @dataclass
 class OpenTime:
-    """A (field, time) whose file is being written."""
+    """A (field, time) being written."""
 
     path: Path
-    cm: AbstractContextManager[Path]
-    file: TimeFile
+    sink: TimeSink
     covered: np.ndarray  # uint8 (members or 1, *shape): which values arrived
     remaining: int
     acc: EnsembleAccumulator | None
     t: float
-    tmp: Path
 
 
 @dataclass
@@ -112,41 +170,51 @@ class TimeFiles:
         self.done: dict[tuple[str, float], str] = {}  # written or failed, with the reason
         self.latest: dict[str, float] = {}
         self.paths: dict[Path, float] = {}  # file -> its time: two times must not share a file
+        self.series: dict[Path, RecordFile] = {}  # the growing files opened so far
 
     def _file_path(self, name: str, t: float) -> Path:
         return self.directory / self.cfg.file.format(field=name, time=t)
 
+    def _series(self, path: Path, opener: Callable[[], RecordFile]) -> RecordFile:
+        rf = self.series.get(path)
+        if rf is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                rf = self.series[path] = opener()
+            except (FileFormatError, ValueError) as exc:
+                raise PieceError(str(exc)) from None
+            except OSError as exc:
+                raise PieceError(f"cannot create {path}: {exc}{_space_note(path)}", fatal=True) from None
+        return rf
+
     def _start(self, name: str, t: float) -> OpenTime:
         path = self._file_path(name, t)
-        other = self.paths.setdefault(path, t)
-        if other != t:
-            raise PieceError(f"field {name}: times {other!r} and {t!r} give the same file name {path.name} "
-                             f"(output.file = {self.cfg.file!r}); write the time with more digits, e.g. {{time:.6f}}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cm = atomic_output(path)
-        tmp = cm.__enter__()
-        try:
-            tf = TimeFile(tmp, self.cfg, name, t, self.coords)
-        except BaseException as exc:
-            cm.__exit__(type(exc), exc, exc.__traceback__)
-            raise PieceError(f"cannot create {path}: {exc}{_space_note(path)}", fatal=True) from None
+        sink: TimeSink
+        if self.cfg.series:
+            rf = self._series(path, lambda: open_field_series(path, self.cfg, name, self.coords, self.reductions))
+            sink = SeriesTime(rf, self.cfg, name, t)
+        else:
+            other = self.paths.setdefault(path, t)
+            if other != t:
+                raise PieceError(f"field {name}: times {other!r} and {t!r} give the same file name {path.name} "
+                                 f"(output.file = {self.cfg.file!r}); write the time with more digits, e.g. "
+                                 "{time:.6f}, or leave {time} out: one file per field along time")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                sink = SingleFile(path, self.cfg, name, t, self.coords)
+            except Exception as exc:
+                raise PieceError(f"cannot create {path}: {exc}{_space_note(path)}", fatal=True) from None
         spec = self.cfg.fields[name]
         shape = self.cfg.shape(name)
         nmem = self.cfg.members if spec.ensemble else 1
-        return OpenTime(path, cm, tf, np.zeros((nmem,) + shape, dtype=np.uint8), nmem * math.prod(shape),
-                        EnsembleAccumulator(shape) if self.cfg.reduced(name) else None, t, tmp)
+        return OpenTime(path, sink, np.zeros((nmem,) + shape, dtype=np.uint8), nmem * math.prod(shape),
+                        EnsembleAccumulator(shape) if self.cfg.reduced(name) else None, t)
 
     def _abandon(self, key: tuple[str, float], reason: str) -> None:
         ot = self.open.pop(key, None)
         self.done[key] = reason
-        if ot is None:
-            return
-        try:
-            ot.file.close()
-        except Exception:
-            pass
-        exc = RuntimeError(reason)
-        ot.cm.__exit__(RuntimeError, exc, None)  # removes the temporary file
+        if ot is not None:
+            ot.sink.abandon()
 
     def put(self, msg: dict[str, Any], data: np.ndarray) -> str | None:
         """Write one piece; returns a warning or None; raises PieceError."""
@@ -176,7 +244,7 @@ class TimeFiles:
             raise PieceError(f"{what}: region {[[s.start, s.stop] for s in region]} overlaps values added before; "
                              "the file of this time is not written")
         try:
-            outside = ot.file.write(data, member, region)
+            outside = ot.sink.write(data, member, region)
         except Exception as exc:
             self._abandon(key, f"write failed: {exc}")
             raise PieceError(f"cannot write {ot.path}: {exc}{_space_note(ot.path)}", fatal=True) from None
@@ -213,7 +281,7 @@ class TimeFiles:
     def _complete(self, key: tuple[str, float], ot: OpenTime) -> None:
         name, t = key
         spec = self.cfg.fields[name]
-        self.beat(f"completing field {name} time {t:g} (diagnostics, user reductions, fsync and rename of {ot.path.name})")
+        self.beat(f"completing field {name} time {t:g} (diagnostics, user reductions, fsync of {ot.path.name})")
         mean = spread = None
         if ot.acc is not None:
             mean, spread = ot.acc.result()
@@ -224,8 +292,10 @@ class TimeFiles:
             raise PieceError(f"field {name} time {t:g}: user reduction failed: {exc!r}") from None
         try:
             show = spec.ensemble and self.cfg.diagnostics
-            ot.file.diagnostics(mean if show else None, spread if show else None, reds)
-            ot.file.close()
+            ot.sink.diagnostics(mean if show else None, spread if show else None, reds)
+        except ValueError as exc:
+            self._abandon(key, "a user reduction's value does not fit")
+            raise PieceError(f"field {name} time {t:g}: {exc}") from None
         except Exception as exc:
             self._abandon(key, f"write failed: {exc}")
             raise PieceError(f"cannot write {ot.path}: {exc}{_space_note(ot.path)}", fatal=True) from None
@@ -235,10 +305,10 @@ class TimeFiles:
             self.windows[name].add(mean, t)
             self._checkpoint_field(name)
         try:
-            ot.cm.__exit__(None, None, None)
+            ot.sink.complete()
         except OSError as exc:
             self.open.pop(key, None)
-            self.done[key] = "rename failed"
+            self.done[key] = "its file could not be finished"
             raise PieceError(f"cannot finish {ot.path}: {exc}{_space_note(ot.path)}", fatal=True) from None
         self.open.pop(key)
         self.done[key] = "written"
@@ -256,10 +326,15 @@ class TimeFiles:
         start = w.index * length
         path = self._file_path(f"{name}_{wname}", start)
         self.beat(f"writing the {wname} window of field {name} from time {start:g}")
+        stats = (w.mean, w.minimum, w.maximum)
+        if self.cfg.series:
+            rf = self._series(path, lambda: open_window_series(path, self.cfg, name, wname, length, self.coords))
         try:
-            with atomic_output(path) as tmp:
-                write_window(tmp, self.cfg, name, wname, start, length, w.times, w.mean, w.minimum, w.maximum,
-                             self.coords, complete)
+            if self.cfg.series:
+                write_window_record(rf, start, length, len(w.times), stats, name, complete)
+            else:
+                with atomic_output(path) as tmp:
+                    write_window(tmp, self.cfg, name, wname, start, length, w.times, stats, self.coords, complete)
         except Exception as exc:
             raise PieceError(f"cannot write {path}: {exc}{_space_note(path)}", fatal=True) from None
         self.stats.window_files += 1
@@ -285,13 +360,11 @@ class TimeFiles:
     def flush(self) -> None:
         """Everything of the open files on disk (under their temporary names)."""
         for ot in self.open.values():
-            self.beat(f"flushing {ot.tmp.name} (sync)")
-            ot.file.ds.sync()
-            fd = os.open(ot.tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self.beat(f"flushing {ot.path.name} (sync)")
+            ot.sink.flush()
+        for path, rf in self.series.items():
+            self.beat(f"flushing {path.name} (sync)")
+            rf.sync()
 
     def discard(self, t: float) -> list[str]:
         """Forget time ``t`` of this writer's fields: a rerun adds it again (its file replaces the old
@@ -318,4 +391,7 @@ class TimeFiles:
                 for wname, length, w in ws.pop_all():
                     self._write_window(name, wname, length, w, complete=False)
         self.checkpoint()
+        for rf in self.series.values():
+            rf.close()
+        self.series.clear()
         return incomplete
