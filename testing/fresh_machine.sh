@@ -55,6 +55,14 @@ mount --rbind /dev "$root/dev"
 mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
 mount -t tmpfs -o mode=1777 tmp "$root/tmp"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The site's network, not the machine's set-up: where a proxy intercepts TLS, pip needs the site's CA
+# bundle (FRESH_CA, default the host's PIP_CERT); it is handed to pip and nothing else is copied.
+ca=${FRESH_CA:-${PIP_CERT:-}}
+site_env=()
+if [ -n "$ca" ] && [ -f "$ca" ]; then
+  cp "$ca" "$root/etc/site-ca.crt"
+  site_env=(PIP_CERT=/etc/site-ca.crt)
+fi
 printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\n' "$mirror" \
   >"$root/etc/apt/sources.list.d/debian.sources"
 rm -f "$root/etc/apt/sources.list"
@@ -65,13 +73,14 @@ git clone -q "$here" "$root/root/enkflow"
 t1=$(date +%s)
 set +e
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 TERM=dumb /bin/bash -c 'cd /root/enkflow && nice -n 10 ./setup.sh' 
+  LANG=C.UTF-8 TERM=dumb "${site_env[@]}" /bin/bash -c 'cd /root/enkflow && nice -n 10 ./setup.sh' 
 rc=$?
 echo "fresh machine: ./setup.sh took $(( $(date +%s) - t1 )) s (exit status $rc)"
 if [ $rc = 0 ]; then
   t2=$(date +%s)
   chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 TERM=dumb /bin/bash -c 'cd /root/enkflow && . .venv/bin/activate && nice -n 10 python -m pytest -q "$@"' \
+    LANG=C.UTF-8 TERM=dumb "${site_env[@]}" /bin/bash -c \
+    'cd /root/enkflow && . .venv/bin/activate && nice -n 10 python -m pytest -q "$@"' \
     pytest "$@"
   rc=$?
   echo "fresh machine: the test command took $(( $(date +%s) - t2 )) s (exit status $rc)"
