@@ -38,7 +38,8 @@ system_packages() {
     for c in python3 gcc gfortran make cmake pkg-config strace chromium chromedriver ip git; do
       command -v "$c" >/dev/null || need+="$c "
     done
-    pkg-config --exists libzmq libsodium netcdf netcdf-fortran 2>/dev/null || need+="(libzmq/libsodium/netCDF development files) "
+    pkg-config --exists libzmq libsodium netcdf netcdf-fortran 2>/dev/null \
+      || need+="(libzmq/libsodium/netCDF development files) "
     [ -z "$need" ] || echo "not a Debian system, and missing: $need- install: $OTHER_SYSTEMS"
     return 0
   fi

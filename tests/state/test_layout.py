@@ -124,7 +124,8 @@ def test_coordinates_listed_y_before_x_are_refused(tmp_path):
         ds.createVariable("c", "f8", ("y", "x"), contiguous=True)[:] = 0.0
     lay = StateLayout.from_file(p, ["c"], coordinates=["x", "y"])
     np.testing.assert_array_equal(lay.coords[:5], [[0, 0], [10, 0], [20, 0], [30, 0], [0, 10]])
-    with pytest.raises(ConfigError, match=r"lists 'y' \(a y/latitude axis\) before 'x'.*list them as \['x', 'y'\]") as ei:
+    order = r"lists 'y' \(a y/latitude axis\) before 'x'.*list them as \['x', 'y'\]"
+    with pytest.raises(ConfigError, match=order) as ei:
         StateLayout.from_file(p, ["c"], coordinates=["y", "x"])
     assert ei.value.key == "state.coordinates"
 
