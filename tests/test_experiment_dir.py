@@ -20,6 +20,7 @@ def test_paths_are_the_ones_of_existing_experiment_directories(tmp_path: Path) -
     }
     c = x.cycle(12)
     want |= {c.path: "cycles/0012", c.tasks: "cycles/0012/tasks.json", c.digests: "cycles/0012/digests.json",
+             c.settings: "cycles/0012/settings.json",
              c.logs: "cycles/0012/logs", c.done(4): "cycles/0012/done/task_004.json",
              c.work(4): "cycles/0012/work/member_004", c.applied: "cycles/0012/analysis_applied.json",
              c.mean: "cycles/0012/analysis_mean.nc", c.spread: "cycles/0012/analysis_spread.nc",

@@ -97,8 +97,12 @@ def test_retry_failed_after_the_cause_is_fixed(tmp_path: Path, synth: Path, refe
     with pytest.raises(MemberError, match="member 3, cycle 1"):
         Experiment(cfg).run()
     fix.touch()
-    with pytest.raises(MemberError, match="member 3, cycle 1"):
+    with pytest.raises(MemberError, match="member 3, cycle 1") as rerun:
         Experiment(cfg).run()  # a failed task stays failed without the flag
+    # The rerun says the failure is the earlier run's, and how to run the task again.
+    text = str(rerun.value)
+    assert "the previous run failed here" in text and "previous failure: model: failed 2 time(s)" in text
+    assert text.rstrip().endswith("(done members are not run again)") and "rerun with --retry-failed" in text
     Experiment(cfg).run(retry_failed=True)
     for a, b in zip(restarts(root, N), reference):
         assert np.array_equal(a, b)
@@ -114,15 +118,25 @@ def test_settings_no_finished_step_used_may_change_on_resume(tmp_path: Path, syn
     with pytest.raises(EnkflowError, match="analysis of cycle 1"):
         Experiment(cfg).run()
     # The model settings cannot change: members of cycle 1 ran with them.
+    command = load_experiment(toml).model.command
     toml.write_text(toml.read_text().replace("--sleep 0.0", "--sleep 0.01", 1))
-    with pytest.raises(ConfigError, match=r"members 1, 2, 3, 4 of cycle 1 already ran"):
+    with pytest.raises(ConfigError, match=r"members 1, 2, 3, 4 of cycle 1 already ran") as changed:
         Experiment(load_experiment(toml)).run(retry_failed=True)
+    # The error names the key and both values.
+    new = command.replace("--sleep 0.0", "--sleep 0.01")
+    assert f'model.command: "{command}" -> "{new}"' in str(changed.value) and changed.value.key == "model.command"
     toml.write_text(good)  # the analysis fixed: it had not been applied, so the change is allowed
     cfg = load_experiment(toml)
     Experiment(cfg).run(retry_failed=True)
     for a, b in zip(restarts(root, N), reference):
         assert np.array_equal(a, b)
     assert all(v == 1 for v in ends(cfg).values())
+    # Finished cycles ran with the analysis settings: a change names the key, not a garbled section list.
+    toml.write_text(good.replace("[observations]\n", "[observations]\nwindow = [-1.0, 1.0]\n", 1))
+    with pytest.raises(ConfigError, match=r"cycles 1-2 ran with the recorded ones") as finished:
+        Experiment(load_experiment(toml)).run()
+    assert "observations.window: (not set) -> [-1.0, 1.0]" in str(finished.value)
+    assert finished.value.key == "observations.window"
 
 
 def test_a_second_driver_on_one_directory_is_refused(tmp_path: Path, synth: Path, subprocess_env: dict[str, str]) -> None:

@@ -73,7 +73,7 @@ class RadiusConvention(str, Enum):
 
 class Metric(str, Enum):
     SPHERE = "sphere"  # great-circle distance in km, coordinates lon/lat in degrees
-    CARTESIAN = "cartesian"  # Euclidean distance in grid units, 1-3 coordinates
+    CARTESIAN = "cartesian"  # Euclidean distance in the state coordinates' units, 1-3 coordinates
     PERIODIC = "periodic"  # 1-D index distance on a ring of `period` points
 
 
@@ -86,7 +86,8 @@ class Kernel(str, Enum):
 
 class LocalizationConfig(Strict):
     taper: Taper = Taper.GASPARI_COHN
-    radius: float = Field(gt=0, description="see `convention`; km on the sphere, grid units otherwise")
+    radius: float = Field(gt=0, description="see `convention`; km on the sphere, otherwise the units of the "
+                          "state's coordinates (grid index steps where it has none)")
     convention: RadiusConvention = RadiusConvention.HALF_WIDTH
     metric: Metric = Metric.CARTESIAN
     period: float | None = Field(default=None, gt=0)
@@ -102,7 +103,7 @@ class LocalizationConfig(Strict):
     @model_validator(mode="after")
     def _period_for_ring(self) -> "LocalizationConfig":
         if self.metric is Metric.PERIODIC and self.period is None:
-            raise ValueError("metric 'periodic' needs 'period' (the ring length in grid units)")
+            raise ValueError("metric 'periodic' needs 'period' (the ring length, in the coordinate's units)")
         if self.vertical_radius is not None and self.vertical_coordinate is None:
             raise ValueError("vertical_radius needs vertical_coordinate (a dimension of the state variables, "
                              "e.g. 'lev', or a variable of the restart file)")

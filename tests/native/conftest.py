@@ -1,7 +1,7 @@
 """The native tree (``native/``: the C runner library, the Fortran module, the example models and
 whatever else ``native/CMakeLists.txt`` adds) built once per test session with CMake into a temporary
-directory and installed there. A missing tool fails the tests with the apt line to run: CI installs
-them (``.ci/run``), nothing is skipped."""
+directory and installed there. A missing tool fails the tests with what to run: ``./setup.sh``
+(README.md) installs them, as CI does (``.ci/run`` runs it); nothing is skipped."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
-APT = "apt-get install gfortran libzmq3-dev libnetcdf-dev libnetcdff-dev pkg-config cmake"
+APT = ("run ./setup.sh as root (or apt-get install gfortran cmake make pkg-config libzmq3-dev libsodium-dev "
+       "libnetcdf-dev libnetcdff-dev)")
 
 
 @dataclass(frozen=True)

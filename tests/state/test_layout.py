@@ -6,7 +6,7 @@ import netCDF4
 import numpy as np
 import pytest
 
-from enkflow.errors import FileFormatError
+from enkflow.errors import ConfigError, FileFormatError
 from enkflow.io.generate import land_mask_config, make_ensemble
 from enkflow.state import MaskConfig, StateConfig, StateLayout, mask_index
 
@@ -111,6 +111,23 @@ def test_index_coordinates_without_cf(tmp_path):
     lay = StateLayout.from_file(p, ["u"])
     assert lay.coord_kind == "index" and lay.coord_names == ("index:i", "index:j")
     np.testing.assert_array_equal(lay.coords[:6], [[0, 0], [1, 0], [2, 0], [3, 0], [4, 0], [0, 1]])
+
+
+def test_coordinates_listed_y_before_x_are_refused(tmp_path):
+    """state.coordinates are matched by position with the observation file's x, y: [y, x] would
+    transpose every observation (silently on a square domain), so it is an error naming the order."""
+    p = str(tmp_path / "square.nc")
+    with netCDF4.Dataset(p, "w") as ds:
+        for d in ("y", "x"):
+            ds.createDimension(d, 4)
+            ds.createVariable(d, "f8", (d,))[:] = np.arange(4) * 10.0
+        ds.createVariable("c", "f8", ("y", "x"), contiguous=True)[:] = 0.0
+    lay = StateLayout.from_file(p, ["c"], coordinates=["x", "y"])
+    np.testing.assert_array_equal(lay.coords[:5], [[0, 0], [10, 0], [20, 0], [30, 0], [0, 10]])
+    order = r"lists 'y' \(a y/latitude axis\) before 'x'.*list them as \['x', 'y'\]"
+    with pytest.raises(ConfigError, match=order) as ei:
+        StateLayout.from_file(p, ["c"], coordinates=["y", "x"])
+    assert ei.value.key == "state.coordinates"
 
 
 def test_errors_name_file_and_variable(files, tmp_path):

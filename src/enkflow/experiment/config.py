@@ -411,7 +411,12 @@ class ExperimentConfig(Strict):
                          time_limit_s=self.jobs.time_limit, nodes=self.launcher.nodes)
 
     def digests(self) -> dict[str, str]:
-        """Hashes of the settings each kind of step depends on (see :mod:`enkflow.experiment.state`).
+        """Hashes of the settings each kind of step depends on (see :mod:`enkflow.experiment.state`),
+        one per part of :meth:`digest_parts`."""
+        return {k: digest_of(v) for k, v in self.digest_parts().items()}
+
+    def digest_parts(self) -> dict[str, dict[str, Any]]:
+        """The settings each kind of step depends on, as JSON-able dicts, per part.
 
         ``ensemble``: members, restarts, cycle numbering, forecast length and state; ``model``:
         what a forecast runs; ``analysis``: what the analysis (and the operator stage) does.
@@ -424,17 +429,21 @@ class ExperimentConfig(Strict):
         if d.get("online"):
             model["online"] = {k: d["online"][k] for k in ("runner", "steps", "carried")}
         task = {k: v for k, v in d["analysis_task"].items() if k not in ("max_attempts", "launcher")}
-        parts = {
+        return {
             "ensemble": {"experiment": exp, "state": d["state"]},
             "model": model,
             # The decomposition of the analysis cannot change its result.
             "analysis": {"analysis": _without_later_defaults({k: v for k, v in (d["analysis"] or {}).items() if k != "balance"}),
                          "analysis_task": task, "observations": _without_obs_defaults(d["observations"])},
         }
-        return {k: hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16] for k, v in parts.items()}
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def digest_of(settings: dict[str, Any]) -> str:
+    """The short hash of one part of :meth:`ExperimentConfig.digest_parts` (JSON with sorted keys)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # [analysis] keys added after experiments were made with it: left out of the digest at their defaults,

@@ -47,6 +47,11 @@ class CycleDir:
         return self.path / "digests.json"
 
     @property
+    def settings(self) -> Path:
+        """The configuration the cycle started with (JSON), to name what a refused resume changed."""
+        return self.path / "settings.json"
+
+    @property
     def logs(self) -> Path:
         return logs_dir(self.path)
 

@@ -37,6 +37,7 @@ from enkflow.experiment.from_archive import restore_offline
 from enkflow.experiment.lock import DriverLock
 from enkflow.experiment.run_lease import RunLease
 from enkflow.experiment.output_setup import background_archiver
+from enkflow.experiment.settings_diff import describe, recorded_changes
 from enkflow.experiment.state import ExperimentState
 from enkflow.experiment.study_output import StudyOutput
 from enkflow.fsutil import write_bytes_atomic
@@ -140,6 +141,8 @@ class _Cycle:
     serial: int = 0  # rounds of submissions
     last_msg: str = ""
     snap: dict | None = None  # the snapshot the last watch stopped on: the next one starts from it
+    # Tasks an earlier run recorded as failed for good (a rerun without --retry-failed stops at them).
+    failed_before: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -211,7 +214,7 @@ class Experiment:
             write_initial_from_restarts(cfg)  # the report's cycle 0
             state = ExperimentState.create(self.dir.state, digests, {str(p): fingerprint(p) for p in sources})
         else:
-            state.check_finished(digests)
+            state.check_finished(self.cfg)
             self.check(todo_cycles)
             if not accept_restarts:
                 provenance.check_resume([cfg.restart_path(m) for m in members], self.expdir)
@@ -275,17 +278,26 @@ class Experiment:
         n = cfg.experiment.members
         done = [m for m in range(1, n + 1) if cdir.done(m).exists()]
         if was["model"] != now["model"] and done:
-            raise ConfigError(f"the [model] settings changed, but members {', '.join(map(str, done))} of cycle {cycle} "
-                              "already ran with the recorded ones; restore them to resume", key="model")
+            changes = recorded_changes(cfg, "model", was["model"], cdir.settings)
+            raise ConfigError(f"the [model] settings changed{describe(changes)}, but members "
+                              f"{', '.join(map(str, done))} of cycle {cycle} already ran with the recorded ones; "
+                              "restore them to resume", key=changes[0].key if changes else "model")
         if was["analysis"] != now["analysis"] and cdir.applied.exists():
-            raise ConfigError(f"the analysis settings changed, but the analysis of cycle {cycle} was already applied "
-                              "with the recorded ones; restore them to resume", key="analysis")
+            changes = recorded_changes(cfg, "analysis", was["analysis"], cdir.settings)
+            raise ConfigError(f"the analysis settings changed{describe(changes)}, but the analysis of cycle {cycle} "
+                              "was already applied with the recorded ones; restore them to resume",
+                              key=changes[0].key if changes else "analysis")
         if was != now:
             self.events.emit("config_change", cycle=cycle, parts=[k for k in now if was.get(k) != now[k]])
         table = build_tasks(cfg, cycle, self.events.path)
         table.write(cdir.path)
-        write_json_atomic(cdir.digests, now)
+        self._record_settings(cdir)
         return table
+
+    def _record_settings(self, cdir: CycleDir) -> None:
+        """The settings ``cdir``'s cycle starts (or resumes) with: their digests, and the configuration itself."""
+        write_json_atomic(cdir.settings, self.cfg.to_json())
+        write_json_atomic(cdir.digests, self.cfg.digests())
 
     def forecast(self, cycle: int) -> None:
         """Start (or resume) ``cycle`` and watch its jobs until every member's forecast is done
@@ -304,14 +316,15 @@ class Experiment:
             self.events.emit("cycle_start", cycle=cycle)
             provenance.mark([cfg.restart_path(m) for m in range(1, n + 1)], self.expdir, cycle, RestartState.ADVANCING)
             table = build_tasks(cfg, cycle, self.events.path)
-            write_json_atomic(cd.digests, cfg.digests())
+            self._record_settings(cd)
             table.write(cdir)
         todo = TodoList.create(cdir, n)
         if self._retry_failed:
             for task in todo.reset_failed():
                 self.events.emit("task_reset", cycle=cycle, task=task, member=task if task <= n else None)
         self.jobs = []
-        self._cycle = _Cycle(cycle, cdir, table, todo, cfg.resources(os.cpu_count() or 1))
+        self._cycle = _Cycle(cycle, cdir, table, todo, cfg.resources(os.cpu_count() or 1),
+                             failed_before=frozenset(int(k) for k in todo.snapshot()["failed"]))
         members = set(range(1, n + 1))
         self._watch(lambda snap: n + 1 in snap["done"] or members <= set(snap["done"]))
 
@@ -338,7 +351,7 @@ class Experiment:
                     requeue_stale(c.todo, c.table, self.events, by="driver")
                     snap = c.todo.snapshot()
                     if snap["failed"]:
-                        self._fail(c.number, snap)
+                        self._fail(c, snap)
                 if until(snap):
                     c.snap = snap
                     return
@@ -409,8 +422,8 @@ class Experiment:
             for j in active:
                 self.events.emit("job_cancel", cycle=cycle, job=j.id, role=j.role.value, state=j.state.value)
 
-    def _fail(self, cycle: int, snap: dict) -> None:
-        n = self.cfg.experiment.members
+    def _fail(self, c: _Cycle, snap: dict) -> None:
+        n, cycle = self.cfg.experiment.members, c.number
         key, rep = sorted(snap["failed"].items(), key=lambda kv: int(kv[0]))[0]
         task = int(key)
         count = snap["failures"].get(key, 0)
@@ -419,10 +432,20 @@ class Experiment:
                f"  command: {shlex.join(rep.get('argv', []))}\n"
                f"  log: {rep.get('log')}\n  stderr (last lines):\n"
                + "\n".join("    " + line for line in str(rep.get("stderr_tail", "")).splitlines()))
-        self.events.emit("experiment_fail", cycle=cycle, task=task, report=rep)
+        if task in c.failed_before:
+            msg = _previous_failure(msg)
+        self.events.emit("experiment_fail", cycle=cycle, task=task, report=rep, previous=task in c.failed_before)
         if task <= n:
             raise MemberError(msg, member=task, cycle=cycle)
         raise EnkflowError(f"analysis of cycle {cycle}: {msg}")
+
+
+def _previous_failure(msg: str) -> str:
+    """``msg``, the failure an earlier run recorded, marked as such, with the way to run the task again."""
+    return ("the previous run failed here, and this run did not run the task again (a task that failed for good "
+            "stays failed):\n  previous failure: " + msg.replace("\n", "\n  ")
+            + "\n  after fixing the cause, rerun with --retry-failed to put the failed tasks back "
+              "(done members are not run again)")
 
 
 def _last_job_log(cdir: Path, lines: int = 10) -> str:

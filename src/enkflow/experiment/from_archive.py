@@ -98,7 +98,7 @@ def restore_offline(cfg: ExperimentConfig, cycle: int, events: EventLog,
     digests = cfg.digests()
     state = ExperimentState.load(xdir.state)
     if state is not None:
-        state.check_finished(digests)
+        state.check_finished(cfg)
     n = cfg.experiment.members
     restarts = [cfg.restart_path(m) for m in range(1, n + 1)]
     targets = {f"member:{m}": p for m, p in enumerate(restarts, start=1)}

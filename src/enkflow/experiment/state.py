@@ -23,9 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from enkflow.errors import ConfigError
+from enkflow.experiment.config import ExperimentConfig
+from enkflow.experiment.settings_diff import describe, recorded_changes
 from enkflow.fsutil import read_json, write_json_atomic
 
 VERSION = 2
+
+# The parts of ExperimentConfig.digests and the settings of each, for messages.
+_PARTS = (("ensemble", "[experiment] members/restart/initial/forecast_length/first_cycle, [state]"),
+          ("model", "[model]"), ("analysis", "[analysis], [analysis_task], [observations]"))
 
 
 @dataclass
@@ -59,18 +65,22 @@ class ExperimentState:
         st.save()
         return st
 
-    def check_finished(self, digests: dict[str, str], file: str | None = None) -> None:
-        """Refuse settings that differ from those the finished cycles (or the ensemble) depend on."""
-        for part, keys in (("ensemble", "[experiment] members/restart/initial/forecast_length/first_cycle, [state]"),
-                           ("model", "[model]"), ("analysis", "[analysis], [analysis_task], [observations]")):
-            if part == "ensemble" or self.cycles_done:
-                if digests[part] != self.digests[part]:
-                    done = f"cycles {self.cycles_done[0]}-{self.cycles_done[-1]} ran" if self.cycles_done else "the experiment was set up"
-                    raise ConfigError(
-                        f"{self.path.parent} holds an experiment whose {keys} settings differ from this configuration, "
-                        f"and {done} with the recorded ones; restore those settings to resume, or start a new "
-                        "experiment from restarts you choose (see experiment.initial and --accept-restarts)",
-                        key=keys.split()[0].strip("[]"), file=file)
+    def check_finished(self, cfg: ExperimentConfig) -> None:
+        """Refuse settings of ``cfg`` that differ from those the finished cycles (or the ensemble) depend
+        on; the error names each changed key with its recorded and new value where the experiment's
+        ``config.json`` holds the recorded settings (:mod:`enkflow.experiment.settings_diff`)."""
+        digests = cfg.digests()
+        for part, sections in _PARTS:
+            if part != "ensemble" and not self.cycles_done or digests[part] == self.digests[part]:
+                continue
+            done = (f"cycles {self.cycles_done[0]}-{self.cycles_done[-1]} ran" if self.cycles_done
+                    else "the experiment was set up")
+            changes = recorded_changes(cfg, part, self.digests[part], cfg.dir.config)
+            raise ConfigError(
+                f"{self.path.parent} holds an experiment whose {sections} settings differ from this configuration"
+                f"{describe(changes)}; {done} with the recorded ones: restore those settings to resume, or start a "
+                "new experiment from restarts you choose (see experiment.initial and --accept-restarts)",
+                key=changes[0].key if changes else part)
 
     def save(self) -> None:
         write_json_atomic(self.path, {"version": VERSION, "digests": self.digests, "cycles_done": self.cycles_done,

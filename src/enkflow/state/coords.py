@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from enkflow.errors import FileFormatError
+from enkflow.errors import ConfigError, FileFormatError
 
 CoordKind = Literal["lonlat", "index"]
 
@@ -26,6 +26,35 @@ def _axis(v: Any) -> str | None:
     if sn == "latitude" or units in _LAT_UNITS or name in ("lat", "latitude"):
         return "lat"
     return None
+
+
+def _horizontal(v: Any) -> str | None:
+    """'x', 'y' or None: which horizontal axis a coordinate variable is, by CF ``axis``,
+    ``standard_name`` (projection/grid/geographic), units or name."""
+    axis = str(v.getncattr("axis")).upper() if "axis" in v.ncattrs() else ""
+    sn = str(v.getncattr("standard_name")).lower() if "standard_name" in v.ncattrs() else ""
+    if axis == "X" or sn in ("projection_x_coordinate", "grid_longitude") or v.name.lower() == "x":
+        return "x"
+    if axis == "Y" or sn in ("projection_y_coordinate", "grid_latitude") or v.name.lower() == "y":
+        return "y"
+    return {"lon": "x", "lat": "y", None: None}[_axis(v)]
+
+
+def check_coordinate_order(ds: Any, path: str, names: Sequence[str]) -> None:
+    """Refuse ``state.coordinates`` that list a y (or latitude) axis before an x (or longitude) one.
+
+    Observations are located by position: the state's first coordinate is compared with the
+    observation file's ``x`` (or ``lon``), the second with ``y`` (``lat``). Listed as [y, x], every
+    observation would sit at its transposed place — silently on a square domain.
+    """
+    axes = [_horizontal(ds.variables[c]) for c in names]
+    if "x" in axes and "y" in axes and axes.index("y") < axes.index("x"):
+        y, x = names[axes.index("y")], names[axes.index("x")]
+        order = [x if a == "y" else y if a == "x" else c for a, c in zip(axes, names)]
+        raise ConfigError(
+            f"state.coordinates lists '{y}' (a y/latitude axis) before '{x}' (an x/longitude axis), but the "
+            "coordinates are matched by position with the observation file's x, y, z (or lon, lat): this order "
+            f"would transpose every observation; list them as {order} (file {path})", key="state.coordinates")
 
 
 def _candidates(ds: Any, var: Any) -> list[str]:
@@ -66,6 +95,7 @@ def state_coords(
             for c in names:
                 if c not in ds.variables:
                     raise FileFormatError("coordinate variable not in the file", path=path, variable=c)
+        check_coordinate_order(ds, path, names)
         kinds = [_axis(ds.variables[c]) for c in names]
         kind: CoordKind = "lonlat" if kinds[:2] == ["lon", "lat"] else "index"
         cols = tuple(names)

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The README's two set-up commands on a fresh machine, as a newcomer runs them.
+#
+#   sudo testing/fresh_machine.sh [PYTEST ARGS...]      e.g.  tests/native tests/test_cli.py
+#
+# Bootstraps a minimal Debian bookworm (debootstrap --variant=minbase: what a clean `debian:bookworm`
+# container holds, no Python, no compiler) into a new folder, clones this repository's committed HEAD into
+# it, and runs, chrooted, exactly the README's commands: `./setup.sh`, then the test command (with the
+# given pytest arguments; none: the whole suite). Exit status: the test command's.
+#
+# Needs root and debootstrap (apt-get install debootstrap). Everything runs in a private mount namespace,
+# so proc, sys, dev and the rest are unmounted on every exit, also when killed; the folder is removed at
+# the end unless FRESH_KEEP=1. The bootstrapped base is cached as a tarball (FRESH_CACHE) so that a rerun
+# does not download it again; delete the tarball to bootstrap anew. Downloads come from Debian's mirror
+# (FRESH_MIRROR) and PyPI only.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+mirror=${FRESH_MIRROR:-http://deb.debian.org/debian}
+cache=${FRESH_CACHE:-/var/tmp/enkflow-fresh-bookworm-minbase.tar}
+root=${FRESH_ROOT:-/var/tmp/enkflow-fresh-$$}
+
+if [ "$(id -u)" != 0 ]; then
+  echo "fresh_machine.sh: needs root (debootstrap, chroot, mounts)" >&2; exit 2
+fi
+if [ -z "${FRESH_IN_NAMESPACE:-}" ]; then
+  # Re-enter in a private mount namespace: its mounts vanish with it, whatever ends the run.
+  exec env FRESH_IN_NAMESPACE=1 unshare --mount --propagation private -- "$0" "$@"
+fi
+command -v debootstrap >/dev/null || { echo "fresh_machine.sh: apt-get install debootstrap" >&2; exit 2; }
+
+cleanup() {
+  for m in tmp dev/shm dev/pts dev sys proc; do
+    mountpoint -q "$root/$m" 2>/dev/null && umount -l "$root/$m"
+  done
+  if [ "${FRESH_KEEP:-0}" != 1 ]; then rm -rf --one-file-system "$root"; else echo "kept $root"; fi
+}
+trap cleanup EXIT
+mkdir -p "$root"
+
+t0=$(date +%s)
+if [ -f "$cache" ]; then
+  tar -C "$root" -xf "$cache"
+  echo "fresh machine: base unpacked from $cache in $(( $(date +%s) - t0 )) s"
+else
+  nice -n 10 debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 \
+    || { tail -20 "$root.debootstrap.log" >&2; exit 1; }
+  rm -f "$root.debootstrap.log"
+  echo "fresh machine: debootstrap of bookworm (minbase) took $(( $(date +%s) - t0 )) s"
+  nice -n 10 tar -C "$root" -cf "$cache.part" . && mv "$cache.part" "$cache"
+fi
+
+mount -t proc proc "$root/proc"
+mount -t sysfs sys "$root/sys"
+mount --rbind /dev "$root/dev"
+mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
+mount -t tmpfs -o mode=1777 tmp "$root/tmp"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The site's network, not the machine's set-up: where a proxy intercepts TLS, pip needs the site's CA
+# bundle (FRESH_CA, default the host's PIP_CERT); it is handed to pip and nothing else is copied.
+ca=${FRESH_CA:-${PIP_CERT:-}}
+site_env=()
+if [ -n "$ca" ] && [ -f "$ca" ]; then
+  cp "$ca" "$root/etc/site-ca.crt"
+  site_env=(PIP_CERT=/etc/site-ca.crt)
+fi
+printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\n' "$mirror" \
+  >"$root/etc/apt/sources.list.d/debian.sources"
+rm -f "$root/etc/apt/sources.list"
+# The newcomer's copy: the committed HEAD, as a clone would give it.
+git clone -q "$here" "$root/root/enkflow"
+
+# The README's two commands, verbatim but for the test selection.
+t1=$(date +%s)
+set +e
+chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  LANG=C.UTF-8 TERM=dumb "${site_env[@]}" /bin/bash -c 'cd /root/enkflow && nice -n 10 ./setup.sh' 
+rc=$?
+echo "fresh machine: ./setup.sh took $(( $(date +%s) - t1 )) s (exit status $rc)"
+if [ $rc = 0 ]; then
+  t2=$(date +%s)
+  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LANG=C.UTF-8 TERM=dumb "${site_env[@]}" /bin/bash -c \
+    'cd /root/enkflow && . .venv/bin/activate && nice -n 10 python -m pytest -q "$@"' \
+    pytest "$@"
+  rc=$?
+  echo "fresh machine: the test command took $(( $(date +%s) - t2 )) s (exit status $rc)"
+fi
+exit $rc
