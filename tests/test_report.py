@@ -231,6 +231,11 @@ def test_report_of_a_failed_run_leads_with_the_failure(tmp_path: Path) -> None:
     assert report_json(rep)["failure"]["log"] == str(log)
     page = write_html(d, tmp_path / "failed.html").read_text()
     assert page.index("id='failure'") < page.index("id='settings'") and "FloatingPointError: overflow" in page
+    # A rerun that went past the failure (--retry-failed) leaves it in the log's history, not at the top.
+    (d / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [
+        *events, {"t": 2.0, "event": "resume", "cycles": [2]}, {"t": 3.0, "event": "experiment_end"}]))
+    rep = load_report(d)
+    assert rep.failure is None and "FAILED" not in render_report(rep) and "failure" not in report_json(rep)
 
 
 def test_seconds_under_a_tenth_keep_two_significant_digits(tmp_path: Path) -> None:

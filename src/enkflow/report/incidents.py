@@ -49,7 +49,9 @@ def online_warnings(events: list[dict[str, Any]]) -> list[str]:
             out.append(f"the server resumed from its checkpoints at cycle {cycles[0] if cycles else '?'}"
                        + (f"; {len(rec)} forecast(s) of that cycle recovered, not run again" if rec else ""))
         elif name == "runner_exit":
-            out.append(f"runner job {e.get('job')} exited before the study ended; another was started")
+            status = e.get("status")
+            how = f" with status {status}" if status is not None else ""
+            out.append(f"runner job {e.get('job')} exited{how} before the study ended; another was started")
         elif name == "stateless_check" and not e.get("ok", True):
             out.append(f"cycle {e.get('cycle')}, member {e.get('member')}: the statelessness check failed: "
                        f"{_first_line(e.get('reason'))}")
@@ -69,7 +71,6 @@ def online_warnings(events: list[dict[str, Any]]) -> list[str]:
         shown = "; ".join(r + (f" (x{c})" if c > 1 else "") for r, c in top[:5]) + ("; ..." if len(top) > 5 else "")
         out.append(f"the server refused {n} message(s): {shown}")
     return out
-
 
 
 @dataclass(frozen=True)
@@ -100,9 +101,12 @@ def _task_name(e: dict[str, Any], members: dict[int, Any]) -> str:
 
 
 def failure(events: list[dict[str, Any]]) -> Failure | None:
-    """The run's last ``experiment_fail``, with what the failed task's own report says (offline: the step,
-    its exit status, the tail of its stderr and its log; online: the reason)."""
-    fails = [e for e in events if e["event"] == "experiment_fail"]
+    """The last run's ``experiment_fail``, with what the failed task's own report says (offline: the step,
+    its exit status, the tail of its stderr and its log; online: the reason). None where the last run (the
+    events since the last ``experiment_start`` or ``resume``) did not fail: a failure that a rerun went past is history."""
+    starts = [i for i, e in enumerate(events) if e["event"] in ("experiment_start", "resume")]
+    last_run = events[starts[-1]:] if starts else events
+    fails = [e for e in last_run if e["event"] == "experiment_fail"]
     if not fails:
         return None
     e = fails[-1]
