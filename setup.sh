@@ -3,8 +3,9 @@
 #
 #   ./setup.sh          then   . .venv/bin/activate && python -m pytest -q
 #
-# 1. System packages. On Debian/Ubuntu, the packages in DEBIAN_PACKAGES that are not installed are
-#    installed with apt-get when this runs as root; otherwise it prints the exact apt-get line to run
+# 1. System packages. On Debian (or a derivative), the packages in DEBIAN_PACKAGES that are not installed
+#    and that its apt knows are installed with apt-get when this runs as root (Ubuntu ships Chromium only as
+#    a snap: without /usr/bin/chromium the report's browser test skips, saying so); otherwise it prints the exact apt-get line to run
 #    (and on other systems what to install), finishes the Python part, and exits with status 3.
 # 2. Python: `pip install -e .[dev]` into the active virtual environment, or into ./.venv (created with
 #    python3 -m venv when missing). `.ci/run` runs this same script, so CI and a newcomer's set-up agree.
@@ -49,9 +50,16 @@ system_packages() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup.sh: installing Debian packages: $missing" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt-get update -qq >&2 || echo "setup.sh: apt-get update failed; trying the package lists at hand" >&2
+    # Only the packages this distribution has: one unknown name (Ubuntu has no 'chromium' deb, only a snap)
+    # would make apt-get install none of them.
+    local known="" p
+    for p in $missing; do
+      if apt-cache show "$p" >/dev/null 2>&1; then known+="$p "; fi
+    done
     # shellcheck disable=SC2086  # one word per package
-    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    [ -z "$known" ] || apt-get install -y -qq --no-install-recommends $known >/dev/null \
+      || echo "setup.sh: apt-get install failed (its message is above)" >&2
     missing=$(missing_debian)
   fi
   [ -z "$missing" ] || echo "missing Debian packages; as root run: apt-get install -y --no-install-recommends $missing"
@@ -62,9 +70,11 @@ todo=$(system_packages)
 if [ -n "${VIRTUAL_ENV:-}" ]; then
   py=python
 else
-  if [ ! -x .venv/bin/python ]; then
+  # A venv made without python3-venv's ensurepip has a python but no pip: make it again.
+  if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    rm -rf .venv
     command -v python3 >/dev/null || { echo "setup.sh: no python3. $todo" >&2; exit 3; }
-    python3 -m venv .venv || { echo "setup.sh: python3 -m venv failed. $todo" >&2; exit 3; }
+    python3 -m venv .venv || { rm -rf .venv; echo "setup.sh: python3 -m venv failed. $todo" >&2; exit 3; }
   fi
   py=.venv/bin/python
 fi
