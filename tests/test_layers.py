@@ -43,6 +43,8 @@ LAZY_OK: dict[str, str] = {
     "importlib.metadata": "35 ms in every process importing enkflow; only `enkflow --version` reads it",
     "xarray": "optional (the dev extra), 0.3 s; only `enkflow bench io` compares with it",
     "numba": "0.26 s and a JIT; only byte-swapped restart files need its kernels",
+    "scipy.optimize": "80 ms (numpy and scipy.linalg loaded) in every server, analysis task and Lorenz-96 run; "
+                      "only EnKF-N's inflation search (Brent's method) uses it",
 }
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg as sla
-from scipy.optimize import brentq
 
 from enkflow.analysis.global_filters import Filter, apply_transform
 from enkflow.analysis.inflation import inflate_posterior
@@ -65,6 +64,8 @@ class DualCost:
             lo /= 2.0
         while self.derivative(hi) <= 0.0:
             hi *= 2.0
+        from scipy.optimize import brentq  # lazy: 80 ms in every server and analysis task; only EnKF-N uses it
+
         return float(brentq(self.derivative, lo, hi, xtol=1e-12))
 
 
