@@ -13,7 +13,7 @@ import pytest
 
 from enkflow.analysis.obsset import ObsSet
 from enkflow.errors import ConfigError
-from enkflow.experiment.verification import VerificationSection, check_verification_files, read_state
+from enkflow.experiment.verification import VerificationSection, check_verification_files, TruthFile
 from enkflow.obs.diagnostics import ObsSpaceStats, write_obs_diagnostics
 from enkflow.report.scores import collect_scores
 from enkflow.report.scores_table import write_scores_table
@@ -131,7 +131,9 @@ def test_verification_section_and_its_file_checks(tmp_path):
     section = VerificationSection(truth="t_{cycle}.nc")
     (tmp_path / "t_1.nc").write_bytes(restart.read_bytes())
     check_verification_files(section, lambda p: tmp_path / p, [1], layout)
-    np.testing.assert_array_equal(read_state(tmp_path / "t_1.nc", layout), np.arange(NY * NX))
+    truth = TruthFile(tmp_path / "t_1.nc", layout)  # a rank reads only its rows
+    np.testing.assert_array_equal(truth[:], np.arange(NY * NX))
+    np.testing.assert_array_equal(truth[7:13], np.arange(7, 13))
     with pytest.raises(ConfigError, match=r"truth file of cycle 2 not found: .*t_2.nc.*verification.truth"):
         check_verification_files(section, lambda p: tmp_path / p, [1, 2], layout)
     _field(tmp_path / "t_2.nc", "t", np.zeros((NX, NY)), ("x", "y"))
