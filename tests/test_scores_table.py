@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from enkflow.analysis.obsset import ObsSet
-from enkflow.errors import ConfigError
+from enkflow.errors import ConfigError, FileFormatError
 from enkflow.experiment.verification import VerificationSection, check_verification_files, TruthFile
 from enkflow.obs.diagnostics import ObsSpaceStats, write_obs_diagnostics
 from enkflow.report.scores import collect_scores
@@ -120,6 +120,17 @@ def test_scores_equal_an_independent_computation_and_the_table_reads_back(tmp_pa
     assert [got[(1, "kind", "t2m", f"rank_hist_{r}")] for r in range(N + 1)] == sc.cycles[0].kinds["t2m"].rank_hist.tolist()
 
 
+def test_a_truth_in_another_dimension_order_or_grid_is_refused(tmp_path):
+    _experiment(tmp_path, np.random.default_rng(4))
+    # The same number of points as the state: paired by position they would give a wrong RMSE silently.
+    for dims, shape, says in ((("x", "y"), (NX, NY), r"\(x=5, y=4\) differ from \(y=4, x=5\)"),
+                              (("y", "x"), (2, 10), r"\(y=2, x=10\) differ")):
+        _field(tmp_path / "truth" / "t_2.nc", "t", np.zeros(shape), dims)
+        with pytest.raises(FileFormatError, match=says) as ei:
+            collect_scores(tmp_path / "run")
+        assert "t_2.nc" in str(ei.value) and ei.value.variable == "t"
+
+
 def test_verification_section_and_its_file_checks(tmp_path):
     with pytest.raises(ValueError, match="has no {cycle}"):
         VerificationSection(truth="truth.nc")
@@ -141,6 +152,12 @@ def test_verification_section_and_its_file_checks(tmp_path):
         check_verification_files(section, lambda p: tmp_path / p, [1, 2], layout)
     assert "the truth file of cycle 2" in str(ei.value) and "t_2.nc, variable 't'" in str(ei.value)
     assert ei.value.key == "verification.truth"
+    sq = tmp_path / "square.nc"  # a square grid written as (x, y): the shapes agree, the names do not
+    _field(sq, "t", np.zeros((4, 4)))
+    square = StateLayout.from_config(sq, StateConfig(variables=["t"]))
+    _field(tmp_path / "t_3.nc", "t", np.zeros((4, 4)), ("x", "y"))
+    with pytest.raises(ConfigError, match=r"truth file of cycle 3: .*dimensions \('x', 'y'\).*\('y', 'x'\)"):
+        check_verification_files(section, lambda p: tmp_path / p, [3], square)
 
 
 def test_a_truth_template_without_cycle_is_named_with_its_key(tmp_path):

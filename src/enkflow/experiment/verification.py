@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 from pydantic import Field, field_validator
 
 from enkflow.config import Strict
-from enkflow.errors import ConfigError, EnkflowError
+from enkflow.errors import ConfigError, EnkflowError, StructureMismatchError
 from enkflow.io.ensemble import EnsembleFiles
 from enkflow.io.validate import validate_files
 from enkflow.state import StateLayout
@@ -59,8 +60,20 @@ def check_verification_files(section: VerificationSection, resolve: Callable[[st
                                   key=f"verification.{key}")
             try:
                 validate_files([str(p)], layout, writable=False)
+                _same_dimensions(p, layout)
             except EnkflowError as exc:
                 raise ConfigError(f"the {key.replace('_', ' ')} file of cycle {k}: {exc}", key=f"verification.{key}") from exc
+
+
+def _same_dimensions(path: Path, layout: StateLayout) -> None:
+    """The state variables of ``path`` have the restart's dimension names (the shapes were checked): a square
+    grid written as (x, y) has the shape of (y, x), and its points paired by position would be wrong silently."""
+    with netCDF4.Dataset(path) as ds:
+        for sv in layout.variables:
+            dims = tuple(ds.variables[sv.name].dimensions)
+            if dims != tuple(sv.dims):
+                raise StructureMismatchError(f"dimensions {dims} differ from the restart's {tuple(sv.dims)}",
+                                             path=str(path), variable=sv.name)
 
 
 class TruthFile:
