@@ -17,6 +17,7 @@ from enkflow.experiment.verification import VerificationSection, check_verificat
 from enkflow.obs.diagnostics import ObsSpaceStats, write_obs_diagnostics
 from enkflow.report.scores import collect_scores
 from enkflow.report.scores_table import write_scores_table
+from enkflow.report.settings import settings_summary
 from enkflow.state import StateConfig, StateLayout
 
 NY, NX, N = 4, 5, 6
@@ -179,4 +180,18 @@ def test_a_truth_template_without_cycle_is_named_with_its_key(tmp_path):
 def test_qc_enabled_from_the_run_config(tmp_path, observations, enabled):
     (tmp_path / "cycles").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"observations": observations}))
-    assert collect_scores(tmp_path).qc_enabled is enabled
+    scores = collect_scores(tmp_path)
+    assert scores.qc_enabled is enabled
+    # The page's settings follow the same decision as its QC panel (a kind's qc_sigma alone is QC on).
+    qc = {r.label: r.value for r in settings_summary({"observations": observations}, scores)}["quality control"]
+    assert (qc == "off") is not enabled and ("sst at 4 sigma" in qc) is ("kinds" in observations and enabled)
+
+
+@pytest.mark.parametrize("metric, units", [("sphere", "km"), ("cartesian", "in the units of the state's coordinates"),
+                                           (None, "in the units of the state's coordinates), metric cartesian")])
+def test_the_radius_units_follow_the_metric(tmp_path, metric, units):
+    (tmp_path / "cycles").mkdir()
+    loc = {"radius": 500.0} | ({"metric": metric} if metric else {})
+    cfg = {"analysis": {"localization": loc}}
+    rows = {r.label: r.value for r in settings_summary(cfg, collect_scores(tmp_path))}
+    assert units in rows["localization"]

@@ -73,6 +73,9 @@ def _configured(cfg: dict[str, Any], key: str) -> str | None:
 
 
 def _qc_enabled(cfg: dict[str, Any]) -> bool:
+    """Whether the run (its ``config.json``) had quality control: a gross-error check (also of one kind only,
+    ``[observations.kinds.NAME] qc_sigma``) or a buddy check. The one decision the page's settings and its QC
+    panel follow (:attr:`ExperimentScores.qc_enabled`)."""
     obs = cfg.get("observations") or {}
     qc = obs.get("qc") or {}
     kinds = obs.get("kinds") or {}  # [observations.kinds.NAME] tables
