@@ -46,14 +46,22 @@ def write_initial_from_restarts(cfg: ExperimentConfig) -> None:
         return
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
     paths = [cfg.restart_path(m) for m in range(1, cfg.experiment.members + 1)]
-    n = layout.n_rows
-    rows = STAT_BLOCK_ROWS * max(1, _STREAM_BYTES // (STAT_BLOCK_ROWS * 8 * len(paths)))
-    mean, spread = np.empty(n), np.empty(n)
     with EnsembleFiles(paths, layout, mode="r", config=cfg.io) as ens:
-        for r0 in range(0, n, rows):
-            r1 = min(n, r0 + rows)
-            mean[r0:r1], spread[r0:r1] = ensemble_mean_spread(ens.read_rows(r0, r1))
+        mean, spread = streamed_mean_spread(ens)
     MeanSpreadTemplate.read(layout).write(cdir.mean, cdir.spread, mean, spread, title=_title(cfg), n_ens=len(paths))
+
+
+def streamed_mean_spread(ens: EnsembleFiles, max_bytes: int = _STREAM_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and spread (n_rows,) of the whole state of ``ens`` (opened by this process alone), bitwise
+    those of :func:`ensemble_mean_spread` of the whole ensemble, from row blocks of every member of at most
+    ``max_bytes`` (or one block of STAT_BLOCK_ROWS rows)."""
+    n = ens.layout.n_rows
+    rows = STAT_BLOCK_ROWS * max(1, max_bytes // (STAT_BLOCK_ROWS * 8 * ens.n_members))
+    mean, spread = np.empty(n), np.empty(n)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        mean[r0:r1], spread[r0:r1] = ensemble_mean_spread(ens.read_rows(r0, r1))
+    return mean, spread
 
 
 def _initial_dir(cfg: ExperimentConfig) -> CycleDir | None:
