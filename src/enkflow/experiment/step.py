@@ -67,7 +67,8 @@ class AnalysisStep:
     for a global filter); ``inflation``: the adaptive inflation field's carrier (a filter with
     ``adaptive``); the sinks ``obs_diag`` (each cycle's ``obs_diag.nc``), ``stats`` (the ensemble
     statistics of each rank's rows) and ``output`` (the analysis: mean and spread files, scores);
-    ``truth(cycle)`` (the state's rows, sliced by each rank to its own) for the RMSE diagnostics, or None. The serial filter's ``local`` holds
+    ``truth(cycle)`` (the state's rows, sliced by each rank to its own) for the RMSE diagnostics, or None.
+    The serial filter's ``local`` holds
     the coordinates of every row (its rows need no domains)."""
 
     filter: Filter

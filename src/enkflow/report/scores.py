@@ -95,7 +95,8 @@ def _variable_scores(cdir: CycleDir, names: list[str], cycle: int, truth: str | 
         fspread, spread = _statistic(cdir, n, "forecast_spread"), _field(cdir.spread, n)
         out[n] = VariableScores(
             rmse_forecast=_rmse(fmean, t, n), rmse_analysis=_rmse(mean, t, n), rmse_free=_rmse(free, t, n),
-            spread_forecast=_spread(fspread.values if fspread else None), spread_analysis=_spread(spread.values if spread else None))
+            spread_forecast=_spread(fspread.values if fspread else None),
+            spread_analysis=_spread(spread.values if spread else None))
     return out
 
 

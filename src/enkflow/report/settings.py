@@ -46,7 +46,8 @@ def _inflation(inf: dict[str, Any]) -> str:
 
 
 def _qc(obs: dict[str, Any], enabled: bool) -> str:
-    """``enabled``: the report's one decision whether QC ran (:attr:`ExperimentScores.qc_enabled`, which the QC panel follows)."""
+    """``enabled``: the report's one decision whether QC ran (:attr:`ExperimentScores.qc_enabled`, which the
+    QC panel follows)."""
     if not enabled:
         return "off"
     qc = obs.get("qc") or {}
