@@ -142,5 +142,12 @@ def test_a_grids_map_is_in_its_coordinates_with_names_and_units(tmp_path):
     assert grid.x.values.tolist() == [0, 10, 20, 30] and grid.y.values.tolist() == [0, 10, 20]
     points = map_grid(path, "tracer", ["px", "py"])
     assert points is not None and not points.gridded and points.x.label == "px (no units attribute)"
+    with netCDF4.Dataset(path, "a") as ds:  # a track coordinate first: "lon" in along_track is no longitude
+        ds.createVariable("along_track", "f8", ("y", "x")).units = "km"
+        for name, units in (("plon", "degrees_east"), ("plat", "degrees_north")):
+            ds.createVariable(name, "f8", ("y", "x")).units = units
+        ds["tracer"].coordinates = "along_track plon plat"
+    track = map_grid(path, "tracer", None)
+    assert track is not None and (track.x.label, track.y.label) == ("plon [degrees_east]", "plat [degrees_north]")
     check_png(fig_map(np.arange(12.0).reshape(3, 4), grid, "tracer", diverging=True, units="tracer [1]",
                       obs=(np.array([5.0, 25.0]), np.array([5.0, 15.0]))))

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from enkflow.analysis.obsset import ObsSet
-from enkflow.errors import ConfigError
-from enkflow.experiment.verification import VerificationSection, check_verification_files, read_state
+from enkflow.errors import ConfigError, FileFormatError
+from enkflow.experiment.verification import VerificationSection, check_verification_files, TruthFile
 from enkflow.obs.diagnostics import ObsSpaceStats, write_obs_diagnostics
 from enkflow.report.scores import collect_scores
 from enkflow.report.scores_table import write_scores_table
+from enkflow.report.settings import settings_summary
 from enkflow.state import StateConfig, StateLayout
 
 NY, NX, N = 4, 5, 6
@@ -120,6 +121,17 @@ def test_scores_equal_an_independent_computation_and_the_table_reads_back(tmp_pa
     assert [got[(1, "kind", "t2m", f"rank_hist_{r}")] for r in range(N + 1)] == sc.cycles[0].kinds["t2m"].rank_hist.tolist()
 
 
+def test_a_truth_in_another_dimension_order_or_grid_is_refused(tmp_path):
+    _experiment(tmp_path, np.random.default_rng(4))
+    # The same number of points as the state: paired by position they would give a wrong RMSE silently.
+    for dims, shape, says in ((("x", "y"), (NX, NY), r"\(x=5, y=4\) differ from \(y=4, x=5\)"),
+                              (("y", "x"), (2, 10), r"\(y=2, x=10\) differ")):
+        _field(tmp_path / "truth" / "t_2.nc", "t", np.zeros(shape), dims)
+        with pytest.raises(FileFormatError, match=says) as ei:
+            collect_scores(tmp_path / "run")
+        assert "t_2.nc" in str(ei.value) and ei.value.variable == "t"
+
+
 def test_verification_section_and_its_file_checks(tmp_path):
     with pytest.raises(ValueError, match="has no {cycle}"):
         VerificationSection(truth="truth.nc")
@@ -131,7 +143,9 @@ def test_verification_section_and_its_file_checks(tmp_path):
     section = VerificationSection(truth="t_{cycle}.nc")
     (tmp_path / "t_1.nc").write_bytes(restart.read_bytes())
     check_verification_files(section, lambda p: tmp_path / p, [1], layout)
-    np.testing.assert_array_equal(read_state(tmp_path / "t_1.nc", layout), np.arange(NY * NX))
+    truth = TruthFile(tmp_path / "t_1.nc", layout)  # a rank reads only its rows
+    np.testing.assert_array_equal(truth[:], np.arange(NY * NX))
+    np.testing.assert_array_equal(truth[7:13], np.arange(7, 13))
     with pytest.raises(ConfigError, match=r"truth file of cycle 2 not found: .*t_2.nc.*verification.truth"):
         check_verification_files(section, lambda p: tmp_path / p, [1, 2], layout)
     _field(tmp_path / "t_2.nc", "t", np.zeros((NX, NY)), ("x", "y"))
@@ -139,6 +153,12 @@ def test_verification_section_and_its_file_checks(tmp_path):
         check_verification_files(section, lambda p: tmp_path / p, [1, 2], layout)
     assert "the truth file of cycle 2" in str(ei.value) and "t_2.nc, variable 't'" in str(ei.value)
     assert ei.value.key == "verification.truth"
+    sq = tmp_path / "square.nc"  # a square grid written as (x, y): the shapes agree, the names do not
+    _field(sq, "t", np.zeros((4, 4)))
+    square = StateLayout.from_config(sq, StateConfig(variables=["t"]))
+    _field(tmp_path / "t_3.nc", "t", np.zeros((4, 4)), ("x", "y"))
+    with pytest.raises(ConfigError, match=r"truth file of cycle 3: .*dimensions \('x', 'y'\).*\('y', 'x'\)"):
+        check_verification_files(section, lambda p: tmp_path / p, [3], square)
 
 
 def test_a_truth_template_without_cycle_is_named_with_its_key(tmp_path):
@@ -160,4 +180,18 @@ def test_a_truth_template_without_cycle_is_named_with_its_key(tmp_path):
 def test_qc_enabled_from_the_run_config(tmp_path, observations, enabled):
     (tmp_path / "cycles").mkdir()
     (tmp_path / "config.json").write_text(json.dumps({"observations": observations}))
-    assert collect_scores(tmp_path).qc_enabled is enabled
+    scores = collect_scores(tmp_path)
+    assert scores.qc_enabled is enabled
+    # The page's settings follow the same decision as its QC panel (a kind's qc_sigma alone is QC on).
+    qc = {r.label: r.value for r in settings_summary({"observations": observations}, scores)}["quality control"]
+    assert (qc == "off") is not enabled and ("sst at 4 sigma" in qc) is ("kinds" in observations and enabled)
+
+
+@pytest.mark.parametrize("metric, units", [("sphere", "km"), ("cartesian", "in the units of the state's coordinates"),
+                                           (None, "in the units of the state's coordinates), metric cartesian")])
+def test_the_radius_units_follow_the_metric(tmp_path, metric, units):
+    (tmp_path / "cycles").mkdir()
+    loc = {"radius": 500.0} | ({"metric": metric} if metric else {})
+    cfg = {"analysis": {"localization": loc}}
+    rows = {r.label: r.value for r in settings_summary(cfg, collect_scores(tmp_path))}
+    assert units in rows["localization"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from io_helpers import bytes_outside_state, expected_after_update, netcdf4_X
 
+from enkflow.errors import InputError
 from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig
 from enkflow.io.generate import land_mask_config
 from enkflow.state import StateLayout
@@ -129,6 +130,26 @@ def test_mean_and_spread_files(ensemble, tmp_path):
             assert m[name].attrs["cell_methods"] == "member: mean"
             assert s[name].attrs["cell_methods"] == "member: standard_deviation"
         assert m["lon"].attrs["standard_name"] == "longitude" and "lat" in m.coords
+
+
+def test_row_ranges_and_the_streamed_mean_and_spread(ensemble):
+    """read_rows reads any row range; the initial ensemble's statistics streamed in row blocks of every member
+    are bitwise those of the whole ensemble in memory (here 3 blocks of 65536 rows)."""
+    from enkflow.experiment.initial_statistics import streamed_mean_spread
+    from enkflow.io.meanspread import ensemble_mean_spread
+
+    paths, cfg = ensemble("cdf5", ("f8", "f4"), n=3, mb=1.6)
+    lay = _layout(paths, cfg, False)
+    with EnsembleFiles(paths, lay) as ef:
+        X = ef.read()
+        assert lay.n_rows > 2 * 65536
+        np.testing.assert_array_equal(ef.read_rows(65530, 65547), X[65530:65547])
+        assert ef.read_rows(7, 7).shape == (0, 3)
+        with pytest.raises(InputError, match=r"rows \[5, 2\)"):
+            ef.read_rows(5, 2)
+        want = ensemble_mean_spread(X)
+        for got in (streamed_mean_spread(ef, max_bytes=1), streamed_mean_spread(ef)):
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want))
 
 
 def test_x_shape_and_mode_are_checked(ensemble):

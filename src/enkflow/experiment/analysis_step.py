@@ -28,8 +28,8 @@ from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.config import ExperimentConfig
 from enkflow.experiment.cycling import OutputSink
 from enkflow.experiment.file_store import FileStore
-from enkflow.experiment.step import StateRows, analyse, build_step
-from enkflow.experiment.verification import read_state
+from enkflow.experiment.step import StateRows, TruthRows, analyse, build_step
+from enkflow.experiment.verification import TruthFile
 from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import ensemble_mean_spread, write_mean_spread
@@ -96,7 +96,7 @@ def analyse_files(
     files: AnalysisFiles = AnalysisFiles(),
     hx_files: Sequence[Path] | None = None,
     obs_settings: ObsSettings | None = None,
-    truth: np.ndarray | None = None,
+    truth: TruthRows | None = None,
     balance: bool | None = None,
 ) -> dict[str, float | list[float]]:
     """Analyse the member files ``paths`` (member 1 first) in place with ``obs_file``.
@@ -214,7 +214,7 @@ def run_analysis(cfg: ExperimentConfig, cycle: int) -> dict[str, float | list[fl
         applied=cdir.applied, stats_dir=expdir.cycles if ao.statistics_for("offline") else None,
         stats_settings=ao.writer_settings(), stats_service=expdir.output_service)
     tp = cfg.truth_path(cycle)
-    truth = None if tp is None else read_state(tp, StateLayout.from_config(cfg.restart_path(1), cfg.state))
+    truth = None if tp is None else TruthFile(tp, StateLayout.from_config(cfg.restart_path(1), cfg.state))
     return analyse_files([cfg.restart_path(m) for m in members], cfg.obs_path(cycle), cfg.state, cfg.analysis, cfg.io,
                          cycle=cycle, files=files, hx_files=hx, obs_settings=ObsSettings.from_experiment(cfg),
                          truth=truth)

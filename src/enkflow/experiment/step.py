@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -46,7 +47,15 @@ from enkflow.parallel import Comm
 from enkflow.state import StateLayout
 
 
-def _no_truth(cycle: int) -> np.ndarray | None:
+class TruthRows(Protocol):
+    """A truth's state rows, sliced by row range (``t[r0:r1]``, (r1 - r0,) float64): the whole state in memory
+    (an ndarray) or a file read on demand (:class:`~enkflow.experiment.verification.TruthFile`), of which a rank
+    reads only its own rows."""
+
+    def __getitem__(self, rows: slice, /) -> np.ndarray: ...
+
+
+def _no_truth(cycle: int) -> TruthRows | None:
     return None
 
 
@@ -58,7 +67,8 @@ class AnalysisStep:
     for a global filter); ``inflation``: the adaptive inflation field's carrier (a filter with
     ``adaptive``); the sinks ``obs_diag`` (each cycle's ``obs_diag.nc``), ``stats`` (the ensemble
     statistics of each rank's rows) and ``output`` (the analysis: mean and spread files, scores);
-    ``truth(cycle)`` (n_rows,) for the RMSE diagnostics, or None. The serial filter's ``local`` holds
+    ``truth(cycle)`` (the state's rows, sliced by each rank to its own) for the RMSE diagnostics, or None.
+    The serial filter's ``local`` holds
     the coordinates of every row (its rows need no domains)."""
 
     filter: Filter
@@ -67,7 +77,7 @@ class AnalysisStep:
     obs_diag: ObsDiagnosticsWriter | None = None
     stats: StatsSink | None = None
     output: OutputSink = field(default_factory=NoOutput)
-    truth: Callable[[int], np.ndarray | None] = _no_truth
+    truth: Callable[[int], TruthRows | None] = _no_truth
 
     def __post_init__(self) -> None:
         if (self.filter.as_local() is None and self.filter.as_serial() is None) != (self.local is None):
@@ -103,7 +113,7 @@ class StateRows:
 
 def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_dir: Callable[[int], Path] | None = None,
                first_cycle: int = 0, stats: StatsSink | None = None, output: OutputSink | None = None,
-               truth: Callable[[int], np.ndarray | None] | None = None, balance: bool | None = None) -> AnalysisStep:
+               truth: Callable[[int], TruthRows | None] | None = None, balance: bool | None = None) -> AnalysisStep:
     """The analysis step of ``analysis`` on ``rows``, for the ranks of ``comm``.
 
     ``cycle_dir(cycle)``: the directory of each cycle's ``obs_diag.nc`` and adaptive inflation
@@ -203,8 +213,8 @@ def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.
 
 
 def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa: np.ndarray,
-            truth: np.ndarray | None, prior_mean: np.ndarray | None, infl: np.ndarray | None) -> None:
-    """The local filter's statistics, the RMSE against ``truth`` (n_rows,) of the forecast mean
+            truth: TruthRows | None, prior_mean: np.ndarray | None, infl: np.ndarray | None) -> None:
+    """The local filter's statistics, the RMSE against ``truth`` (this rank's rows of it) of the forecast mean
     ``prior_mean`` and of the analysis mean, and the inflation factors' range (collective)."""
     comm = store.comm
     lf, sf = step.filter.as_local(), step.filter.as_serial()

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import netCDF4
 import numpy as np
 from pydantic import Field, field_validator
 
 from enkflow.config import Strict
-from enkflow.errors import ConfigError, EnkflowError
+from enkflow.errors import ConfigError, EnkflowError, StructureMismatchError
 from enkflow.io.ensemble import EnsembleFiles
 from enkflow.io.validate import validate_files
 from enkflow.state import StateLayout
@@ -59,20 +60,42 @@ def check_verification_files(section: VerificationSection, resolve: Callable[[st
                                   key=f"verification.{key}")
             try:
                 validate_files([str(p)], layout, writable=False)
+                _same_dimensions(p, layout)
             except EnkflowError as exc:
                 raise ConfigError(f"the {key.replace('_', ' ')} file of cycle {k}: {exc}", key=f"verification.{key}") from exc
 
 
-def read_state(path: Path, layout: StateLayout) -> np.ndarray:
-    """The state rows (n_rows,) float64 of one file in the restart's layout (a truth file)."""
-    with EnsembleFiles([path], layout, mode="r", recover=False) as f:
-        return np.ascontiguousarray(f.read()[:, 0])
+def _same_dimensions(path: Path, layout: StateLayout) -> None:
+    """The state variables of ``path`` have the restart's dimension names (the shapes were checked): a square
+    grid written as (x, y) has the shape of (y, x), and its points paired by position would be wrong silently."""
+    with netCDF4.Dataset(path) as ds:
+        for sv in layout.variables:
+            dims = tuple(ds.variables[sv.name].dimensions)
+            if dims != tuple(sv.dims):
+                raise StructureMismatchError(f"dimensions {dims} differ from the restart's {tuple(sv.dims)}",
+                                             path=str(path), variable=sv.name)
 
 
-def truth_of(path_of: Callable[[int], Path | None], layout: StateLayout) -> Callable[[int], np.ndarray | None]:
-    """``truth(cycle)`` for :class:`~enkflow.experiment.step.AnalysisStep`: the state rows (n_rows,) of
-    ``path_of(cycle)`` (the experiment's ``truth_path``), None where no truth is configured."""
-    def truth(cycle: int) -> np.ndarray | None:
+class TruthFile:
+    """The state rows of one file in the restart's layout (a truth file), read on demand: ``f[r0:r1]`` reads
+    rows ``[r0, r1)`` only ((r1 - r0,) float64), through the layout's row reading as the restarts are read, so
+    that an analysis rank reads its own rows of the truth, not the whole state."""
+
+    def __init__(self, path: Path, layout: StateLayout):
+        self.path, self.layout = path, layout
+
+    def __getitem__(self, rows: slice, /) -> np.ndarray:
+        r0, r1, step = rows.indices(self.layout.n_rows)
+        if step != 1:
+            raise ValueError(f"rows of a truth file are read as a range, not with step {step}")
+        with EnsembleFiles([self.path], self.layout, mode="r", recover=False) as f:
+            return np.ascontiguousarray(f.read_rows(r0, max(r0, r1))[:, 0])
+
+
+def truth_of(path_of: Callable[[int], Path | None], layout: StateLayout) -> Callable[[int], TruthFile | None]:
+    """``truth(cycle)`` for :class:`~enkflow.experiment.step.AnalysisStep`: the rows of ``path_of(cycle)``
+    (the experiment's ``truth_path``), read when sliced, None where no truth is configured."""
+    def truth(cycle: int) -> TruthFile | None:
         p = path_of(cycle)
-        return None if p is None else read_state(p, layout)
+        return None if p is None else TruthFile(p, layout)
     return truth

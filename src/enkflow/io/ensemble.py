@@ -231,15 +231,8 @@ class EnsembleFiles:
         self._check_x(X)
         self.comm.barrier()
         t0 = time.perf_counter()
-        r0, r1 = self.row_start, self.row_stop
         if len(self.group_ranks) == 1:
-
-            def work(k: int, members: list[int]) -> None:
-                sc = self.rowio.scratch()
-                for m in members:
-                    self.rowio.read(m, self._fds[m], r0, r1, X[:, m], sc)
-
-            self._thread_map(work)
+            self._read_own(self.row_start, self.row_stop, X)
         elif self.is_io_task:
             g0, g1 = self.group_rows
             bufs = [np.empty(g1 - g0, dtype=np.float64) for _ in range(2)]
@@ -259,6 +252,27 @@ class EnsembleFiles:
                 rq.wait()
         self.comm.barrier()
         return X, TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0)
+
+    def read_rows(self, r0: int, r1: int) -> np.ndarray:
+        """State rows ``[r0, r1)`` of every member, (r1 - r0, n_members) float64, Fortran order, read by this
+        process alone (not collective; it must hold the files: an I/O task, as every rank of a serial ``comm``
+        is). For a part of the state that is not this rank's block: a row block of the whole state streamed in
+        bounded memory, or the rows another decomposition gives this rank."""
+        if not (self.is_io_task and 0 <= r0 <= r1 <= self.layout.n_rows):
+            raise InputError(f"rows [{r0}, {r1}) of {self.layout.n_rows} are not readable by this task", item="rows")
+        X = np.empty((r1 - r0, self.n_members), dtype=np.float64, order="F")
+        self._read_own(r0, r1, X)
+        return X
+
+    def _read_own(self, r0: int, r1: int, X: np.ndarray) -> None:
+        """Rows ``[r0, r1)`` of every member into the columns of ``X``, from this task's own files (threads)."""
+
+        def work(k: int, members: list[int]) -> None:
+            sc = self.rowio.scratch()
+            for m in members:
+                self.rowio.read(m, self._fds[m], r0, r1, X[:, m], sc)
+
+        self._thread_map(work)
 
     # -- write --------------------------------------------------------------------------
     def _emit_all(self, X: np.ndarray, sinks: Callable[[int], Sink]) -> None:

@@ -20,7 +20,12 @@ from enkflow.state import StateLayout
 _KEEP_ATTRS = ("units", "long_name", "standard_name", "coordinates", "axis", "positive", "calendar", "bounds")
 
 
-def ensemble_mean_spread(X: np.ndarray, block: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+# The rows per block of ensemble_mean_spread: a caller that streams the state in multiples of it from row 0
+# gets the same bits as one call on the whole ensemble (each row's sums run over the members as there).
+STAT_BLOCK_ROWS = 65536
+
+
+def ensemble_mean_spread(X: np.ndarray, block: int = STAT_BLOCK_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise mean and spread (standard deviation, ddof=1; 0 for one member) of ``X``
     (n_rows, n_ens) -> two (n_rows,) float64 arrays. Works in blocks of ``block`` rows so
     that no temporary of the ensemble's size is made."""

@@ -5,6 +5,7 @@ coordinate variables of its last two dimensions), with their names and units."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import netCDF4
@@ -44,11 +45,28 @@ def _axis(var: netCDF4.Variable) -> CoordAxis:
     return CoordAxis(np.asarray(var[:], float), label, units)
 
 
-def _is(var: netCDF4.Variable, what: str) -> bool:
-    """Whether ``var`` is a longitude (``what`` = "lon") or latitude ("lat") by its CF attributes or name."""
-    sn, un = str(getattr(var, "standard_name", "")), str(getattr(var, "units", ""))
-    full = {"lon": "longitude", "lat": "latitude"}[what]
-    return sn == full or un.startswith(f"degrees_{'e' if what == 'lon' else 'n'}") or what in var.name.lower()
+class _Horizontal(Enum):
+    """The map's two axes: east-west and north-south (or a projection's x and y)."""
+
+    X = "X"
+    Y = "Y"
+
+
+_STANDARD_NAMES = {_Horizontal.X: {"longitude", "grid_longitude", "projection_x_coordinate"},
+                   _Horizontal.Y: {"latitude", "grid_latitude", "projection_y_coordinate"}}
+_UNITS = {_Horizontal.X: {"degrees_east", "degree_east", "degrees_e", "degree_e"},  # CF's longitude units
+          _Horizontal.Y: {"degrees_north", "degree_north", "degrees_n", "degree_n"}}
+_NAMES = {_Horizontal.X: {"lon", "longitude", "nav_lon", "x"}, _Horizontal.Y: {"lat", "latitude", "nav_lat", "y"}}
+
+
+def _is(var: netCDF4.Variable, axis: _Horizontal) -> bool:
+    """Whether ``var`` is the map's ``axis`` coordinate: by its CF ``standard_name``, ``axis`` or ``units`` first;
+    by its whole name (``lon``, ``longitude``, ``x``, ...) only where it has neither a standard name nor an axis
+    (a part of a name, such as ``lon`` in ``along_track``, says nothing)."""
+    sn, ax = str(getattr(var, "standard_name", "")), str(getattr(var, "axis", "")).upper()
+    if sn in _STANDARD_NAMES[axis] or ax == axis.value or str(getattr(var, "units", "")).lower() in _UNITS[axis]:
+        return True
+    return not sn and not ax and var.name.lower() in _NAMES[axis]
 
 
 def _pair(ds: netCDF4.Dataset, v: netCDF4.Variable, coordinates: list[str] | None) -> tuple[str, str] | None:
@@ -57,8 +75,8 @@ def _pair(ds: netCDF4.Dataset, v: netCDF4.Variable, coordinates: list[str] | Non
         return coordinates[0], coordinates[1]
     cands = [c for c in str(getattr(v, "coordinates", "")).split() + list(v.dimensions)
              if c in ds.variables and c != v.name]
-    lon = next((c for c in cands if _is(ds.variables[c], "lon")), None)
-    lat = next((c for c in cands if _is(ds.variables[c], "lat")), None)
+    lon = next((c for c in cands if _is(ds.variables[c], _Horizontal.X)), None)
+    lat = next((c for c in cands if _is(ds.variables[c], _Horizontal.Y)), None)
     if lon is not None and lat is not None:
         return lon, lat
     if v.ndim >= 2 and v.dimensions[-1] in ds.variables and v.dimensions[-2] in ds.variables:

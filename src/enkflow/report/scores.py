@@ -10,12 +10,14 @@ variables under their names, in the restart's layout (``[verification]`` in the 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import netCDF4
 import numpy as np
 
+from enkflow.errors import FileFormatError
 from enkflow.experiment.directory import CycleDir, ExperimentDir
 from enkflow.obs.diagnostics import QC_USED
 from enkflow.progress import progress
@@ -71,6 +73,9 @@ def _configured(cfg: dict[str, Any], key: str) -> str | None:
 
 
 def _qc_enabled(cfg: dict[str, Any]) -> bool:
+    """Whether the run (its ``config.json``) had quality control: a gross-error check (also of one kind only,
+    ``[observations.kinds.NAME] qc_sigma``) or a buddy check. The one decision the page's settings and its QC
+    panel follow (:attr:`ExperimentScores.qc_enabled`)."""
     obs = cfg.get("observations") or {}
     qc = obs.get("qc") or {}
     kinds = obs.get("kinds") or {}  # [observations.kinds.NAME] tables
@@ -86,9 +91,12 @@ def _variable_scores(cdir: CycleDir, names: list[str], cycle: int, truth: str | 
     for n in names or _member_variables(cdir.mean):
         t = _field(Path(truth.format(cycle=cycle)), n) if truth else None
         free = _field(Path(free_run.format(cycle=cycle)), n) if free_run else None
+        fmean, mean = _statistic(cdir, n, "forecast_mean"), _field(cdir.mean, n)
+        fspread, spread = _statistic(cdir, n, "forecast_spread"), _field(cdir.spread, n)
         out[n] = VariableScores(
-            rmse_forecast=_rmse(_statistic(cdir, n, "forecast_mean"), t), rmse_analysis=_rmse(_field(cdir.mean, n), t), rmse_free=_rmse(free, t),
-            spread_forecast=_spread(_statistic(cdir, n, "forecast_spread")), spread_analysis=_spread(_field(cdir.spread, n)))
+            rmse_forecast=_rmse(fmean, t, n), rmse_analysis=_rmse(mean, t, n), rmse_free=_rmse(free, t, n),
+            spread_forecast=_spread(fspread.values if fspread else None),
+            spread_analysis=_spread(spread.values if spread else None))
     return out
 
 
@@ -100,27 +108,55 @@ def _member_variables(path: Path) -> list[str]:
         return [n for n, v in ds.variables.items() if str(getattr(v, "cell_methods", "")).startswith("member:")]
 
 
-def _statistic(cdir: CycleDir, variable: str, stat: str) -> np.ndarray | None:
-    """A statistics file's values (``VARIABLE_STAT.nc``, :mod:`enkflow.output.analysis_output`), or None."""
+@dataclass(frozen=True)
+class _Field:
+    """A state variable's values in one file and its dimensions (name, size), leading axes of length one (a
+    time or member axis) left out: they pair no points."""
+
+    path: Path
+    values: np.ndarray
+    dims: tuple[tuple[str, int], ...]
+
+
+def _statistic(cdir: CycleDir, variable: str, stat: str) -> _Field | None:
+    """A statistics file's values (``VARIABLE_STAT.nc``, :mod:`enkflow.output.analysis_output`), or None. Its
+    dimensions carry the restart's names, or ``VARIABLE_DIM`` where two variables' ``DIM`` differ in size."""
     name = f"{variable}_{stat}"
-    return _field(cdir.path / f"{name}.nc", name)
+    return _field(cdir.path / f"{name}.nc", name, prefix=f"{variable}_")
 
 
-def _field(path: Path, name: str) -> np.ndarray | None:
-    """``name`` of ``path`` as float64, fill values NaN, or None where the file or variable is missing."""
+def _field(path: Path, name: str, prefix: str | None = None) -> _Field | None:
+    """``name`` of ``path`` as float64, fill values NaN, or None where the file or variable is missing;
+    ``prefix``: taken off the dimension names that carry it."""
     if not path.is_file() or not has_variable(path, name):
         return None
-    return read_float(path, name)
+    with netCDF4.Dataset(path) as ds:
+        v = ds.variables[name]
+        dims = list(zip(v.dimensions, v.shape))
+    while dims and dims[0][1] == 1:
+        dims.pop(0)
+    if prefix:
+        dims = [(d.removeprefix(prefix), k) for d, k in dims]
+    return _Field(path, read_float(path, name), tuple(dims))
 
 
-def _rmse(mean: np.ndarray | None, truth: np.ndarray | None) -> float | None:
-    """RMSE over the points valid in both; the same number of points is needed (a time axis of one is not a
-    point), None otherwise."""
-    if mean is None or truth is None or mean.size != truth.size:
+def _rmse(mean: _Field | None, truth: _Field | None, variable: str) -> float | None:
+    """RMSE over the points valid in both, None where either is missing. The points are paired by position:
+    the two must have the same dimensions (names and sizes, in order), else the truth is on another grid or in
+    another order and FileFormatError names both files."""
+    if mean is None or truth is None:
         return None
-    d = mean.reshape(-1) - truth.reshape(-1)
+    if mean.dims != truth.dims:
+        raise FileFormatError(f"the truth's dimensions {_dims(truth)} differ from {_dims(mean)} of {mean.path}: the "
+                              "RMSE pairs points by position, so the truth must be on the state's grid, in its "
+                              "dimension order", path=str(truth.path), variable=variable)
+    d = mean.values.reshape(-1) - truth.values.reshape(-1)
     d = d[np.isfinite(d)]
     return float(np.sqrt(np.mean(d * d))) if d.size else None
+
+
+def _dims(f: _Field) -> str:
+    return "(" + ", ".join(f"{d}={k}" for d, k in f.dims) + ")"
 
 
 def _spread(spread: np.ndarray | None) -> float | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from enkflow.config import LocalizationConfig, Metric
 from enkflow.report.score_figures import kind_label
 from enkflow.report.score_types import ExperimentScores
 
@@ -22,8 +23,10 @@ class Setting:
 def _localization(loc: dict[str, Any]) -> str:
     if not loc or loc.get("radius") is None:
         return "none"
-    text = (f"radius {loc['radius']:g} ({loc.get('convention', 'half-width')}, in the units of the state's "
-            f"coordinates), metric {loc.get('metric')}, taper {loc.get('taper')}")
+    metric = Metric(loc.get("metric") or LocalizationConfig.model_fields["metric"].default)
+    units = "km" if metric is Metric.SPHERE else "in the units of the state's coordinates"
+    text = (f"radius {loc['radius']:g} ({loc.get('convention', 'half-width')}, {units}), metric {metric.value}, "
+            f"taper {loc.get('taper')}")
     if loc.get("max_obs"):
         text += f", at most {loc['max_obs']} observations per point"
     if loc.get("vertical_radius") is not None:
@@ -42,13 +45,22 @@ def _inflation(inf: dict[str, Any]) -> str:
     return text
 
 
-def _qc(qc: dict[str, Any]) -> str:
+def _qc(obs: dict[str, Any], enabled: bool) -> str:
+    """``enabled``: the report's one decision whether QC ran (:attr:`ExperimentScores.qc_enabled`, which the
+    QC panel follows)."""
+    if not enabled:
+        return "off"
+    qc = obs.get("qc") or {}
     parts = []
     if qc.get("gross_sigma") is not None:
         parts.append(f"gross-error check at {qc['gross_sigma']:g} sigma")
+    per_kind = [f"{kind_label(name)} at {k['qc_sigma']:g} sigma" for name, k in (obs.get("kinds") or {}).items()
+                if isinstance(k, dict) and k.get("qc_sigma") is not None]
+    if per_kind:
+        parts.append("gross-error check of " + ", ".join(per_kind))
     if qc.get("buddy_radius") is not None:
         parts.append(f"buddy check within {qc['buddy_radius']:g} at {qc.get('buddy_sigma', 3.0):g} sigma")
-    return ", ".join(parts) if parts else "off"
+    return ", ".join(parts)
 
 
 def _counts(scores: ExperimentScores) -> str:
@@ -85,7 +97,7 @@ def settings_summary(cfg: dict[str, Any], scores: ExperimentScores) -> list[Sett
                          f"{', '.join(state.get('coordinates') or []) or 'none'}"),
         Setting("localization", _localization(ana.get("localization") or {})),
         Setting("inflation", _inflation(ana.get("inflation") or {})),
-        Setting("quality control", _qc(obs.get("qc") or {})),
+        Setting("quality control", _qc(obs, scores.qc_enabled)),
         Setting("observations", f"{obs.get('file', '?')}; {_counts(scores)}"),
         Setting("truth", scores.truth or "none configured ([verification] truth or --truth)"),
     ]
