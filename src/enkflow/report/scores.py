@@ -9,7 +9,6 @@ variables under their names, in the restart's layout (``[verification]`` in the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ import netCDF4
 import numpy as np
 
 from enkflow.errors import FileFormatError
-from enkflow.experiment.directory import CycleDir, ExperimentDir
+from enkflow.experiment.directory import CycleDir
 from enkflow.obs.diagnostics import QC_USED
 from enkflow.progress import progress
-from enkflow.report.files import cycle_dirs, has_variable, read_float
+from enkflow.report.files import cycle_dirs, has_variable, read_float, run_config
 from enkflow.report.score_types import CycleScores, ExperimentScores, KindScores, VariableScores
 
 INFLATION_FILE = "inflation.nc"
@@ -34,7 +33,7 @@ def collect_scores(expdir: Path, truth: str | None = None, free_run: str | None 
     (relative to its TOML's directory), else no truth / no reference. The initial ensemble's scores
     (``initial``) are those of ``cycles/NNNN`` of the cycle before the first, where the run wrote its mean and
     spread."""
-    cfg = _config(expdir)
+    cfg = run_config(expdir)
     truth = truth if truth is not None else _configured(cfg, "truth")
     free_run = free_run if free_run is not None else _configured(cfg, "free_run")
     names = list((cfg.get("state") or {}).get("variables") or [])
@@ -52,15 +51,6 @@ def collect_scores(expdir: Path, truth: str | None = None, free_run: str | None 
             s.inflation_mean = float(np.mean(read_float(cdir.path / INFLATION_FILE, "inflation")))
         scores.cycles.append(s)
     return scores
-
-
-def _config(expdir: Path) -> dict[str, Any]:
-    """The run's ``config.json``; empty where it cannot be read (a directory of an older or foreign run)."""
-    try:
-        cfg = json.loads(ExperimentDir(expdir).config.read_text())
-    except (OSError, ValueError):
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
 
 
 def _configured(cfg: dict[str, Any], key: str) -> str | None:
