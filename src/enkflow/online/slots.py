@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from enkflow.online.fields import Field
-from enkflow.online.segments import SLOT_MAGIC, SegmentMaker
+from enkflow.online.segments import SLOT_MAGIC, Segment, SegmentMaker
 
 
 @dataclass
