@@ -302,7 +302,8 @@ def test_coordinate_order_matters_only_to_observations_located_by_coordinates(tm
         lat[:] = np.arange(6) * 10.0
         ds.createVariable("h", "f8", ("y", "x"))[:] = 0.0
         ds.createVariable("t", "f8", ("depth", "y", "x"))[:] = 0.0
-    xy, yx, latx = (StateLayout.from_file(tmp_path / "g.nc", ["h"], coordinates=c) for c in (["x", "y"], ["y", "x"], ["lat", "x"]))
+    xy, yx, latx = (StateLayout.from_file(tmp_path / "g.nc", ["h"], coordinates=c)
+                    for c in (["x", "y"], ["y", "x"], ["lat", "x"]))
     X, truth = _ensemble(xy.n_rows)
     idx = np.arange(0, xy.n_rows, 5)
     by_index = _write(tmp_path / "i.nc", truth[idx], None, ("x", "y"), idx)
