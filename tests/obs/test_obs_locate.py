@@ -287,3 +287,41 @@ def test_bilinear_never_spans_a_masked_column(tmp_path: Path) -> None:
     got = obs.apply_analysis(1, x[:, None], 0, SerialComm())[:, 0]
     # (1.5, 1): only the x = 1 corners are in the state -> field[1, 1]; (3, 2.5): on the x = 3 column.
     np.testing.assert_allclose(got, [field[1, 1], 0.5 * (field[2, 3] + field[3, 3])], rtol=0, atol=1e-12)
+
+
+def test_coordinate_order_matters_only_to_observations_located_by_coordinates(tmp_path: Path) -> None:
+    """state.coordinates [y, x] is fine for observations at state rows (the cartesian distance does not
+    depend on the column order: the same analysis); nearest and bilinear compare the state's coordinates in
+    order with the file's x, y, z, so there [y, x] and [x, depth, y] are errors naming the order to use."""
+    with netCDF4.Dataset(tmp_path / "g.nc", "w") as ds:
+        for d, n in (("depth", 2), ("y", 6), ("x", 6)):
+            ds.createDimension(d, n)
+            ds.createVariable(d, "f8", (d,))[:] = np.arange(n) * 10.0
+        lat = ds.createVariable("lat", "f8", ("y",))
+        lat.units = "degrees_north"
+        lat[:] = np.arange(6) * 10.0
+        ds.createVariable("h", "f8", ("y", "x"))[:] = 0.0
+        ds.createVariable("t", "f8", ("depth", "y", "x"))[:] = 0.0
+    xy, yx, latx = (StateLayout.from_file(tmp_path / "g.nc", ["h"], coordinates=c)
+                    for c in (["x", "y"], ["y", "x"], ["lat", "x"]))
+    X, truth = _ensemble(xy.n_rows)
+    idx = np.arange(0, xy.n_rows, 5)
+    by_index = _write(tmp_path / "i.nc", truth[idx], None, ("x", "y"), idx)
+    loc = LocalizationConfig(radius=25.0, metric=Metric.CARTESIAN)
+    ref, _ = _analysis(by_index, xy, loc, "index", X)
+    for layout in (yx, latx):
+        got, _ = _analysis(by_index, layout, loc, "index", X)
+        np.testing.assert_array_equal(got, ref)
+    by_coords = _write(tmp_path / "c.nc", truth[idx], xy.coords[idx], ("x", "y"), None)
+    for interp in ("nearest", "bilinear"):
+        with pytest.raises(ConfigError, match=rf"\['y', 'x'\] list 'y' \(the y axis\) before 'x' \(the x axis\), but "
+                           rf"interpolation '{interp}' locates the observations of {tmp_path}/c.nc \(cycle 3\).*"
+                           r"the file's x, y: list them as \['x', 'y'\]") as ei:
+            load_for_state(by_coords, yx, Metric.CARTESIAN, cycle=3,
+                           settings=ObsSettings(ObsSettingsConfig(interpolation=interp)))
+        assert ei.value.key == "state.coordinates"
+    deep = StateLayout.from_file(tmp_path / "g.nc", ["t"], coordinates=["x", "depth", "y"])
+    xyz = _write(tmp_path / "z.nc", np.zeros(1), np.array([[10.0, 10.0, 0.0]]), ("x", "y", "z"), None)
+    with pytest.raises(ConfigError, match=r"list 'depth' \(the z axis\) before 'y' \(the y axis\).*"
+                                          r"list them as \['x', 'y', 'depth'\]"):
+        load_for_state(xyz, deep, Metric.CARTESIAN, settings=ObsSettings(ObsSettingsConfig(interpolation="nearest")))

@@ -6,9 +6,9 @@ import netCDF4
 import numpy as np
 import pytest
 
-from enkflow.errors import ConfigError, FileFormatError
+from enkflow.errors import FileFormatError
 from enkflow.io.generate import land_mask_config, make_ensemble
-from enkflow.state import MaskConfig, StateConfig, StateLayout, mask_index
+from enkflow.state import CoordAxis, MaskConfig, StateConfig, StateLayout, mask_index
 
 
 @pytest.fixture
@@ -113,21 +113,26 @@ def test_index_coordinates_without_cf(tmp_path):
     np.testing.assert_array_equal(lay.coords[:6], [[0, 0], [1, 0], [2, 0], [3, 0], [4, 0], [0, 1]])
 
 
-def test_coordinates_listed_y_before_x_are_refused(tmp_path):
-    """state.coordinates are matched by position with the observation file's x, y: [y, x] would
-    transpose every observation (silently on a square domain), so it is an error naming the order."""
+def test_coordinates_in_any_order_with_their_axes(tmp_path):
+    """state.coordinates may list the axes in any order (observations at state rows do not care); the
+    layout records which axis each column is, for the operators that compare them with a file's x, y, z."""
     p = str(tmp_path / "square.nc")
     with netCDF4.Dataset(p, "w") as ds:
-        for d in ("y", "x"):
+        for d in ("depth", "y", "x"):
             ds.createDimension(d, 4)
             ds.createVariable(d, "f8", (d,))[:] = np.arange(4) * 10.0
-        ds.createVariable("c", "f8", ("y", "x"), contiguous=True)[:] = 0.0
+        ds.createVariable("lat", "f8", ("y",)).units = "degrees_north"
+        ds.createVariable("k", "f8", ("depth",)).positive = "down"
+        ds.createVariable("c", "f8", ("depth", "y", "x"), contiguous=True)[:] = 0.0
     lay = StateLayout.from_file(p, ["c"], coordinates=["x", "y"])
     np.testing.assert_array_equal(lay.coords[:5], [[0, 0], [10, 0], [20, 0], [30, 0], [0, 10]])
-    order = r"lists 'y' \(a y/latitude axis\) before 'x'.*list them as \['x', 'y'\]"
-    with pytest.raises(ConfigError, match=order) as ei:
-        StateLayout.from_file(p, ["c"], coordinates=["y", "x"])
-    assert ei.value.key == "state.coordinates"
+    swapped = StateLayout.from_file(p, ["c"], coordinates=["y", "x"])
+    np.testing.assert_array_equal(swapped.coords, lay.coords[:, ::-1])
+    X, Y, Z = CoordAxis.X, CoordAxis.Y, CoordAxis.Z
+    assert swapped.coord_axes == (Y, X)
+    assert StateLayout.from_file(p, ["c"], coordinates=["x", "depth", "lat"]).coord_axes == (X, Z, Y)
+    assert StateLayout.from_file(p, ["c"], coordinates=["k", "x"]).coord_axes == (Z, X)
+    assert StateLayout.from_file(p, ["c"]).coord_axes == (X, Y)  # grid indices of the last two dims
 
 
 def test_errors_name_file_and_variable(files, tmp_path):

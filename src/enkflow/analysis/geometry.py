@@ -6,8 +6,9 @@ Metrics (coordinates and units):
 - ``sphere``: (lon, lat) in degrees; great-circle distance in km on a sphere
   of radius 6371 km. The search uses a KD-tree on 3-D unit vectors with the
   chordal radius 2 sin(d / 2R).
-- ``cartesian``: 1, 2 or 3 coordinates in grid units; Euclidean distance.
-- ``periodic``: one coordinate on a ring of ``period`` grid units.
+- ``cartesian``: 1, 2 or 3 coordinates in the state coordinates' units (grid index steps where the
+  state has none); Euclidean distance.
+- ``periodic``: one coordinate on a ring of ``period``, in that coordinate's units.
 
 Results come as CSR arrays, observation indices sorted within each domain,
 so the analysis adds the same terms in the same order whatever the rank count.
@@ -42,7 +43,7 @@ class Neighbours:
 
     ``offsets`` (n_dom + 1,) int64; ``idx`` (nnz,) int64 observation indices,
     ascending within a domain; ``dist`` (nnz,) float64 distances (km on the
-    sphere, grid units otherwise).
+    sphere, the coordinates' units otherwise).
     """
 
     offsets: np.ndarray
@@ -199,7 +200,7 @@ class Geometry:
     def search(self, dom_coords: np.ndarray, radius: float) -> "LocalSearch":
         """A planned search for the observations strictly closer than ``radius`` to each domain
         centre: ``dom_coords`` (n_dom, n_dim) in the metric's coordinates, ``radius`` in km
-        (sphere) or grid units. Neighbouring domains should be neighbours in the given order
+        (sphere) or the coordinates' units. Neighbouring domains should be neighbours in the given order
         (rows of a grid are), as the search runs per block of consecutive domains."""
         dc = np.asarray(dom_coords, dtype=np.float64)
         if dc.ndim == 1:

@@ -16,8 +16,8 @@ from enkflow.errors import InputError
 
 @dataclass(frozen=True, kw_only=True)
 class Localization:
-    """``half_width`` is the GC half-width c (km on the sphere, grid units
-    otherwise); weights vanish at distance 2c. Build from a PDAF-style cut-off
+    """``half_width`` is the GC half-width c (km on the sphere, the
+    coordinates' units otherwise); weights vanish at distance 2c. Build from a PDAF-style cut-off
     radius with ``Localization.from_radius(r, RadiusConvention.CUTOFF, ...)``."""
 
     half_width: float

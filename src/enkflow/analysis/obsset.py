@@ -25,7 +25,7 @@ class ObsSet:
         Observation error variances, the diagonal of R; all > 0.
     coords : (n_obs, n_dim) float64
         Locations in the localization metric's coordinates: (lon, lat) in
-        degrees on the sphere, grid units in Cartesian or periodic index space.
+        degrees on the sphere, the state coordinates' units on the Cartesian or periodic metric.
     kinds : (n_obs,) int32
         Observation kind codes (0 when there is only one kind).
     half_width : (n_obs,) float64 or None

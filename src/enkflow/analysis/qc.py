@@ -55,7 +55,7 @@ class QualityControl:
     """The checks of one cycle's observations.
 
     ``gross_sigma`` (n_obs,) thresholds k (inf: none) or None (no gross-error check);
-    ``buddy_radius`` (km on the sphere, grid units otherwise) or None (no buddy check),
+    ``buddy_radius`` (km on the sphere, the state coordinates' units otherwise) or None (no buddy check),
     with ``metric`` and ``period`` measuring the distances between observations."""
 
     gross_sigma: np.ndarray | None = None

@@ -51,8 +51,9 @@ class QCConfig(Strict):
 
     gross_sigma: float | None = Field(default=None, gt=0, description="reject where |y - H xbar| > k sqrt(sigma_o^2 + "
                                                                       "sigma_b^2); unset: no gross-error check")
-    buddy_radius: float | None = Field(default=None, gt=0, description="buddy check radius (km on the sphere, grid "
-                                                                       "units otherwise); unset: no buddy check")
+    buddy_radius: float | None = Field(default=None, gt=0, description="buddy check radius (km on the sphere, the "
+                                                                       "units of the state's coordinates otherwise); "
+                                                                       "unset: no buddy check")
     buddy_sigma: float = Field(default=3.0, gt=0, description="reject where the normalized departure differs from "
                                                               "its buddies' mean by more than this")
 

@@ -28,7 +28,7 @@ class Target:
     metric : Metric or None
         The localization metric (None: a global analysis).
     period : float or None
-        The ring length of the periodic metric, in grid units.
+        The ring length of the periodic metric, in the state coordinate's units.
     source : Source
         The observation file (named in errors).
     variable : sequence of str or None, (n_obs,)

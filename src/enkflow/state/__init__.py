@@ -2,7 +2,8 @@
 coordinates (:class:`StateLayout`)."""
 
 from enkflow.state.config import MaskConfig, StateConfig
+from enkflow.state.coords import CoordAxis
 from enkflow.state.layout import Piece, StateLayout, StateVariable
 from enkflow.state.mask import mask_index
 
-__all__ = ["MaskConfig", "Piece", "StateConfig", "StateLayout", "StateVariable", "mask_index"]
+__all__ = ["CoordAxis", "MaskConfig", "Piece", "StateConfig", "StateLayout", "StateVariable", "mask_index"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from enkflow.errors import ConfigError, FileFormatError
+from enkflow.errors import FileFormatError
 
 CoordKind = Literal["lonlat", "index"]
 
@@ -28,33 +30,56 @@ def _axis(v: Any) -> str | None:
     return None
 
 
-def _horizontal(v: Any) -> str | None:
-    """'x', 'y' or None: which horizontal axis a coordinate variable is, by CF ``axis``,
-    ``standard_name`` (projection/grid/geographic), units or name."""
-    axis = str(v.getncattr("axis")).upper() if "axis" in v.ncattrs() else ""
-    sn = str(v.getncattr("standard_name")).lower() if "standard_name" in v.ncattrs() else ""
-    if axis == "X" or sn in ("projection_x_coordinate", "grid_longitude") or v.name.lower() == "x":
-        return "x"
-    if axis == "Y" or sn in ("projection_y_coordinate", "grid_latitude") or v.name.lower() == "y":
-        return "y"
-    return {"lon": "x", "lat": "y", None: None}[_axis(v)]
+class CoordAxis(enum.Enum):
+    """Which axis a state coordinate is: the observation file's ``x`` (or ``lon``), ``y`` (``lat``) or ``z``."""
+
+    X = "x"
+    Y = "y"
+    Z = "z"
 
 
-def check_coordinate_order(ds: Any, path: str, names: Sequence[str]) -> None:
-    """Refuse ``state.coordinates`` that list a y (or latitude) axis before an x (or longitude) one.
+_VERTICAL_NAMES = {"z", "depth", "height", "altitude", "lev", "level", "plev", "pressure"}
+_VERTICAL_SN = {"depth", "height", "altitude", "air_pressure", "model_level_number", "height_above_reference_ellipsoid"}
+_PRESSURE_UNITS = {"pa", "hpa", "kpa", "mbar", "millibar", "bar", "dbar", "decibar"}
 
-    Observations are located by position: the state's first coordinate is compared with the
-    observation file's ``x`` (or ``lon``), the second with ``y`` (``lat``). Listed as [y, x], every
-    observation would sit at its transposed place — silently on a square domain.
+
+def coord_axis(v: Any) -> CoordAxis | None:
+    """The axis of coordinate variable ``v`` by CF ``axis``, ``positive`` (vertical only), ``standard_name``
+    (projection/grid/geographic, vertical), units or name; None where nothing says."""
+    attrs = {k: str(v.getncattr(k)) for k in v.ncattrs()}
+    axis = attrs.get("axis", "").upper()
+    sn = attrs.get("standard_name", "").lower()
+    name = v.name.lower()
+    if axis == "X" or sn in ("projection_x_coordinate", "grid_longitude") or name == "x":
+        return CoordAxis.X
+    if axis == "Y" or sn in ("projection_y_coordinate", "grid_latitude") or name == "y":
+        return CoordAxis.Y
+    parametric = sn.startswith(("ocean_", "atmosphere_")) and sn.endswith("_coordinate")  # CF appendix D
+    if (axis == "Z" or "positive" in attrs or sn in _VERTICAL_SN or parametric
+            or attrs.get("units", "").lower() in _PRESSURE_UNITS or name in _VERTICAL_NAMES):
+        return CoordAxis.Z
+    return {"lon": CoordAxis.X, "lat": CoordAxis.Y, None: None}[_axis(v)]
+
+
+@dataclass(frozen=True, eq=False)
+class StateCoords:
+    """The localization coordinates of the state rows.
+
+    Attributes
+    ----------
+    values : (n_rows, n_dim) float64
+        Each row's coordinates.
+    names : tuple of str, (n_dim,)
+        What each column is (coordinate variable names, or ``index:<dim>``).
+    axes : tuple of CoordAxis or None, (n_dim,)
+        Which axis each column is (None: the file does not say).
+    kind : "lonlat" or "index"
     """
-    axes = [_horizontal(ds.variables[c]) for c in names]
-    if "x" in axes and "y" in axes and axes.index("y") < axes.index("x"):
-        y, x = names[axes.index("y")], names[axes.index("x")]
-        order = [x if a == "y" else y if a == "x" else c for a, c in zip(axes, names)]
-        raise ConfigError(
-            f"state.coordinates lists '{y}' (a y/latitude axis) before '{x}' (an x/longitude axis), but the "
-            "coordinates are matched by position with the observation file's x, y, z (or lon, lat): this order "
-            f"would transpose every observation; list them as {order} (file {path})", key="state.coordinates")
+
+    values: np.ndarray
+    names: tuple[str, ...]
+    axes: tuple[CoordAxis | None, ...]
+    kind: CoordKind
 
 
 def _candidates(ds: Any, var: Any) -> list[str]:
@@ -82,8 +107,8 @@ def _values_at(ds: Any, path: str, cname: str, sv: Any, elems: np.ndarray) -> np
 
 def state_coords(
     ds: Any, path: str, svars: Sequence[Any], n_rows: int, names: Sequence[str] | None
-) -> tuple[np.ndarray, tuple[str, ...], CoordKind]:
-    """``(coords (n_rows, n_dim), column names, kind)`` for the state variables ``svars``.
+) -> StateCoords:
+    """The coordinates of the rows of the state variables ``svars``.
 
     With ``names`` every state variable takes those coordinate variables (kind ``lonlat`` when
     the first two are longitude and latitude, else ``index``). Otherwise each variable takes its
@@ -95,7 +120,6 @@ def state_coords(
             for c in names:
                 if c not in ds.variables:
                     raise FileFormatError("coordinate variable not in the file", path=path, variable=c)
-        check_coordinate_order(ds, path, names)
         kinds = [_axis(ds.variables[c]) for c in names]
         kind: CoordKind = "lonlat" if kinds[:2] == ["lon", "lat"] else "index"
         cols = tuple(names)
@@ -104,7 +128,7 @@ def state_coords(
             el = sv.elements(0, sv.n_rows)
             for j, c in enumerate(cols):
                 out[sv.rows, j] = _values_at(ds, path, c, sv, el)
-        return out, cols, kind
+        return StateCoords(out, cols, tuple(coord_axis(ds.variables[c]) for c in cols), kind)
 
     found: list[tuple[str, str] | None] = []
     for sv in svars:
@@ -126,7 +150,7 @@ def state_coords(
             el = sv.elements(0, sv.n_rows)
             out[sv.rows, 0] = _values_at(ds, path, lon_name, sv, el)
             out[sv.rows, 1] = _values_at(ds, path, lat_name, sv, el)
-        return out, pairs[0], "lonlat"
+        return StateCoords(out, pairs[0], (CoordAxis.X, CoordAxis.Y), "lonlat")
 
     ndims = {min(len(sv.dims), 2) for sv in svars}
     if len(ndims) != 1:
@@ -146,4 +170,4 @@ def state_coords(
             out[sv.rows, 1] = multi[-2]
     sv0 = svars[0]
     cols = tuple(f"index:{d}" for d in (sv0.dims[-1:] if nd == 1 else (sv0.dims[-1], sv0.dims[-2])))
-    return out, cols, "index"
+    return StateCoords(out, cols, (CoordAxis.X, CoordAxis.Y)[:len(cols)], "index")

@@ -18,7 +18,7 @@ import numpy as np
 
 from enkflow.errors import FileFormatError, InputError
 from enkflow.state.config import MaskConfig, StateConfig
-from enkflow.state.coords import CoordKind, state_coords
+from enkflow.state.coords import CoordAxis, CoordKind, state_coords
 from enkflow.state.mask import mask_index
 
 _STATE_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
@@ -90,10 +90,14 @@ class StateLayout:
         N_x, the length of the state vector.
     coords : (n_rows, n_dim) float64
         Localization coordinates of every state row: (lon, lat) in degrees when
-        ``coord_kind == "lonlat"``, else grid indices (x, y) or (i,) in grid units.
+        ``coord_kind == "lonlat"``, else the ``state.coordinates`` variables' values in their units,
+        or without them grid indices (x, y) or (i,).
     coord_names : tuple of str
         What each column of ``coords`` is (variable names, or ``index:<dim>``).
     coord_kind : "lonlat" or "index"
+    coord_axes : tuple of CoordAxis or None
+        Which axis each column of ``coords`` is, by the coordinate variable's CF attributes or name
+        (None: the file does not say); observations located by their coordinates need them in x, y, z order.
     """
 
     template: str
@@ -102,6 +106,7 @@ class StateLayout:
     coords: np.ndarray
     coord_names: tuple[str, ...]
     coord_kind: CoordKind
+    coord_axes: tuple[CoordAxis | None, ...]
 
     @classmethod
     def from_config(cls, template: str | Path, config: StateConfig) -> "StateLayout":
@@ -167,10 +172,10 @@ class StateLayout:
                 for name in apply_to:
                     if name not in variables:
                         raise FileFormatError("mask.apply_to names a variable that is not a state variable", path=path, variable=name)
-            coords, cnames, kind = state_coords(ds, path, svars, row, coordinates)
+            coords = state_coords(ds, path, svars, row, coordinates)
         finally:
             ds.close()
-        return cls(path, tuple(svars), row, coords, cnames, kind)
+        return cls(path, tuple(svars), row, coords.values, coords.names, coords.kind, coords.axes)
 
     # -- row bookkeeping ---------------------------------------------------------------------
     @property

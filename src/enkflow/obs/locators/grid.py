@@ -16,7 +16,7 @@ from enkflow.errors import ConfigError
 from enkflow.obs.fileformat import LAT, LON, X, Y, Z, ObsFile
 from enkflow.obs.locating import Target
 from enkflow.obs.reader import Source, first, read_obs_file
-from enkflow.state import StateLayout
+from enkflow.state import CoordAxis, StateLayout
 
 
 def coord_vars(metric: Metric | None, layout: StateLayout) -> tuple[str, ...]:
@@ -28,8 +28,36 @@ def coord_vars(metric: Metric | None, layout: StateLayout) -> tuple[str, ...]:
     return (X, Y, Z)[: layout.coords.shape[1]]
 
 
-def read_with_coordinates(source: Source, layout: StateLayout, metric: Metric | None) -> ObsFile:
-    """The file with the coordinate variables of ``metric`` (required), without ``state_index``."""
+def check_axis_order(source: Source, layout: StateLayout, metric: Metric | None, operator: str) -> None:
+    """Refuse state coordinates whose axes are out of x, y, z order (ConfigError on ``state.coordinates``).
+
+    The state's k-th coordinate is compared with the file's k-th coordinate variable (x, y, z or lon, lat),
+    so [y, x] would transpose every observation (silently on a square domain) and [x, depth, y] would
+    compare the observations' y with depth. Columns whose axis the template does not say are not moved.
+    """
+    rank = {CoordAxis.X: 0, CoordAxis.Y: 1, CoordAxis.Z: 2}
+    known = [(k, a) for k, a in enumerate(layout.coord_axes) if a is not None]
+    ordered = sorted(known, key=lambda ka: rank[ka[1]])
+    if [a for _, a in known] == [a for _, a in ordered]:
+        return
+    (i, ai), (j, aj) = next((p, q) for p, q in zip(known, known[1:]) if rank[p[1]] > rank[q[1]])
+    names = layout.coord_names
+    order = list(names)
+    for (k, _), (moved, _) in zip(known, ordered):
+        order[k] = names[moved]
+    cycle = "" if source.cycle is None else f" (cycle {source.cycle})"
+    raise ConfigError(
+        f"state.coordinates {list(names)} list '{names[i]}' (the {ai.value} axis) before '{names[j]}' (the "
+        f"{aj.value} axis), but interpolation '{operator}' locates the observations of {source.path}{cycle} by "
+        f"their coordinates, which are compared in order with the file's {', '.join(coord_vars(metric, layout))}: "
+        f"list them as {order}", key="state.coordinates")
+
+
+def read_with_coordinates(source: Source, layout: StateLayout, metric: Metric | None, operator: str) -> ObsFile:
+    """The file with the coordinate variables of ``metric`` (required), without ``state_index``, once the
+    state's coordinates are known to be in the file's order (:func:`check_axis_order`; ``operator``: the
+    operator's name, for its error)."""
+    check_axis_order(source, layout, metric, operator)
     return read_obs_file(source.given, cycle=source.cycle, coord_vars=coord_vars(metric, layout), state_index=False)
 
 

@@ -23,7 +23,7 @@ class NearestOperator:
     name = "nearest"
 
     def read(self, source: Source, layout: StateLayout, metric: Metric | None) -> ObsFile:
-        return read_with_coordinates(source, layout, metric)
+        return read_with_coordinates(source, layout, metric, self.name)
 
     def margin(self, axis: np.ndarray) -> float:
         return 0.5 * spacing(axis)
