@@ -92,7 +92,7 @@ class SeriesTime:
 def write_window_record(rf: RecordFile, start: float, length: float, n_times: int,
                         stats: tuple[np.ndarray, np.ndarray, np.ndarray], name: str, complete: bool) -> None:
     """One window's statistics as the record of its middle time (a window written incomplete at the
-    end of a run and completed by the next is written again in place)."""
+    end of a run and completed by the next replaces its record at the next sync or close)."""
     t = start + length / 2.0
     r = rf.record(t)
     rf.write(r, "time_bnds", (), np.array([start, start + length]))
