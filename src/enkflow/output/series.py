@@ -1,7 +1,7 @@
 """The growing files of the writer (``output.file`` without ``{time}``): one per field, and one per
 field and window, each along an unlimited ``time`` (:class:`~enkflow.output.record_file.RecordFile`).
-A time's values go straight into its record as its pieces arrive; the record counts once the time is
-complete, so ``xarray.open_dataset`` of the file gives every complete time, also after a ``kill -9``.
+A time's values go straight into its record as its pieces arrive (a time the file shows already: into
+a scratch slot, :mod:`~enkflow.output.record_rewrite`); the record counts once the time is complete, so ``xarray.open_dataset`` of the file gives every complete time, also after a ``kill -9``.
 """
 
 from __future__ import annotations
