@@ -71,9 +71,11 @@ def test_one_file_per_field_grows_along_time_and_a_restart_continues(tmp_path: P
         add_time(out, 12.0)
         add_time(out, 6.0, [3, 4])
     check_u(d / "u.nc", [0.0, 6.0, 12.0])
-    with Output(cfg) as out:  # a restarted run: time 12 again (written in place), then on
+    inode = (d / "u.nc").stat().st_ino
+    with Output(cfg) as out:  # a restarted run: time 12 again (the same values: nothing to replace), then on
         for t in (12.0, 18.0, 24.0, 30.0):
             add_time(out, t)
+    assert (d / "u.nc").stat().st_ino == inode  # appended in place, not copied
     check_u(d / "u.nc", [0.0, 6.0, 12.0, 18.0, 24.0, 30.0])
     assert sorted(p.name for p in d.iterdir()) == [".checkpoint", "s.nc", "s_day.nc", "u.nc", "u_day.nc"]
     with xr.open_dataset(d / "u.nc", decode_times=False) as ds:
@@ -96,6 +98,12 @@ def test_a_failed_time_leaves_no_gap_and_other_settings_are_refused(tmp_path: Pa
     add_time(out, 0.0)
     out.add("u", np.full((NY, NX), np.nan), time=6.0, member=1)  # nan = "error": time 6 is not written
     add_time(out, 12.0)
+    with pytest.raises(OutputError, match="NaN"):
+        out.close()
+    check_u(d / "u.nc", [0.0, 12.0])
+    out = Output(config(d))  # a rerun of time 12 with other values that fails: the file keeps the old ones
+    out.add("u", np.full((NY, NX), 99.0), time=12.0, member=1)
+    out.add("u", np.full((NY, NX), np.nan), time=12.0, member=2)
     with pytest.raises(OutputError, match="NaN"):
         out.close()
     check_u(d / "u.nc", [0.0, 12.0])
@@ -136,6 +144,64 @@ def test_records_complete_out_of_order_and_a_gap_is_closed_at_the_end(tmp_path: 
     empty.close()
     with xr.open_dataset(tmp_path / "e.nc", decode_times=False) as ds:
         assert ds.sizes["time"] == 0
+
+
+def test_a_kill_at_any_moment_of_a_rewrite_leaves_each_record_old_or_new(tmp_path: Path) -> None:
+    """RecordFile alone, times 6 and 12 of a file of 0, 6, 12 written again with other values by a
+    forked writer that kills itself (SIGKILL) at its k-th write, sync or rename, for every k: the file
+    opens after each kill with its three times, each record entirely old or entirely new."""
+    from enkflow.output.config import OutputConfig
+    from enkflow.output.series import open_field_series
+
+    cfg = OutputConfig.model_validate(config(tmp_path))
+    path = tmp_path / "u.nc"
+    old = {t: np.stack([field(t, m) for m in range(1, N + 1)]) for t in (0.0, 6.0, 12.0)}
+    new = {t: x + 1.0 for t, x in old.items()}
+    rf = open_field_series(path, cfg, "u", {}, {})
+    for t, x in old.items():
+        rf.write(rf.record(t), "u", (), x)
+        rf.commit(t)
+    rf.close()
+    for k in range(1000):
+        pid = os.fork()
+        if pid == 0:
+            _rewrite_and_die(path, cfg, new, k)
+        status = os.waitpid(pid, 0)[1]
+        with xr.open_dataset(path, decode_times=False) as ds:
+            assert list(ds["time"].values) == [0.0, 6.0, 12.0]
+            seen = [any(np.array_equal(ds["u"].values[i], v[t]) for v in (old, new)) for i, t in enumerate(old)]
+        assert all(seen), (k, seen)
+        if os.WIFEXITED(status):  # no k-th call: the rewrite went through
+            break
+        assert os.WTERMSIG(status) == signal.SIGKILL
+    assert k > 10
+    with xr.open_dataset(path, decode_times=False) as ds:
+        np.testing.assert_array_equal(ds["u"].values, np.stack([old[0.0], new[6.0], new[12.0]]))
+
+
+def _rewrite_and_die(path: Path, cfg: Any, values: dict[float, np.ndarray], k: int) -> None:
+    """In a forked child: times 6 and 12 of ``values`` written again, member by member, killed at the
+    ``k``-th call to a function that writes, syncs or renames; exits 0 if there are fewer calls."""
+    from enkflow.output.series import open_field_series
+
+    try:
+        calls = iter(range(k, -1, -1))
+        for name in ("pwrite", "fsync", "fdatasync", "replace"):
+            def dying(*args: Any, _real: Any = getattr(os, name)) -> Any:
+                if next(calls) == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return _real(*args)
+            setattr(os, name, dying)
+        rf = open_field_series(path, cfg, "u", {}, {})
+        for t in (6.0, 12.0):
+            r = rf.record(t)
+            for m in range(N):
+                rf.write(r, "u", (m,), values[t][m])
+            rf.commit(t)
+        rf.sync()
+        rf.close()
+    finally:
+        os._exit(0)
 
 
 MODEL = """

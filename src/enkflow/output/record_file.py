@@ -7,7 +7,9 @@ values by ``pwrite`` at their offsets, an ``fdatasync``, and only then the recor
 bytes at byte 4 of the header) in one ``pwrite``. A reader, or a run after ``kill -9``, sees ``numrecs``
 records, each whole; values of records beyond it (half written when the writer died) are invisible and
 are overwritten by the next appends. Records are handed out in the order their first values arrive and
-may complete in any order: ``numrecs`` is the completed prefix. HDF5 (NetCDF-4) is not used for this: an
+may complete in any order: ``numrecs`` is the completed prefix. A time the file shows already is
+never written in place: its new values replace the old record at once
+(:mod:`enkflow.output.record_rewrite`). HDF5 (NetCDF-4) is not used for this: an
 append there rewrites metadata spread over the file (B-trees, the metadata cache), and a writer killed
 in between can leave a file the library cannot open.
 """
@@ -19,6 +21,7 @@ import math
 import os
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ import numpy as np
 from enkflow.errors import FileFormatError
 from enkflow.fsutil import atomic_output
 from enkflow.io.netcdf3 import Header, HeaderVar, read_header
+from enkflow.output.record_rewrite import Rewrites, copy_bytes, pwrite_all
 
 _NUMRECS_AT = 4  # CDF-5: the 8-byte big-endian record count follows the 4-byte magic number
 
@@ -46,17 +50,21 @@ def _layout(header: Header) -> list[tuple[str, tuple[str, ...], tuple[int, ...],
             for k, v in header.variables.items()]
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
+@dataclass(frozen=True)
+class Record:
+    """Where a time's values go: record ``index`` of the file, or, for a time the file shows already
+    (``rewrite``), slot ``index`` of its :class:`~enkflow.output.record_rewrite.Rewrites`."""
+
+    index: int
+    rewrite: bool = False
 
 
 class RecordFile:
     """The file at ``path`` along its unlimited dimension, whose record variable ``time`` holds each
     record's coordinate. Created by ``define(tmp_path)`` when missing; an existing file must have the
     definition's layout and fixed values (else :class:`FileFormatError` naming it), and its records are
-    kept: a time already there is written again in place."""
+    kept: a time already there is written again into a scratch slot that replaces its record at once at
+    the next ``sync`` or ``close``."""
 
     def __init__(self, path: Path, define: Callable[[Path], None]) -> None:
         self.path = path
@@ -74,10 +82,12 @@ class RecordFile:
         header, _ = read_header(str(path))
         self.vars: dict[str, HeaderVar] = header.variables
         self.recsize = _record_size(header)
+        self.record_start = min(v.begin for v in self.vars.values() if v.is_record)
         self.fd = os.open(path, os.O_RDWR)
         self.numrecs = header.numrecs
         self.times = {float(t): r for r, t in enumerate(self._read_times(header.numrecs))}
-        self.pending: dict[float, int] = {}  # handed out, not complete
+        self.rewrites = Rewrites(path, self.recsize, self.record_start)
+        self.pending: dict[float, Record] = {}  # handed out, not complete
         self.complete: set[int] = set(range(header.numrecs))
         self.free: list[int] = []  # handed out and given back (a time that failed), below the top
         self.top = header.numrecs  # the next record never handed out
@@ -105,24 +115,26 @@ class RecordFile:
         v = self.vars["time"]
         return [struct.unpack(">d", os.pread(self.fd, 8, v.begin + r * self.recsize))[0] for r in range(n)]
 
-    def record(self, t: float) -> int:
-        """The record of time ``t``: its own where written or handed out before, else a new one (whose
-        ``time`` value is written at once)."""
-        r = self.times.get(t, self.pending.get(t))
-        if r is not None:
-            return r
-        if self.free:
-            r = min(self.free)
-            self.free.remove(r)
+    def record(self, t: float) -> Record:
+        """Where time ``t`` goes: its own record where handed out before; a scratch slot where the file
+        shows it already; else a new record. Its ``time`` value is written at once."""
+        rec = self.pending.get(t)
+        if rec is not None:
+            return rec
+        if t in self.times:
+            rec = Record(self.rewrites.slot(), rewrite=True)
+        elif self.free:
+            rec = Record(min(self.free))
+            self.free.remove(rec.index)
         else:
-            r, self.top = self.top, self.top + 1
-        self.pending[t] = r
-        self.write(r, "time", (), np.float64(t))
-        return r
+            rec, self.top = Record(self.top), self.top + 1
+        self.pending[t] = rec
+        self.write(rec, "time", (), np.float64(t))
+        return rec
 
-    def write(self, r: int, name: str, key: tuple[int | slice, ...], data: np.ndarray | np.generic) -> None:
+    def write(self, rec: Record, name: str, key: tuple[int | slice, ...], data: np.ndarray | np.generic) -> None:
         """Store ``data`` at ``key`` (an index per dimension after the record's) of variable ``name``
-        in record ``r``, the dimensions it leaves out whole: one ``pwrite`` per contiguous run of the file."""
+        in ``rec``, the dimensions it leaves out whole: one ``pwrite`` per contiguous run of the file."""
         v = self.vars[name]
         shape = v.shape[1:]
         key = key + (slice(None),) * (len(shape) - len(key))
@@ -135,26 +147,36 @@ class RecordFile:
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
         run = math.prod(b - a for a, b in zip(starts[inner:], stops[inner:]))
         values = np.ascontiguousarray(data, dtype=v.dtype).reshape(-1, run)
-        base = v.begin + r * self.recsize
+        if rec.rewrite:
+            fd, base = self.rewrites.fd, v.begin - self.record_start + rec.index * self.recsize
+        else:
+            fd, base = self.fd, v.begin + rec.index * self.recsize
         first = starts[inner] * strides[inner] if shape else 0
         for i, idx in enumerate(itertools.product(*(range(a, b) for a, b in zip(starts[:inner], stops[:inner])))):
             at = first + sum(j * s for j, s in zip(idx, strides))
-            _pwrite_all(self.fd, memoryview(values[i]).cast("B"), base + at * v.dtype.itemsize)
+            pwrite_all(fd, memoryview(values[i]).cast("B"), base + at * v.dtype.itemsize)
 
     def commit(self, t: float) -> None:
-        """Time ``t``'s record is whole: on disk first, then counted where it extends the whole prefix."""
-        r = self.pending.pop(t, None)
-        if r is None:
-            return  # a record written again in place: counted already
-        self.complete.add(r)
-        self.times[t] = r
+        """Time ``t``'s values are whole: a new record on disk first, then counted where it extends the
+        whole prefix; a rewrite staged for the next ``sync`` or ``close``."""
+        rec = self.pending.pop(t)
+        if rec.rewrite:
+            self.rewrites.stage(self.times[t], rec.index, self.fd)
+            return
+        self.complete.add(rec.index)
+        self.times[t] = rec.index
         self._count()
 
     def release(self, t: float) -> None:
-        """Time ``t`` failed: its record, if not yet counted, goes to the next new time."""
-        r = self.pending.pop(t, None)
-        if r is not None:
-            self.free.append(r)
+        """Time ``t`` failed: its new record goes to the next new time, its scratch slot to the next
+        rewrite; what the file shows is untouched."""
+        rec = self.pending.pop(t, None)
+        if rec is None:
+            return
+        if rec.rewrite:
+            self.rewrites.give_back(rec.index)
+        else:
+            self.free.append(rec.index)
 
     def _count(self) -> None:
         n = self.numrecs
@@ -162,7 +184,7 @@ class RecordFile:
             n += 1
         if n != self.numrecs:
             os.fdatasync(self.fd)  # the records' values reach the disk before the count that shows them
-            _pwrite_all(self.fd, memoryview(struct.pack(">Q", n)), _NUMRECS_AT)
+            pwrite_all(self.fd, memoryview(struct.pack(">Q", n)), _NUMRECS_AT)
             self.numrecs = n
 
     def _fill_holes(self) -> None:
@@ -172,8 +194,8 @@ class RecordFile:
             top = max(self.complete, default=-1)
             if top < hole:
                 break
-            data = os.pread(self.fd, self.recsize, self.recsize * top + self._record_start())
-            _pwrite_all(self.fd, memoryview(data), self.recsize * hole + self._record_start())
+            copy_bytes(self.fd, self.record_start + self.recsize * top,
+                       self.fd, self.record_start + self.recsize * hole, self.recsize)
             t = next(t for t, r in self.times.items() if r == top)
             self.complete.discard(top)
             self.complete.add(hole)
@@ -182,21 +204,28 @@ class RecordFile:
         self.top = max(self.complete, default=-1) + 1
         self._count()
 
-    def _record_start(self) -> int:
-        return min(v.begin for v in self.vars.values() if v.is_record)
-
     def sync(self) -> None:
+        """Staged rewrites in, and everything on disk."""
+        self._swap_in()
         os.fsync(self.fd)
 
+    def _swap_in(self) -> None:
+        if self.rewrites.apply():
+            fd = os.open(self.path, os.O_RDWR)  # the file renamed over the one still open
+            os.close(self.fd)
+            self.fd = fd
+
     def close(self) -> None:
-        """Count every complete record (times that failed leave no gap) and close."""
+        """Staged rewrites in, every complete record counted (times that failed leave no gap), closed."""
         if self.fd < 0:
             return
         try:
-            self.free.extend(self.pending.values())  # incomplete at the end: given back like failed times
-            self.pending.clear()
+            for t in list(self.pending):  # incomplete at the end: given back like failed times
+                self.release(t)
+            self._swap_in()
             self._fill_holes()
             os.fsync(self.fd)
         finally:
             os.close(self.fd)
             self.fd = -1
+            self.rewrites.close()

@@ -1,7 +1,7 @@
 """The growing files of the writer (``output.file`` without ``{time}``): one per field, and one per
 field and window, each along an unlimited ``time`` (:class:`~enkflow.output.record_file.RecordFile`).
-A time's values go straight into its record as its pieces arrive; the record counts once the time is
-complete, so ``xarray.open_dataset`` of the file gives every complete time, also after a ``kill -9``.
+A time's values go straight into its record as its pieces arrive (a time the file shows already: into
+a scratch slot, :mod:`~enkflow.output.record_rewrite`); the record counts once the time is complete, so ``xarray.open_dataset`` of the file gives every complete time, also after a ``kill -9``.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class SeriesTime:
 def write_window_record(rf: RecordFile, start: float, length: float, n_times: int,
                         stats: tuple[np.ndarray, np.ndarray, np.ndarray], name: str, complete: bool) -> None:
     """One window's statistics as the record of its middle time (a window written incomplete at the
-    end of a run and completed by the next is written again in place)."""
+    end of a run and completed by the next replaces its record at the next sync or close)."""
     t = start + length / 2.0
     r = rf.record(t)
     rf.write(r, "time_bnds", (), np.array([start, start + length]))
