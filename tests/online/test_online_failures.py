@@ -17,7 +17,7 @@ from enkflow.cli import main
 from enkflow.errors import DETERMINISTIC_ERROR_RC
 from enkflow.experiment.demo_problem import DemoSettings, prepare
 from enkflow.online.contact import CONTACT_ENV, contacts, note_contact
-from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed
+from enkflow.online.process_ends import Culprit, RunnerExit, RunnerExits, StudyFailed
 
 USER_RUNNER = Path(__file__).with_name("user_runner.py")
 
@@ -110,9 +110,12 @@ def test_a_runner_told_to_stop_is_never_the_one_to_fail(tmp_path) -> None:
     exits.note(RunnerExit(0, "j0", 0, log, told_to_stop=True))
     exits.add(RunnerExit(1, "j1", 0, log, frozenset({7})), any_joined=True, refused={})
     assert exits.first_failed() is None and exits.cause() == "\nno runner exited with an error"
-    assert exits.cause(culprit=0).startswith("\nthe runner whose failure ended the study: runner 0 (job j0) exited with "
-                                             "status 0 when the server told it to stop;")
-    assert exits.log_or(tmp_path, culprit=3) == tmp_path
+    assert exits.log_or(tmp_path) == tmp_path
+    assert exits.cause(Culprit(0, "j0", log)).startswith("\nthe runner whose failure ended the study: runner 0 (job j0) "
+                                                         "exited with status 0 when the server told it to stop;")
+    running = Culprit(3, "j3", tmp_path / "runner-3.log")
+    assert exits.cause(running).startswith("\nthe runner whose failure ended the study: runner 3 (job j3), still running;")
+    assert exits.log_or(tmp_path, running) == running.log
 
 
 @pytest.mark.parametrize("status, greeted, refused, fails", [

@@ -47,7 +47,7 @@ from enkflow.online.checkpoint import analysis_path
 from enkflow.online.contact import CONTACT_ENV, contacts
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
-from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed, tail_of
+from enkflow.online.process_ends import Culprit, RunnerExit, RunnerExits, StudyFailed, tail_of
 from enkflow.online.study_progress import StudyProgress
 from enkflow.transport import TRANSPORT_ENV
 from enkflow.output import archive as _archive
@@ -247,9 +247,10 @@ class OnlineExperiment:
             self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
         return None
 
-    def _culprit(self) -> int | None:
-        """The K of the runner whose failure made the server fail the member for good, where known."""
-        return next((k for k in self.runner_index.values() if self.study.failed_by in self._greeted(k)), None)
+    def _culprit(self) -> Culprit | None:
+        """The runner whose failure made the server fail the member for good, where known."""
+        return next((Culprit(k, jid, self.odir.logs / f"runner-{k}.log") for jid, k in self.runner_index.items()
+                     if self.study.failed_by in self._greeted(k)), None)
 
     def _greeted(self, k: int) -> frozenset[int]:
         """The ids runner ``k`` greeted the server with (:mod:`enkflow.online.contact`)."""

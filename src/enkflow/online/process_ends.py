@@ -87,6 +87,15 @@ def _signal_name(number: int) -> str:
         return "unknown signal"
 
 
+@dataclass(frozen=True)
+class Culprit:
+    """The runner whose failure made the server fail a member for good: runner ``runner``, job ``job``."""
+
+    runner: int
+    job: str
+    log: Path
+
+
 @dataclass
 class RunnerExits:
     """Every runner exit of one ``enkflow run``, in the order seen."""
@@ -116,22 +125,25 @@ class RunnerExits:
         """How many runners ended other than when told to stop."""
         return sum(not e.told_to_stop for e in self.exits)
 
-    def first_failed(self, culprit: int | None = None) -> RunnerExit | None:
-        """Runner ``culprit``'s exit (the runner whose failure the server named), else the first runner that
+    def first_failed(self, culprit: Culprit | None = None) -> RunnerExit | None:
+        """The exit of ``culprit`` (the runner whose failure the server named), else of the first runner that
         exited with an error: its log most likely holds the cause; None when there is neither."""
-        named = [e for e in self.exits if e.runner == culprit]
+        named = [e for e in self.exits if culprit is not None and e.runner == culprit.runner]
         failed = named or [e for e in self.exits if e.failed]
         return failed[0] if failed else None
 
-    def log_or(self, default: Path, culprit: int | None = None) -> Path:
-        """The log of :meth:`first_failed`, else ``default``."""
-        first = self.first_failed(culprit)
-        return default if first is None else first.log
+    def log_or(self, default: Path, culprit: Culprit | None = None) -> Path:
+        """The log of ``culprit``, else of :meth:`first_failed`, else ``default``."""
+        first = self.first_failed()
+        return culprit.log if culprit is not None else default if first is None else first.log
 
-    def cause(self, culprit: int | None = None) -> str:
-        """A line to add to an error: :meth:`first_failed` and the tail of its log; '' when no runner ended."""
+    def cause(self, culprit: Culprit | None = None) -> str:
+        """A line to add to an error: ``culprit``, else :meth:`first_failed`, and the tail of its log; else
+        that no runner exited with an error ('' when no runner ended)."""
         first = self.first_failed(culprit)
+        if culprit is not None:
+            how = first.describe() if first is not None else f"runner {culprit.runner} (job {culprit.job}), still running"
+            return f"\nthe runner whose failure ended the study: {how}{tail_of(culprit.log)}"
         if first is None:
             return "\nno runner exited with an error" if self.exits else ""
-        who = "the runner whose failure ended the study" if first.runner == culprit else "the first runner to fail"
-        return f"\n{who}: {first.describe()}{first.tail()}"
+        return f"\nthe first runner to fail: {first.describe()}{first.tail()}"
