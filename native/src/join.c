@@ -1,6 +1,7 @@
 /* Joining the server (HELLO, WELCOME, the data connections and their transports, the heartbeat thread), and
  * the collectives over an MPI runner's ranks it is made of. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -83,9 +84,22 @@ static void hello_body(enkflow_runner *r, ekf_buf *b) {
     ekf_buf_printf(b, "],\"ranks\":%d}", r->size);
 }
 
+/* Before the first HELLO: the runner's id, appended to the file ENKFLOW_RUNNER_CONTACT names
+ * (enkflow.online.contact), so that `enkflow run` tells a runner that never reached the server (a failed
+ * start) from one that greeted a server that did not answer. Only that judgement depends on it. */
+static void note_contact(const enkflow_runner *r) {
+    const char *path = getenv("ENKFLOW_RUNNER_CONTACT");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "a");
+    int ok = f != NULL && fprintf(f, "%llu\n", (unsigned long long)r->id) > 0;
+    if (f != NULL && fclose(f) != 0) ok = 0;
+    if (!ok) fprintf(stderr, "enkflow runner: cannot write %s (ENKFLOW_RUNNER_CONTACT)\n", path);
+}
+
 /* Rank 0: HELLO until a WELCOME (its JSON into payload) or a refusal, retrying for reconnect_s. */
 static int hello(enkflow_runner *r, ekf_buf *payload) {
     double deadline = ekf_now() + r->reconnect_s;
+    if (!r->epoch) note_contact(r);
     ekf_buf body = {0};
     hello_body(r, &body);
     if (body.oom) {

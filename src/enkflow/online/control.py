@@ -118,7 +118,7 @@ class Control:
             return None
         if not hmac.compare_digest(hdr.credential, self.me.cred):
             if hdr.kind is not Kind.HEARTBEAT:
-                self._emit("online_reject", reason="wrong token", runner=hdr.runner)
+                self._emit("online_reject", reason="wrong token", runner=hdr.runner, id=hdr.runner)
                 send_error(self.socket, identity, hdr, "authentication failed: wrong token", self.me)
             return None
         return hdr
@@ -131,13 +131,13 @@ class Control:
             got = [Field.from_json(d) for d in body.get("fields", [])]
             ranks = int(body.get("ranks", 1))
         except (EnkflowError, TypeError, ValueError) as exc:
-            self._emit("online_reject", reason=f"bad HELLO: {exc}", runner=hdr.runner)
+            self._emit("online_reject", reason=f"bad HELLO: {exc}", runner=hdr.runner, id=hdr.runner)
             send_error(self.socket, identity, hdr, f"bad HELLO: {exc}", self.me)
             return
         diff = describe_mismatch(list(self._fields), got)
         name = str(body.get("name", hdr.runner))[:200]
         if diff:
-            self._emit("online_reject", runner=name, reason=diff)
+            self._emit("online_reject", runner=name, id=hdr.runner, reason=diff)
             send_error(self.socket, identity, hdr, f"the runner's fields do not match the server's: {diff}; {FIELDS_HINT}",
                        self.me)
             return
@@ -205,10 +205,12 @@ class Control:
 
     def requeue(self, task_id: int, cause: str, error: str | None) -> None:
         """The task's member back to the front of the queue (``error``: as a failure of the member)."""
+        held = self.sched.tasks.get(task_id)
         try:
             t = self.sched.requeue(task_id, cause, error)
-        except MemberError as exc:
-            self._emit("experiment_fail", cycle=self.sched.cycle, member=exc.member, report={"reason": str(exc)})
+        except MemberError as exc:  # ``id``: the runner whose failure was the last straw, whose log a supervisor shows
+            self._emit("experiment_fail", cycle=self.sched.cycle, member=exc.member, id=held.runner if held else None,
+                       report={"reason": str(exc)})
             raise
         if t is not None:
             self._emit("task_requeue", cycle=t.cycle, member=t.member, task=t.id, reason=cause, error=error)

@@ -6,7 +6,7 @@ are jobs of an :mod:`enkflow.jobs` launcher, on this machine or through SLURM.
 The supervisor shows each cycle's progress from the server's events
 (:mod:`enkflow.online.study_progress`), reports a runner that exits before the
 study is over at once and replaces it, or stops the study when the runner failed
-to start (:mod:`enkflow.online.process_ends`), and restarts a crashed server,
+to start or was refused (:mod:`enkflow.online.process_ends`), and restarts a crashed server,
 which resumes from its checkpoints (up to ``max_server_restarts`` times). The server's verdict is
 ``EXPDIR/online/status.json``: done, or failed with the error (a member that
 failed ``max_failures`` times, bad input), which is not retried. The server and
@@ -44,9 +44,10 @@ from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
 from enkflow.netaddr import probe_host, reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
+from enkflow.online.contact import CONTACT_ENV, contacts
 from enkflow.online.experiment import ServerStatus, experiment_fields
 from enkflow.online.liveness import AliveWatch, alive_limit, alive_period
-from enkflow.online.process_ends import RunnerExit, RunnerExits, StudyFailed, tail_of
+from enkflow.online.process_ends import Culprit, RunnerExit, RunnerExits, StudyFailed, tail_of
 from enkflow.online.study_progress import StudyProgress
 from enkflow.transport import TRANSPORT_ENV
 from enkflow.output import archive as _archive
@@ -113,6 +114,7 @@ class OnlineExperiment:
         self.runner_starts = 0
         self.runner_index: dict[str, int] = {}  # job -> K of its runner-K.log
         self.exits = RunnerExits()
+        self.stopped: set[str] = set()  # runner jobs that ended when the server told them to stop
         self.study = StudyProgress(self.xdir.events, cfg.experiment.members, self._say,
                                    bar_stream if progress is not None else None)
         self.output_service = None
@@ -218,10 +220,11 @@ class OnlineExperiment:
             self.events.emit("experiment_end", mode="online", cycles=self.cfg.cycle_numbers)
             return status
         if state == ServerStatus.FAILED:
+            culprit = self._culprit()
             self.events.emit("experiment_fail", reason=status.get("error"), member=status.get("member"),
-                             cycle=status.get("cycle"), log=str(self.exits.log_or(self._server_log())))
+                             cycle=status.get("cycle"), log=str(self.exits.log_or(self._server_log(), culprit)))
             if status.get("member") is not None:
-                raise MemberError(f"{status.get('error')}{self.exits.cause()}", member=int(status["member"]),
+                raise MemberError(f"{status.get('error')}{self.exits.cause(culprit)}", member=int(status["member"]),
                                   cycle=status.get("cycle"))
             raise StudyFailed(f"the server stopped: {status.get('error')}")
         lost = state == ServerStatus.RANK_LOST
@@ -244,12 +247,22 @@ class OnlineExperiment:
             self._say(f"the server exited without finishing; restarting it from its checkpoint ({self.server_restarts})")
         return None
 
+    def _culprit(self) -> Culprit | None:
+        """The runner whose failure made the server fail the member for good, where known."""
+        return next((Culprit(k, jid, self.odir.logs / f"runner-{k}.log") for jid, k in self.runner_index.items()
+                     if self.study.failed_by in self._greeted(k)), None)
+
+    def _greeted(self, k: int) -> frozenset[int]:
+        """The ids runner ``k`` greeted the server with (:mod:`enkflow.online.contact`)."""
+        return frozenset(contacts(self.odir.logs / f"runner-{k}.contact"))
+
     def _server_log(self) -> Path:
         """The log of the server started last."""
         return self.odir.logs / f"server-{self.server_restarts}.log"
 
     def _start_server(self) -> str:
         self.odir.status.unlink(missing_ok=True)  # the verdict of this server, not of the one before
+        self.odir.stopping.unlink(missing_ok=True)
         self.alive.reset()
         self.odir.address.unlink(missing_ok=True)
         logs = self.odir.logs
@@ -278,9 +291,11 @@ class OnlineExperiment:
     def _start_runner(self, address: str) -> str:
         k = self.runner_starts
         self.runner_starts += 1
+        contact = self.odir.logs / f"runner-{k}.contact"
+        contact.unlink(missing_ok=True)  # an earlier run's runner K
         spec = JobSpec(name=f"enkflow-runner-{k}", argv=self._runner_argv(k, address), cpus=1,
                        time_limit_s=self.cfg.jobs.time_limit, log=self.odir.logs / f"runner-{k}.log",
-                       env=self._env() | {TRANSPORT_ENV: self.o.transport},
+                       env=self._env() | {TRANSPORT_ENV: self.o.transport, CONTACT_ENV: str(contact)},
                        requeue=False)
         jid = self.launcher.submit(spec)
         self.runner_index[jid] = k
@@ -289,9 +304,10 @@ class OnlineExperiment:
 
     def _wait_address(self, server: str) -> str:
         path = self.odir.address
-        while not path.exists():
+        while not path.exists():  # written once the server has loaded the ensemble
             if self.launcher.states([server])[server] is JobState.FINISHED:
                 return ""
+            self._cancel_silent(server)
             time.sleep(0.05)
         return path.read_text().strip()
 
@@ -307,46 +323,61 @@ class OnlineExperiment:
                     self._say(f"server at {address}; {self.o.runners} runners started")
                 st = self.launcher.states([server, *runners])
                 self.study.poll()  # after the states: a runner that ended had joined if it says so by now
+                # Before the server's end: a runner told to stop has ended before the server that told it.
+                for i, jid in enumerate(runners):
+                    if st[jid] is not JobState.FINISHED or jid in self.stopped:
+                        continue
+                    if self.odir.stopping.exists():  # told that the study is over, or stopped: not replaced
+                        self._runner_ended(jid, stopping=True)
+                        continue
+                    self._runner_ended(jid)
+                    if self.o.runners + self.exits.reported >= max_starts:
+                        self.events.emit("experiment_fail", reason=f"runners exited {self.exits.reported} times",
+                                         log=str(self.exits.log_or(self.odir.logs)))
+                        raise EnkflowError(f"runners exited {self.exits.reported} times before the study ended; see "
+                                           f"{self.odir.logs}{self.exits.cause()}")
+                    runners[i] = self._start_runner(address)
                 if st[server] is not JobState.FINISHED:
                     self._cancel_silent(server)
-                if st[server] is JobState.FINISHED:
-                    status = self._server_ended()
-                    if status is not None:
-                        return status
-                    server = self._start_server()
-                    new = self._wait_address(server)
-                    if new and new != address and runners:
-                        # Another address (a fixed port should prevent it): runners must be told, so start new ones.
-                        self.launcher.cancel(runners)
-                        runners = []
-                    address = new
+                    time.sleep(self.poll_s)
                     continue
-                for i, jid in enumerate(runners):
-                    # A runner ends when told the study is over: then it is not replaced.
-                    if st[jid] is JobState.FINISHED and not self.odir.stopping.exists():
-                        self._runner_ended(jid)
-                        if self.runner_starts >= max_starts:
-                            self.events.emit("experiment_fail", reason=f"runners exited {self.runner_starts} times",
-                                             log=str(self.exits.log_or(self.odir.logs)))
-                            raise EnkflowError(f"runners exited {self.runner_starts} times before the study ended; see "
-                                               f"{self.odir.logs}{self.exits.cause()}")
-                        runners[i] = self._start_runner(address)
-                time.sleep(self.poll_s)
+                status = self._server_ended()
+                if status is not None:
+                    return status
+                server = self._start_server()
+                new = self._wait_address(server)
+                if new and new != address and runners:
+                    # Another address (a fixed port should prevent it): runners must be told, so start new ones.
+                    self.launcher.cancel(runners)
+                    runners = []
+                    self.stopped.clear()
+                elif new:  # the runners the ended server told to stop serve the new one
+                    runners = [self._start_runner(new) if jid in self.stopped else jid for jid in runners]
+                    self.stopped.clear()
+                address = new
         finally:
             self.study.close()
             self.launcher.cancel([server, *runners])
 
-    def _runner_ended(self, jid: str) -> None:
+    def _runner_ended(self, jid: str, *, stopping: bool = False) -> None:
         """Report a runner that ended before the study did, at once: its exit status and its log's tail.
-        Raises :class:`StudyFailed` for one that failed to start (no runner joined yet)."""
+        Raises :class:`StudyFailed` for one that failed to start or was refused. Once the server stopped
+        the study (``stopping``) it is only recorded, and reported where it exited with an error."""
         k = self.runner_index[jid]
-        ended = RunnerExit(k, jid, self.launcher.exit_status(jid), self.odir.logs / f"runner-{k}.log")
+        status = self.launcher.exit_status(jid)
+        ended = RunnerExit(k, jid, status, self.odir.logs / f"runner-{k}.log", self._greeted(k), stopping and status == 0)
+        if stopping:
+            self.stopped.add(jid)
+            self.exits.note(ended)
+            if ended.told_to_stop:
+                return
         self.events.emit("runner_exit", job=jid, runner=k, status=ended.status)
-        try:
-            self.exits.add(ended, any_joined=self.study.any_joined)
-        except StudyFailed as exc:  # its error says what the line below would
-            self.events.emit("experiment_fail", reason=str(exc), runner=k, log=str(ended.log))
-            raise
+        if not stopping:
+            try:
+                self.exits.add(ended, any_joined=self.study.any_joined, refused=self.study.refused)
+            except StudyFailed as exc:  # its error says what the line below would
+                self.events.emit("experiment_fail", reason=str(exc), runner=k, log=str(ended.log))
+                raise
         self._say(f"{ended.describe()}{ended.tail()}")
 
 

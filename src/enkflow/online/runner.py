@@ -47,6 +47,7 @@ from enkflow.errors import EnkflowError, InputError
 from enkflow.jobs.lease import watch_from_environment
 from enkflow.online import exit_report
 from enkflow.online.connection import Connection, ServerError, ServerLost
+from enkflow.online.contact import note_contact
 from enkflow.online.fields import Field, Ownership
 from enkflow.online.heartbeat import Heartbeat
 from enkflow.online.segments import SLOT_GONE
@@ -156,6 +157,8 @@ class Runner:
             self._hb = Heartbeat(self._ctx, self.address, self._cred, self.id, float(welcome["heartbeat_s"]), self._curve)
 
     def _hello(self) -> dict:
+        if not self._epoch:  # its first greeting: a supervisor tells a failed start from a server not answering
+            note_contact(self.id)
         deadline = time.monotonic() + self.reconnect_s
         while True:
             if self._control is None:

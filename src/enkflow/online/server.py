@@ -211,8 +211,6 @@ class Server:
                             self.nodes)
         self.address = self.comm.bcast(address, root=0)
         self.comm.barrier()
-        if self.rank == 0 and self.cfg.address_file is not None:
-            write_bytes_atomic(self.cfg.address_file, (self.address + "\n").encode())
 
     def close(self) -> None:
         # Time for the last replies (STOP, the ERROR that ended a study) to leave on a loaded machine;
@@ -245,6 +243,9 @@ class Server:
             self._emit("online_start", cycles=start.cycles, members=self.p.n_members, ranks=self.size, address=self.address,
                        nodes=self.nodes,
                        resumed=start.cycles != list(cycles), recovered_forecasts=sorted(start.forecasts))
+            # Only now: the load above answers no HELLO, and a runner gives up after its reconnect_s.
+            if self.rank == 0 and self.cfg.address_file is not None:
+                write_bytes_atomic(self.cfg.address_file, (self.address + "\n").encode())
             if self.cfg.stateless_check and start.cycles and start.cycles[0] == cycles[0] and not start.forecasts:
                 self.probe.arm(1)
             first = start.cycles[0] if start.cycles else None
@@ -252,6 +253,7 @@ class Server:
             self._finish()
         except BaseException:
             if self.control is not None:
+                self._say_stopping()
                 self._stop(self.control)
             raise
         finally:
@@ -443,6 +445,16 @@ class Server:
 
     # -- the end ---------------------------------------------------------------------------
 
+    def _say_stopping(self) -> None:
+        """The stop file, before any runner is told to stop, at the end or on a failure: a supervisor
+        must not take a runner that leaves when told for one that failed, nor replace it."""
+        if self.cfg.stop_file is None:
+            return
+        try:
+            write_json_atomic(self.cfg.stop_file, {"cycles": sorted(self.diagnostics)})
+        except OSError as exc:  # not in place of the error that ends the study: only runners replaced needlessly
+            self._say(f"cannot write {self.cfg.stop_file}: {exc}")
+
     def _stop(self, control: Control) -> None:
         """Tell waiting runners the study is over; the other ranks stop too."""
         control.stop_waiting()
@@ -454,8 +466,7 @@ class Server:
         self.comm.barrier()
         if self.control is None:
             return
-        if self.cfg.stop_file is not None:
-            write_json_atomic(self.cfg.stop_file, {"cycles": sorted(self.diagnostics)})
+        self._say_stopping()
         told = self.control.waiting_runners()
         self._stop(self.control)
         self.control.stop_latecomers(told, grace_s)

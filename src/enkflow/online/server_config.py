@@ -16,16 +16,16 @@ class ServerConfig:
     ``bind`` is the interface: loopback unless set; an address, an interface name
     (``eth0``) or ``*`` / ``0.0.0.0`` (every interface, advertised with an address of
     the node's interface: :func:`enkflow.netaddr.advertised`); ``port`` the control port
-    (0: any free port; the address is written to ``address_file``). ``rank_timeout_s``:
-    a server rank silent this long on the ranks' bus (a lost node) stops the server.
+    (0: any free port; the address is written to ``address_file`` once the ensemble is loaded
+    and HELLOs are answered). ``rank_timeout_s``: a server rank silent this long on the ranks' bus (a lost node) stops the server.
     ``curve_secret_key`` (Z85) turns on ZeroMQ CURVE encryption; runners then
     need the matching public key. ``stateless_check``: in the first cycle of a new
     study member 1 runs twice and the two forecasts must agree bit for bit (a
     model keeping state between exposes would give members the wrong history).
     ``min_runners``: hand out no member before this many runners have joined (for
     benchmarks and tests that need every runner to take part). ``stop_file`` is written
-    once the last cycle is done, before runners are told to stop (so that a supervisor
-    does not replace a runner that stopped because the study is over). ``transport``: AUTO puts
+    before runners are told to stop, once the last cycle is done or on a failure (so that a
+    supervisor neither reports nor replaces a runner that stopped because it was told). ``transport``: AUTO puts
     every rank's share in shared memory for runners on its node where it can (else an
     ``online_shm_unavailable`` event, and TCP), SHM insists (a ConfigError where it cannot), TCP never.
     """

@@ -3,9 +3,9 @@
 The server runs in a job of its own, so ``enkflow run`` follows ``EXPDIR/events.jsonl`` from where it
 ended when the run began: per cycle the members whose forecast is in and the runners alive (a bar of
 :mod:`enkflow.progress` on a terminal, else a line whenever either changes, as offline mode's ``cycle 1: 3/8 members done``),
-each rescheduled member with its cause, then the analysis's time and OmB -> OmA. It also says whether
-any runner joined the server, which tells a runner that failed to start from one that failed later
-(:mod:`enkflow.online.process_ends`).
+each rescheduled member with its cause, then the analysis's time and OmB -> OmA. It also keeps what
+tells why a runner ended (:mod:`enkflow.online.process_ends`): whether any runner joined the server, the
+HELLOs the server refused, and the runner whose failure made the server stop the study.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class StudyProgress:
         self._tty = bar_stream if bar_stream is not None and bar_stream.isatty() else None
         self._offset = events.stat().st_size if events.exists() else 0
         self.any_joined = False  # some runner joined the server since this run began
+        self.refused: dict[int, str] = {}  # runner id -> why the server refused its HELLO
+        self.failed_by: int | None = None  # the id of the runner whose failure made a member fail for good
         self._alive: set[int] = set()  # the ids of the runners joined to the current server
         self._recovered: set[int] = set()  # forecasts a restarted server found checkpointed
         self._cycle: int | None = None
@@ -77,6 +79,9 @@ class StudyProgress:
             self._alive.add(int(rec.get("id", 0)))
         elif event in ("runner_lost", "runner_leave"):
             self._alive.discard(int(rec.get("id", 0)))
+        elif event in ("online_reject", "experiment_fail"):
+            self._on_failure(rec)
+            return
         elif event == "task_requeue":
             error = str(rec.get("error") or "")[:ERROR_CHARS]
             self._line(f"cycle {rec.get('cycle')}: member {rec.get('member')} rescheduled ({rec.get('reason')})"
@@ -90,6 +95,16 @@ class StudyProgress:
         else:
             return
         self._show(float(rec.get("t", self._t0)))
+
+    def _on_failure(self, rec: dict[str, Any]) -> None:
+        """A HELLO refused, or the member failed for good, with the runner's id where the server knew it."""
+        who = rec.get("id")
+        if not isinstance(who, int):
+            return
+        if rec.get("event") == "online_reject":
+            self.refused[who] = str(rec.get("reason") or "")
+        else:
+            self.failed_by = who
 
     def _show(self, t: float) -> None:
         """The current cycle's members done and runners alive, where they changed."""
