@@ -2,7 +2,8 @@
 # The README's two set-up commands on a fresh machine, as a newcomer runs them.
 #
 #   sudo testing/fresh_machine.sh [PYTEST ARGS...]      e.g.  tests/native tests/test_cli.py
-#   sudo FRESH_CI=1 testing/fresh_machine.sh             CI's .ci/run (the same ./setup.sh, the whole suite)
+#   sudo FRESH_CI=1 testing/fresh_machine.sh             CI's .ci/run (the same ./setup.sh, the whole suite;
+#                                                        PYTEST_ADDOPTS passed through)
 #
 # Bootstraps a minimal Debian bookworm (debootstrap --variant=minbase: what a clean `debian:bookworm`
 # container holds, no Python, no compiler) into a new folder, clones this repository's committed HEAD into
@@ -75,7 +76,8 @@ if [ "${FRESH_CI:-0}" = 1 ]; then
   # CI's entry point instead (its set-up is the same ./setup.sh, then the whole suite).
   t1=$(date +%s)
   chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 TERM=dumb CI=true "${site_env[@]}" /bin/bash -c 'cd /root/enkflow && bash .ci/run'
+    LANG=C.UTF-8 TERM=dumb CI=true ${PYTEST_ADDOPTS:+"PYTEST_ADDOPTS=$PYTEST_ADDOPTS"} "${site_env[@]}" \
+    /bin/bash -c 'cd /root/enkflow && bash .ci/run'
   rc=$?
   echo "fresh machine: .ci/run took $(( $(date +%s) - t1 )) s (exit status $rc)"
   exit $rc
