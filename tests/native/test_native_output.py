@@ -302,9 +302,11 @@ def test_back_pressure_waits_for_a_stopped_service_and_loses_nothing(clients, tm
             os.kill(svc.proc.pid, signal.SIGCONT)
         svc.kill()
     assert res["stats"]["adds"] == n and not res.get("error")
-    for k in (0, n - 1):
-        with netCDF4.Dataset(tmp_path / "out" / f"big_{k}.nc") as ds:
-            assert np.array_equal(ds["big"][0], k + np.arange(512 * 256).reshape(512, 256) / 8.0)
+    with netCDF4.Dataset(tmp_path / "out" / "big.nc") as ds:  # one file growing along time
+        times = [float(t) for t in ds["time"][:]]
+        assert sorted(times) == list(range(n))
+        for k in (0, n - 1):
+            assert np.array_equal(ds["big"][times.index(k)], k + np.arange(512 * 256).reshape(512, 256) / 8.0)
 
 
 @pytest.mark.parametrize("how", ["kill9", "silent"])
@@ -388,13 +390,15 @@ dtype = "float64"
     run_study(study)
     assert study.rc == 0, f"enkflow run failed ({study.rc}):\n{study.log}\n{study.runner_logs()}"
     out = study.directory / "model_output"
-    assert sorted(p.name for p in out.iterdir()) == sorted(f"forecast_{6 * k}.nc" for k in range(1, CYCLES + 1))
+    assert sorted(p.name for p in out.iterdir()) == ["forecast.nc"]  # one file growing along time
     sea = np.ones((ny, nx), dtype=bool)
     sea[lj, li] = False
+    with netCDF4.Dataset(out / "forecast.nc") as ds:
+        times = [float(t) for t in ds["time"][:]]
+        forecasts, means = np.asarray(ds["forecast"][:]), np.asarray(ds["forecast_mean"][:])
+    assert sorted(times) == [6.0 * k for k in range(1, CYCLES + 1)]
     for k in range(1, CYCLES + 1):
-        with netCDF4.Dataset(out / f"forecast_{6 * k}.nc") as ds:
-            members = np.asarray(ds["forecast"][0])
-            mean = np.asarray(ds["forecast_mean"][0])
+        members, mean = forecasts[times.index(6.0 * k)], means[times.index(6.0 * k)]
         assert members.shape == (MEMBERS, ny, nx) and np.all(members[:, sea] == 0.0)
         assert np.all(np.std(members[:, ~sea], axis=0) > 0)  # eight different forecasts
         with netCDF4.Dataset(study.run_dir / "cycles" / f"{k:04d}" / "soil_moisture_forecast_mean.nc") as ds:
