@@ -31,9 +31,8 @@ fi
 command -v debootstrap >/dev/null || { echo "fresh_machine.sh: apt-get install debootstrap" >&2; exit 2; }
 
 cleanup() {
-  for m in tmp dev/shm dev/pts dev sys proc; do
-    mountpoint -q "$root/$m" 2>/dev/null && umount -l "$root/$m"
-  done
+  # Everything mounted under the root (the tests' network namespaces too), then the root's own bind.
+  umount -R -l "$root" 2>/dev/null
   if [ "${FRESH_KEEP:-0}" != 1 ]; then rm -rf --one-file-system "$root"; else echo "kept $root"; fi
 }
 trap cleanup EXIT
@@ -51,12 +50,19 @@ else
   nice -n 10 tar -C "$root" -cf "$cache.part" . && mv "$cache.part" "$cache"
 fi
 
+# The root a bind mount of itself, as a container's root is a mount point: tests that make namespaces
+# change the propagation of / (mount --make-rslave /), which fails on a plain folder.
+mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
 mount -t sysfs sys "$root/sys"
 mount --rbind /dev "$root/dev"
 mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
 mount -t tmpfs -o mode=1777 tmp "$root/tmp"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# What a container runtime writes: debootstrap leaves no /etc/hosts, and without it neither 'localhost'
+# (chromedriver's address) nor the machine's own name (SLURM's controller) resolves.
+printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n' "$(hostname)" >"$root/etc/hosts"
+hostname >"$root/etc/hostname"
 # The site's network, not the machine's set-up: where a proxy intercepts TLS, pip needs the site's CA
 # bundle (FRESH_CA, default the host's PIP_CERT); it is handed to pip and nothing else is copied.
 ca=${FRESH_CA:-${PIP_CERT:-}}
