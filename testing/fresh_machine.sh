@@ -7,7 +7,7 @@
 #
 # Bootstraps a minimal Debian bookworm (debootstrap --variant=minbase: what a clean `debian:bookworm`
 # container holds, no Python, no compiler) into a new folder, clones this repository's committed HEAD into
-# it, and runs, chrooted, exactly the README's commands: `./setup.sh`, then the test command (with the
+# it, and runs in it (its own root, as in a container) exactly the README's commands: `./setup.sh`, then the test command (with the
 # given pytest arguments; none: the whole suite). Exit status: the test command's.
 #
 # Needs root and debootstrap (apt-get install debootstrap). Everything runs in a private mount namespace,
@@ -22,7 +22,7 @@ cache=${FRESH_CACHE:-/var/tmp/enkflow-fresh-bookworm-minbase.tar}
 root=${FRESH_ROOT:-/var/tmp/enkflow-fresh-$$}
 
 if [ "$(id -u)" != 0 ]; then
-  echo "fresh_machine.sh: needs root (debootstrap, chroot, mounts)" >&2; exit 2
+  echo "fresh_machine.sh: needs root (debootstrap, mounts, pivot_root)" >&2; exit 2
 fi
 if [ -z "${FRESH_IN_NAMESPACE:-}" ]; then
   # Re-enter in a private mount namespace: its mounts vanish with it, whatever ends the run.
@@ -54,7 +54,7 @@ fi
 # change the propagation of / (mount --make-rslave /), which fails on a plain folder.
 mount --bind "$root" "$root"
 mount -t proc proc "$root/proc"
-mount -t sysfs sys "$root/sys"
+mount --rbind /sys "$root/sys"  # with /sys/fs/cgroup, which slurmd needs
 mount --rbind /dev "$root/dev"
 mount -t tmpfs -o mode=1777 shm "$root/dev/shm"
 mount -t tmpfs -o mode=1777 tmp "$root/tmp"
@@ -77,12 +77,21 @@ rm -f "$root/etc/apt/sources.list"
 # The newcomer's copy: the committed HEAD, as a clone would give it.
 git clone -q "$here" "$root/root/enkflow"
 
+# Runs "ENV=... COMMAND..." in the fresh machine with a clean environment. Its root is the root of its own
+# mount namespace (pivot_root, as a container's), not a chroot: a process that enters the mount namespace
+# of another (the emulated nodes' nsenter) then lands in the fresh machine, not on the host.
+in_machine() {
+  unshare --mount --propagation private -- /bin/sh -c 'cd "$1" && mkdir -p .host && pivot_root . .host && cd / \
+    && umount -l /.host && rmdir /.host && shift && exec "$@"' in_machine "$root" \
+    /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+    TERM=dumb "$@"
+}
+
 set +e
 if [ "${FRESH_CI:-0}" = 1 ]; then
   # CI's entry point instead (its set-up is the same ./setup.sh, then the whole suite).
   t1=$(date +%s)
-  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 TERM=dumb CI=true ${PYTEST_ADDOPTS:+"PYTEST_ADDOPTS=$PYTEST_ADDOPTS"} "${site_env[@]}" \
+  in_machine CI=true ${PYTEST_ADDOPTS:+"PYTEST_ADDOPTS=$PYTEST_ADDOPTS"} "${site_env[@]}" \
     /bin/bash -c 'cd /root/enkflow && bash .ci/run'
   rc=$?
   echo "fresh machine: .ci/run took $(( $(date +%s) - t1 )) s (exit status $rc)"
@@ -90,16 +99,13 @@ if [ "${FRESH_CI:-0}" = 1 ]; then
 fi
 # The README's two commands, verbatim but for the test selection.
 t1=$(date +%s)
-chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 TERM=dumb "${site_env[@]}" /bin/bash -c 'cd /root/enkflow && nice -n 10 ./setup.sh' 
+in_machine "${site_env[@]}" /bin/bash -c 'cd /root/enkflow && nice -n 10 ./setup.sh'
 rc=$?
 echo "fresh machine: ./setup.sh took $(( $(date +%s) - t1 )) s (exit status $rc)"
 if [ $rc = 0 ]; then
   t2=$(date +%s)
-  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 TERM=dumb "${site_env[@]}" /bin/bash -c \
-    'cd /root/enkflow && . .venv/bin/activate && nice -n 10 python -m pytest -q "$@"' \
-    pytest "$@"
+  in_machine "${site_env[@]}" /bin/bash -c \
+    'cd /root/enkflow && . .venv/bin/activate && nice -n 10 python -m pytest -q "$@"' pytest "$@"
   rc=$?
   echo "fresh machine: the test command took $(( $(date +%s) - t2 )) s (exit status $rc)"
 fi
