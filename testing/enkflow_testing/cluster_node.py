@@ -71,6 +71,9 @@ def make_network(spec: NodeSpec, switch: str) -> None:
     """The node's network namespace, its veth to the bridge, its address and loopback, all up."""
     port = f"v{spec.index}"
     sh(["ip", "netns", "add", spec.netns], f"making node {spec.name}'s network namespace")
+    # A revived node's old port may outlive its deleted namespace for a moment (the kernel frees a namespace,
+    # and the veth in it, once its last user is gone): deleting the port removes the whole old pair at once.
+    subprocess.run(["ip", "-n", switch, "link", "del", port], capture_output=True, timeout=30)
     # Made inside the switch namespace: the pair never exists in the machine's own namespace.
     sh(["ip", "-n", switch, "link", "add", port, "type", "veth", "peer", "name", IFACE, "netns", spec.netns],
        f"making node {spec.name}'s veth")
