@@ -16,6 +16,7 @@ from typing import Any
 import netCDF4
 import numpy as np
 
+from enkflow.analysis.qc import BUDDY, GROSS
 from enkflow.errors import FileFormatError
 from enkflow.experiment.directory import CycleDir
 from enkflow.obs.diagnostics import QC_USED
@@ -24,7 +25,6 @@ from enkflow.report.files import cycle_dirs, has_variable, read_float, run_confi
 from enkflow.report.score_types import CycleScores, ExperimentScores, KindScores, VariableScores
 
 INFLATION_FILE = "inflation.nc"
-QC_GROSS, QC_BUDDY = 1, 2
 
 
 def collect_scores(expdir: Path, truth: str | None = None, free_run: str | None = None) -> ExperimentScores:
@@ -173,8 +173,8 @@ def kind_scores(path: Path) -> dict[str, KindScores]:
 
 def _one_kind(g: dict[str, np.ndarray], sel: np.ndarray, n_members: int) -> KindScores:
     used = sel & (g["qc"] == QC_USED)
-    counts = {"n_used": int(used.sum()), "n_gross": int((sel & (g["qc"] == QC_GROSS)).sum()),
-              "n_buddy": int((sel & (g["qc"] == QC_BUDDY)).sum())}
+    counts = {"n_used": int(used.sum()), "n_gross": int((sel & (g["qc"] == GROSS)).sum()),
+              "n_buddy": int((sel & (g["qc"] == BUDDY)).sum())}
     if not used.any():
         return KindScores(**counts)
     omb, oma = g["omb"][used], g["oma"][used]
