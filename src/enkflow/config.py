@@ -84,6 +84,13 @@ class Kernel(str, Enum):
     REFERENCE = "reference"  # exact, per-domain LAPACK eigendecomposition
 
 
+class ObsLayout(str, Enum):
+    """``[analysis] observations``: where a local filter's observations live (the same results)."""
+
+    DISTRIBUTED = "distributed"  # each rank holds the observations its domains see (docs/analysis.md)
+    REPLICATED = "replicated"  # every rank holds every observation and H(x) is summed by one Allreduce
+
+
 class LocalizationConfig(Strict):
     taper: Taper = Taper.GASPARI_COHN
     radius: float = Field(gt=0, description="see `convention`; km on the sphere, otherwise the units of the "
@@ -253,6 +260,8 @@ class AnalysisConfig(Strict):
     kernel: Kernel = Kernel.COMPILED
     # Local filters, offline analysis: rows of equal estimated work per MPI rank (same result).
     balance: bool = True
+    # Local filters on located rows: observations held by the ranks whose domains see them (same result).
+    observations: ObsLayout = ObsLayout.DISTRIBUTED
 
     @field_validator("localization", mode="after")
     @classmethod

@@ -43,6 +43,23 @@ class BalanceReport:
 
 
 @dataclass(frozen=True)
+class ObsLayoutReport:
+    """Where one cycle's observations lived on the ranks of the analysis (:class:`enkflow.config.ObsLayout`).
+    The ``rank_*`` lists have one entry per rank and are the same on every rank."""
+
+    distributed: bool  # each rank held the observations its domains see (else every rank held all)
+    rank_obs_held: list[float]  # observations the rank's local analyses could use (its domains' halo)
+    rank_obs_owned: list[float]  # observations the rank computed H(x), QC and statistics for
+    rank_obs_bytes: list[float]  # the largest observation-space arrays the rank held at once, bytes
+    rank_hx_bytes: list[float]  # bytes the rank sent and received to assemble H(x) of the forecast
+
+    def per_rank(self) -> dict[str, float | list[float]]:
+        return {"obs_distributed": float(self.distributed), "rank_obs_held": self.rank_obs_held,
+                "rank_obs_owned": self.rank_obs_owned, "rank_obs_bytes": self.rank_obs_bytes,
+                "rank_hx_bytes": self.rank_hx_bytes}
+
+
+@dataclass(frozen=True)
 class LocalFilterStats:
     """The local filter's statistics, accumulated over its life (every cycle it analysed)."""
 
@@ -73,6 +90,7 @@ class CycleDiagnostics:
     omb_rms: float = 0.0
     oma_rms: float = 0.0
     balance: BalanceReport | None = None
+    obs_layout: ObsLayoutReport | None = None
     qc: dict[str, float] = field(default_factory=dict)
     local: LocalFilterStats | None = None
     rmse_prior: float | None = None
@@ -108,6 +126,8 @@ class CycleDiagnostics:
         out: dict[str, float | list[float]] = dict(self.record())
         if self.balance is not None:
             out.update(self.balance.per_rank())
+        if self.obs_layout is not None:
+            out.update(self.obs_layout.per_rank())
         if self.stats_s is not None:
             out["stats_s"] = self.stats_s
         return out
