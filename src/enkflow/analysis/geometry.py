@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.spatial import cKDTree
 
-from enkflow.analysis.search import BlockedPairs
+from enkflow.analysis.search import RHO_FRACTION, BlockedPairs
 from enkflow.config import Metric
 from enkflow.errors import InputError
 
@@ -163,6 +163,31 @@ class Geometry:
         if dc.shape[0] == 0 or self.obs_coords.shape[0] == 0:
             return np.zeros(dc.shape[0], np.int64)
         return np.asarray(self._tree.query_ball_point(self._embed(dc), self._search_radius(radius), return_length=True), dtype=np.int64)
+
+    @property
+    def embedded(self) -> np.ndarray:
+        """The locations in the search's coordinates (n_obs, n_embedded_dim): unit-sphere x, y, z on the
+        sphere, the coordinates themselves otherwise (a ring of ``period`` on the periodic metric)."""
+        return self._embedded
+
+    def chord_radius(self, radius: float) -> float:
+        """``radius`` (the metric's units) as a distance between embedded locations, with the search's slack."""
+        return float(self._search_radius(radius))
+
+    def search_reach(self, radius: float) -> float:
+        """The distance within which :meth:`search` of ``radius`` may look at an observation (its
+        candidates): the chordal radius plus the search blocks' extent (:mod:`enkflow.analysis.search`)."""
+        return float(self.chord_to_distance(np.float64(self._search_radius(radius) * (1.0 + RHO_FRACTION))))
+
+    def nearest_distance(self, points: np.ndarray, radius: float) -> np.ndarray:
+        """The distance (n,) float64 from each of ``points`` (n, n_dim) to the nearest of this geometry's
+        locations, where it is within ``radius`` (a little beyond, by the chordal slack); inf elsewhere."""
+        pc = np.asarray(points, dtype=np.float64)
+        pc = pc[:, None] if pc.ndim == 1 else pc
+        if pc.shape[0] == 0 or self.obs_coords.shape[0] == 0:
+            return np.full(pc.shape[0], np.inf)
+        chord, _ = self._tree.query(self._embed(pc), k=1, distance_upper_bound=self._search_radius(radius))
+        return np.where(np.isfinite(chord), self.chord_to_distance(np.where(np.isfinite(chord), chord, 0.0)), np.inf)
 
     def nearest(self, dom_coords: np.ndarray, radius: float, k: int) -> Neighbours:
         """The ``k`` nearest observations closer than ``radius`` to each domain centre (fewer where

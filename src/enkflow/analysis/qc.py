@@ -70,12 +70,22 @@ class QualityControl:
 
     def check(self, obs: ObsSet, HX: np.ndarray) -> QCResult:
         """Flags of ``obs`` given the ensemble in observation space ``HX`` (n_obs, N)."""
+        z, flags = self.gross(obs, HX)
+        if self.buddy_radius is not None:
+            kept = np.flatnonzero(flags == ACCEPTED)
+            pool = BuddyPool(obs.coords[kept], obs.kinds[kept], z[kept])
+            flags[kept[self.buddy_rejects(pool, kept.size)]] = BUDDY
+        return QCResult(flags)
+
+    def gross(self, obs: ObsSet, HX: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(z, flags)``: the normalized departures (n_obs,) of ``obs`` from the ensemble ``HX``
+        (n_obs, N) and the flags of the gross-error check alone (int8, GROSS or ACCEPTED)."""
         n = obs.n_obs
         if HX.shape[0] != n:
             raise InputError(f"HX has {HX.shape[0]} rows, the observations {n}", item="HX")
         flags = np.zeros(n, np.int8)
         if n == 0:
-            return QCResult(flags)
+            return np.zeros(0), flags
         dep = obs.values - HX.mean(axis=1)
         scale = np.sqrt(obs.error_var + HX.var(axis=1, ddof=1))
         z = dep / scale
@@ -84,26 +94,36 @@ class QualityControl:
             if k.shape != (n,):
                 raise InputError(f"gross_sigma has {k.size} values, the observations {n}", item="qc.gross_sigma")
             flags[np.abs(z) > k] = GROSS
-        if self.buddy_radius is not None:
-            kept = np.flatnonzero(flags == ACCEPTED)
-            if kept.size:
-                geo = Geometry(self.metric, obs.coords[kept], self.period)
-                nb = geo.neighbours(obs.coords[kept], self.buddy_radius)
-                dom = np.repeat(np.arange(kept.size), nb.counts)
-                kinds = obs.kinds[kept]
-                pair = (nb.idx != dom) & (kinds[nb.idx] == kinds[dom])
-                dom, buddy = dom[pair], nb.idx[pair]
-                zk = z[kept]
-                # The median of each observation's buddies, all at once: sort by (observation, buddy's z).
-                vals = zk[buddy]
-                order = np.lexsort((vals, dom))
-                vals = vals[order]
-                count = np.bincount(dom, minlength=kept.size)
-                start = np.concatenate([[0], np.cumsum(count)[:-1]])
-                enough = count >= MIN_BUDDIES
-                lo = np.where(enough, start + (count - 1) // 2, 0)
-                hi = np.where(enough, start + count // 2, 0)
-                med = 0.5 * (vals[lo] + vals[hi]) if vals.size else np.zeros(kept.size)
-                bad = enough & (np.abs(zk - med) > self.buddy_sigma)
-                flags[kept[bad]] = BUDDY
-        return QCResult(flags)
+        return z, flags
+
+    def buddy_rejects(self, pool: "BuddyPool", n_checked: int) -> np.ndarray:
+        """(n_checked,) bool: the buddy check's verdict on the first ``n_checked`` observations of
+        ``pool`` (observations the gross check kept), their buddies sought among the whole pool."""
+        if n_checked == 0 or self.buddy_radius is None:
+            return np.zeros(n_checked, bool)
+        geo = Geometry(self.metric, pool.coords, self.period)
+        nb = geo.neighbours(pool.coords[:n_checked], self.buddy_radius)
+        dom = np.repeat(np.arange(n_checked), nb.counts)
+        pair = (nb.idx != dom) & (pool.kinds[nb.idx] == pool.kinds[dom])
+        dom, buddy = dom[pair], nb.idx[pair]
+        # The median of each observation's buddies, all at once: sort by (observation, buddy's z).
+        vals = pool.z[buddy]
+        order = np.lexsort((vals, dom))
+        vals = vals[order]
+        count = np.bincount(dom, minlength=n_checked)
+        start = np.concatenate([[0], np.cumsum(count)[:-1]])
+        enough = count >= MIN_BUDDIES
+        lo = np.where(enough, start + (count - 1) // 2, 0)
+        hi = np.where(enough, start + count // 2, 0)
+        med = 0.5 * (vals[lo] + vals[hi]) if vals.size else np.zeros(n_checked)
+        return enough & (np.abs(pool.z[:n_checked] - med) > self.buddy_sigma)
+
+
+@dataclass(frozen=True)
+class BuddyPool:
+    """Observations the gross check kept, as the buddy check sees them: ``coords`` (n, n_dim) in the
+    check's metric, ``kinds`` (n,) int32 and normalized departures ``z`` (n,) float64."""
+
+    coords: np.ndarray
+    kinds: np.ndarray
+    z: np.ndarray

@@ -32,8 +32,8 @@ def half_width(radius: float, convention: RadiusConvention) -> float:
     return radius / 2.0 if convention is RadiusConvention.CUTOFF else float(radius)
 
 
-def support(taper: Taper, c: float) -> float:
-    """Distance at and beyond which the weight is zero."""
+def support(taper: Taper, c: float | np.ndarray) -> float | np.ndarray:
+    """Distance at and beyond which the weight is zero (of each half-width where ``c`` is an array)."""
     return 2.0 * c
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from enkflow.config import AnalysisConfig
+from enkflow.config import AnalysisConfig, ObsLayout
 from enkflow.errors import ConfigError
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.experiment.config import ExperimentConfig
@@ -34,6 +34,8 @@ from enkflow.io import EnsembleFiles
 from enkflow.io.config import IOConfig
 from enkflow.io.meanspread import ensemble_mean_spread, write_mean_spread
 from enkflow.obs.obsfile import ObsSettings
+from enkflow.obs.distributed_space import SharedFileObservations
+from enkflow.obs.source import ObsFileSource
 from enkflow.obs.space import FileObservations
 from enkflow.output.analysis_output import AnalysisOutput
 from enkflow.parallel import Comm, get_comm
@@ -84,6 +86,16 @@ class MeanSpreadFiles(OutputSink):
         self.write_s = time.perf_counter() - t0
 
 
+def _observations(path: str | Path, layout: StateLayout, settings: ObsSettings, analysis: AnalysisConfig, cycle: int,
+                  hx_files: Sequence[Path] | None, comm: Comm) -> FileObservations | SharedFileObservations:
+    """The cycle's observations read and checked: each rank its share where a local filter keeps them
+    distributed (``[analysis] observations``), else whole on every rank."""
+    if analysis.observations is ObsLayout.DISTRIBUTED and analysis.method.is_local:
+        source = ObsFileSource(Path(path), layout, settings, cycle, tuple(hx_files) if hx_files else None)
+        return SharedFileObservations(source, comm)
+    return FileObservations.load(path, layout, settings, cycle, hx_files)
+
+
 def analyse_files(
     paths: Sequence[str | Path],
     obs_file: str | Path,
@@ -121,8 +133,8 @@ def analyse_files(
     layout = StateLayout.from_config(paths[0], state)
     # Every check of the file against the state, metric and observation settings (enkflow run did them before
     # the first forecast). Without settings: located by state_index, and the localization's vertical coordinate.
-    obs = FileObservations.load(obs_file, layout, obs_settings or ObsSettings(localization=analysis.localization),
-                                cycle, hx_files)
+    obs = _observations(obs_file, layout, obs_settings or ObsSettings(localization=analysis.localization), analysis,
+                        cycle, hx_files, comm)
     ens = EnsembleFiles(paths, layout, mode="r+", comm=comm, config=io)
     stats = None
     try:

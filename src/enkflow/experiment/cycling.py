@@ -40,6 +40,8 @@ from enkflow.config import Metric
 from enkflow.errors import InputError
 from enkflow.experiment.cycle_diagnostics import CycleDiagnostics
 from enkflow.obs import ObsSet
+from enkflow.obs.distributed_space import ReadShare
+from enkflow.obs.source import ObsFileSource
 from enkflow.parallel import Comm, SerialComm
 
 D = TypeVar("D")  # what a cycle's analysis returns: its diagnostics
@@ -118,6 +120,15 @@ class ObservationSpace(Protocol):
     def coordinate_metric(self, cycle: int) -> Metric | None:
         """How the observations' coordinates measure distance where they say it themselves
         (``Metric.SPHERE``: longitude and latitude in degrees); None: they do not."""
+        return None
+
+    def source(self, cycle: int) -> ObsFileSource | None:
+        """The cycle's observation file, for an analysis that reads it distributed by locality
+        (:mod:`enkflow.experiment.obs_distributed`); None: these observations are only whole."""
+        return None
+
+    def share(self, cycle: int, comm: Comm) -> ReadShare | None:
+        """This rank's share of :meth:`source`'s file where it was read already (None: read it then)."""
         return None
 
 

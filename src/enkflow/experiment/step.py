@@ -9,14 +9,16 @@ analysis task (:mod:`enkflow.experiment.analysis_step`), the online server
 :func:`analyse`, which reads as the algorithm (after OOPS's ``LocalEnsembleDA::execute``)::
 
     X = store.gather(k)                      # this rank's rows of the forecast ensemble
-    y, HX = observations, H X                # every rank the full HX
-    y, HX = quality control(y, HX)           # the same rejections on every rank
+    y, HX = observations, H X                # whole on every rank, or each rank its own (distributed)
+    y, HX = quality control(y, HX)           # each observation's verdict the same on every rank
     Xa = filter(X, HX, y)                    # global, or local over the ranks' domains
     diagnostics, obs_diag.nc, inflation field
     store.scatter(k, Xa, record)             # the member files commit the record with the update
     statistics, mean and spread              # the sinks
 
-Shapes: ``X`` (n_local_rows, N) float64 Fortran order, ``HX`` (n_obs, N), the same on every rank.
+Shapes: ``X`` (n_local_rows, N) float64 Fortran order, ``HX`` (n_obs, N) the same on every rank where the
+observations are replicated (:mod:`enkflow.experiment.obs_replicated`); distributed by locality
+(:mod:`enkflow.experiment.obs_distributed`), (n_own, N) on each rank.
 """
 
 from __future__ import annotations
@@ -31,16 +33,15 @@ import numpy as np
 
 from enkflow.analysis import Filter
 from enkflow.analysis.factory import make_filter
-from enkflow.analysis.qc import QCResult
-from enkflow.config import AnalysisConfig, LocalizationConfig
+from enkflow.config import AnalysisConfig, LocalizationConfig, ObsLayout
 from enkflow.errors import InputError
-from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics, InflationSummary, LocalFilterStats
+from enkflow.experiment.cycle_diagnostics import CycleDiagnostics, InflationSummary, LocalFilterStats
 from enkflow.experiment.cycling import EnsembleStore, NoOutput, ObservationSpace, OutputSink, StatsSink
-from enkflow.experiment.decomposition import LocalGeometry, local_analysis
+from enkflow.experiment.decomposition import LocalGeometry
+from enkflow.experiment.obs_distributed import DistributedObs, distributes
+from enkflow.experiment.obs_replicated import ReplicatedObs
 from enkflow.experiment.inflation import InflationCarrier
-from enkflow.experiment.serial_analysis import serial_analysis
 from enkflow.io.meanspread import ensemble_mean_spread
-from enkflow.obs import ObsSet
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
 from enkflow.obs.vertical import localization_coords
 from enkflow.parallel import Comm
@@ -78,6 +79,7 @@ class AnalysisStep:
     stats: StatsSink | None = None
     output: OutputSink = field(default_factory=NoOutput)
     truth: Callable[[int], TruthRows | None] = _no_truth
+    obs_layout: ObsLayout = ObsLayout.REPLICATED
 
     def __post_init__(self) -> None:
         if (self.filter.as_local() is None and self.filter.as_serial() is None) != (self.local is None):
@@ -140,7 +142,8 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
     if cycle_dir is not None:
         metric = analysis.localization.metric if analysis.localization is not None else None
         obs_diag = ObsDiagnosticsWriter(cycle_dir, comm.rank, metric)
-    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth)
+    return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth,
+                        analysis.observations)
 
 
 def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cycle: int) -> tuple[np.ndarray, CycleDiagnostics]:
@@ -148,13 +151,13 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     sinks. Collective over ``store.comm``. Returns this rank's rows of the analysis (as stored: the
     scatter may round them to the files' type) and the diagnostics (:class:`CycleDiagnostics`).
 
-    The observations the quality control rejects (decided from the full ``HX``, so the same on
-    every rank) are left out of the analysis and of ``n_obs``, ``omb_rms`` and ``oma_rms``. The
-    forecast and analysis means and spreads and the increment of this rank's rows go to
-    ``step.stats`` as :func:`enkflow.io.meanspread.ensemble_mean_spread` computes them (the values
+    The observations the quality control rejects (decided from each observation's full H(x), so the
+    same on every rank) are left out of the analysis and of ``n_obs``, ``omb_rms`` and ``oma_rms``. The
+    observations are whole on every rank or distributed by locality (:func:`cycle_observations`), with
+    the same results. The forecast and analysis means and spreads and the increment of this rank's rows
+    go to ``step.stats`` as :func:`enkflow.io.meanspread.ensemble_mean_spread` computes them (the values
     of the mean and spread files, bitwise). The adaptive inflation field's posterior is kept (and
     written) before the store commits the analysis, so that a redo of a committed cycle finds it."""
-    comm = store.comm
     # The inflation field first: a missing one is an error before the store has begun its update.
     infl = step.inflation.prior(cycle, store.row_start, store.row_stop) if step.inflation is not None else None
     X = store.gather(cycle)
@@ -162,23 +165,18 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     # Before the in-place analysis overwrites X.
     forecast = ensemble_mean_spread(X) if step.stats is not None else None
     t_fmean = time.perf_counter() - t0
-    y_all = obs.observations(cycle)
-    HX_all = obs.apply(cycle, X, store.row_start, comm)
-    qc = _quality_control(obs, cycle, y_all, HX_all)
-    keep = qc.keep if qc is not None and qc.flags.any() else None
-    y, HX = (y_all, HX_all) if keep is None else (y_all.subset(keep), HX_all[keep])
-    diag = CycleDiagnostics(n_obs=y.n_obs, omb_rms=_rms(y, HX.mean(axis=1)),
-                            qc=qc.counts(y_all.kinds, dict(obs.kind_names(cycle))) if qc is not None else {})
+    cyc = cycle_observations(step, store, obs, cycle)
+    diag = cyc.observe(X)
     truth = step.truth(cycle)
     prior_mean = X.mean(axis=1) if truth is not None else None
-    Xa, diag.balance = _assimilate(step, store, X, HX, y, cycle, infl)
-    hxa = obs.apply_analysis(cycle, np.ascontiguousarray(Xa.mean(axis=1))[:, None], store.row_start, comm)[:, 0]
-    diag.oma_rms = _rms(y, hxa if keep is None else hxa[keep])
+    Xa, diag.balance = cyc.assimilate(step.filter, step.local, X, infl)
+    diag.oma_rms = cyc.oma(Xa)
+    diag.obs_layout = cyc.report()
     _record(step, store, diag, Xa, truth, prior_mean, infl)
     diag.analysis_s = time.perf_counter() - t0
     Xa = np.asfortranarray(Xa)
     if step.obs_diag is not None:
-        diag.obs_diag_s = _write_obs_diag(step.obs_diag, obs, cycle, y_all, HX_all, Xa, store, qc)
+        diag.obs_diag_s = cyc.write_diagnostics(step.obs_diag, Xa)
     if step.inflation is not None and infl is not None:
         step.inflation.posterior(cycle, infl)
     store.scatter(cycle, Xa, diag.record())
@@ -188,28 +186,17 @@ def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cyc
     return Xa, diag
 
 
-def _quality_control(obs: ObservationSpace, cycle: int, y: ObsSet, HX: np.ndarray) -> QCResult | None:
-    qc = obs.quality_control(cycle)
-    return qc.check(y, HX) if qc is not None else None
-
-
-def _rms(y: ObsSet, hx: np.ndarray) -> float:
-    """Root mean square of ``y.values - hx`` (n_obs,); 0 without observations."""
-    return float(np.sqrt(np.mean((y.values - hx) ** 2))) if y.n_obs else 0.0
-
-
-def _assimilate(step: AnalysisStep, store: EnsembleStore, X: np.ndarray, HX: np.ndarray, y: ObsSet, cycle: int,
-                infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport | None]:
-    """The filter on this rank's rows ``X``: a global filter's transform, or the local analysis of
-    the ranks' domains (which may overwrite ``X``), or the serial filter on this rank's rows with
-    their coordinates; and the balance report of a local or the serial one, if any."""
-    sf = step.filter.as_serial()
-    if sf is not None and step.local is not None:
-        return serial_analysis(sf, step.local, store, X, HX, y, cycle, infl)
+def cycle_observations(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace,
+                       cycle: int) -> ReplicatedObs | DistributedObs:
+    """The cycle's observations as the step keeps them: distributed by locality where the step asks for
+    it (``[analysis] observations``), its filter is local with domains by location and ``obs`` reads a
+    file (:meth:`~enkflow.experiment.cycling.ObservationSpace.source`); else whole on every rank."""
     lf = step.filter.as_local()
-    if lf is None or step.local is None:
-        return step.filter.analyze(X, HX, y, cycle=cycle), None
-    return local_analysis(lf, step.local, store, X, HX, y, cycle, infl)
+    if step.obs_layout is ObsLayout.DISTRIBUTED and distributes(lf, step.local):
+        source = obs.source(cycle)
+        if source is not None:
+            return DistributedObs(source, store, cycle, obs.share(cycle, store.comm))
+    return ReplicatedObs(obs, store, cycle)
 
 
 def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa: np.ndarray,
@@ -232,17 +219,6 @@ def _record(step: AnalysisStep, store: EnsembleStore, diag: CycleDiagnostics, Xa
                                            float(fac.max(initial=-np.inf)))), dtype=np.float64).reshape(-1, 3)
         diag.inflation = InflationSummary(float(ext[:, 0].sum() / store.n_rows), float(ext[:, 1].min()),
                                           float(ext[:, 2].max()))
-
-
-def _write_obs_diag(writer: ObsDiagnosticsWriter, obs: ObservationSpace, cycle: int, y: ObsSet, HX: np.ndarray,
-                    Xa: np.ndarray, store: EnsembleStore, qc: QCResult | None) -> float:
-    """The cycle's observation-space diagnostics of every observation ``y`` (QC-rejected ones
-    included) from the forecast ``HX`` and H of the analysis members ``Xa`` (collective); its seconds."""
-    t0 = time.perf_counter()
-    HXa = obs.apply_analysis(cycle, Xa, store.row_start, store.comm)
-    writer.write(cycle, y, HX, HXa, qc.flags if qc is not None else None, obs.kind_names(cycle),
-                 obs.coordinate_metric(cycle))
-    return time.perf_counter() - t0
 
 
 def _add_statistics(stats: StatsSink, cycle: int, row_start: int, forecast: tuple[np.ndarray, np.ndarray],

@@ -27,6 +27,7 @@ from enkflow.config import Metric
 from enkflow.errors import FileFormatError, InputError
 from enkflow.obs.obsfile import ObsFile, ObsSettings, load_for_state
 from enkflow.obs.operators import GivenHX
+from enkflow.obs.source import ObsFileSource
 from enkflow.parallel import Comm
 from enkflow.state import StateLayout
 
@@ -84,19 +85,25 @@ def read_given_hx(paths: Sequence[Path], n_obs: int, obs_time: np.ndarray | None
 
 def quality_control(obs_file: ObsFile, settings: ObsSettings | None) -> QualityControl | None:
     """The QC ``settings`` ask for on ``obs_file``'s observations (None: none)."""
+    return qc_for(obs_file.qc_sigma, obs_file.n_obs, obs_file.lonlat, settings)
+
+
+def qc_for(qc_sigma: np.ndarray | None, n_obs: int, lonlat: bool, settings: ObsSettings | None) -> QualityControl | None:
+    """The QC ``settings`` ask for on ``n_obs`` observations with the kinds' gross-error thresholds
+    ``qc_sigma`` (n_obs,) or None, whose coordinates are longitude/latitude where ``lonlat``."""
     if settings is None:
         return None
     qc = settings.config.qc
-    gross = obs_file.qc_sigma
+    gross = qc_sigma
     if gross is None and qc.gross_sigma is not None:
-        gross = np.full(obs_file.n_obs, qc.gross_sigma)
+        gross = np.full(n_obs, qc.gross_sigma)
     if gross is None and qc.buddy_radius is None:
         return None
     loc = settings.localization
     if loc is not None:
         metric, period = loc.metric, loc.period
     else:  # a global filter: the buddies' distance in the observations' own coordinates
-        metric, period = (Metric.SPHERE if obs_file.lonlat else Metric.CARTESIAN), None
+        metric, period = (Metric.SPHERE if lonlat else Metric.CARTESIAN), None
     return QualityControl(gross, qc.buddy_radius, qc.buddy_sigma, metric, period)
 
 
@@ -107,7 +114,8 @@ class FileObservations:
     An :class:`~enkflow.experiment.cycling.ObservationSpace`."""
 
     def __init__(self, obs_file: ObsFile, n_rows: int, hx_files: Sequence[Path] | None = None,
-                 settings: ObsSettings | None = None):
+                 settings: ObsSettings | None = None, source: ObsFileSource | None = None):
+        self._source = source
         self.file = obs_file
         self.operator = obs_file.operator_for(n_rows)
         self.hx_files = list(hx_files) if hx_files else None
@@ -120,7 +128,8 @@ class FileObservations:
         the metric of ``settings.localization`` (none: the state's own coordinates)."""
         metric = settings.localization.metric if settings.localization is not None else None
         of = load_for_state(path, layout, metric, cycle=cycle, settings=settings)
-        return cls(of, layout.n_rows, hx_files, settings)
+        source = ObsFileSource(Path(path), layout, settings, cycle, tuple(hx_files) if hx_files else None)
+        return cls(of, layout.n_rows, hx_files, settings, source)
 
     def observations(self, cycle: int) -> ObsSet:
         return self.file.obs
@@ -141,6 +150,13 @@ class FileObservations:
 
     def coordinate_metric(self, cycle: int) -> Metric | None:
         return Metric.SPHERE if self.file.lonlat else None
+
+    def source(self, cycle: int) -> ObsFileSource | None:
+        """The file these observations were loaded from (None: made in memory)."""
+        return self._source
+
+    def share(self, cycle: int, comm: Comm) -> None:
+        return None
 
 
 class CycleObservations:
@@ -177,6 +193,12 @@ class CycleObservations:
 
     def coordinate_metric(self, cycle: int) -> Metric | None:
         return self.of(cycle).coordinate_metric(cycle)
+
+    def source(self, cycle: int) -> ObsFileSource:
+        return ObsFileSource(Path(self.path_of(cycle)), self.layout, self.settings, cycle)
+
+    def share(self, cycle: int, comm: Comm) -> None:
+        return None
 
 
 class SlotObservations(FileObservations):

@@ -1,0 +1,149 @@
+"""The observations of a cycle distributed by locality (``[analysis] observations = "distributed"``, local
+filters on located rows): each rank owns the observations whose H row starts in its I/O block and holds,
+for its local analyses, those its domains can see (:mod:`enkflow.obs.distributed_space`). The results,
+the diagnostics and ``obs_diag.nc`` are the replicated layout's, bit for bit (docs/analysis.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from enkflow.analysis import LocalDomains, LocalFilter
+from enkflow.analysis import balance as _balance
+from enkflow.analysis.qc import ACCEPTED, QCResult
+from enkflow.config import Metric
+from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics, ObsLayoutReport
+from enkflow.experiment.cycling import EnsembleStore
+from enkflow.experiment.decomposition import LocalGeometry, all_row_coords, balanced_rows, store_bounds
+from enkflow.experiment.obs_replicated import rms
+from enkflow.obs.diagnostics import ObsDiagnosticsWriter
+from enkflow.obs.distributed_space import ObsFileSource, OwnedObservations, ReadShare, kept_max, read_share
+from enkflow.obs.gathered import global_order_at_root
+from enkflow.obs.partition import DomainRegions
+
+
+class DistributedObs:
+    """One cycle's observations of ``source`` owned and held by the ranks of ``store`` (collective methods);
+    ``share``: this rank's share of the file where it was read already."""
+
+    def __init__(self, source: ObsFileSource, store: EnsembleStore, cycle: int, share: ReadShare | None = None):
+        self.store, self.cycle, self.comm = store, cycle, store.comm
+        self.owned = OwnedObservations(share or read_share(source, store.comm), store.comm, store_bounds(store),
+                                       store.n_rows, source)
+        self._bytes = 0.0
+        self._held = 0
+
+    def observe(self, X: np.ndarray) -> CycleDiagnostics:
+        """H of the forecast rows ``X`` for the owned observations, their quality control and the
+        cycle's observation diagnostics (each observation counted once, in the file's order)."""
+        o = self.owned
+        self.HX = o.forecast_hx(X)
+        self.hx_bytes = float(o.exchange.bytes_moved)
+        self._note_bytes(self.HX.nbytes * 2 + o.exchange.pieces_bytes(X.shape[1]) + o.records.nbytes)
+        self.qc = o.quality_control()
+        self.flags = o.qc_flags(self.qc, self.HX)
+        self.keep = self.flags == ACCEPTED
+        y = o.records.obs
+        omb = self._rms(y.values - self.HX.mean(axis=1))
+        n_kept = int(self.comm.allreduce_sum(np.array([float(np.count_nonzero(self.keep))]))[0])
+        return CycleDiagnostics(n_obs=n_kept, omb_rms=omb, qc=self._qc_counts() if self.qc is not None else {})
+
+    def _rms(self, departures: np.ndarray) -> float:
+        """Today's RMS of the kept observations' ``departures`` (n_own,), in the file's order on rank 0."""
+        d = global_order_at_root(self.comm, self.owned.ids, np.where(self.keep, departures, np.nan),
+                                 self.owned.n_total)
+        value = 0.0
+        if d is not None:
+            kept = d[~np.isnan(d)]
+            value = rms(kept, np.zeros(kept.size))
+        return float(self.comm.bcast(value))
+
+    def _qc_counts(self) -> dict[str, float]:
+        o = self.owned
+        flags = global_order_at_root(self.comm, o.ids, self.flags, o.n_total)
+        kinds = global_order_at_root(self.comm, o.ids, o.records.obs.kinds, o.n_total)
+        counts = None
+        if flags is not None and kinds is not None:
+            counts = QCResult(flags).counts(kinds, dict(o.kind_names))
+        return self.comm.bcast(counts)
+
+    def assimilate(self, lf: LocalFilter, local: LocalGeometry, X: np.ndarray,
+                   infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport]:
+        """The local analysis of the ranks' domains (balanced or in the I/O row blocks, as the replicated
+        layout splits them), each rank with the observations its domains see; in place of ``X``."""
+        t0 = time.perf_counter()
+        store, comm = self.store, self.comm
+        rc = all_row_coords(local, store)
+        cost = self._row_costs(lf, local, rc, X.shape[1])
+        bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else store_bounds(store)
+        flt = self._searching(lf)
+        loc = flt.localization
+        held = self.owned.held(self.keep, self.HX, DomainRegions(loc, rc, bounds), loc.support)
+        self._held = held.n
+        self._note_bytes(self.HX.nbytes + 2 * held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
+        self.hx_bytes += float(self.owned.routed_bytes)
+        geometry = flt.obs_geometry(held.obs)
+
+        def analyse(Xb: np.ndarray, fb: np.ndarray | None, a0: int, a1: int) -> np.ndarray:
+            domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
+            return flt.analyze(Xb, held.hx, held.obs, cycle=self.cycle, domains=domains, geometry=geometry, out=Xb,
+                               infl_field=fb)
+
+        Xa, report = balanced_rows(local, store, X, infl, cost, lf.stats, t0, analyse)
+        if Xa is not X:
+            X[...] = Xa
+        return X, report
+
+    def _searching(self, lf: LocalFilter) -> LocalFilter:
+        """``lf`` whose localization searches as far as over every rank's kept observations: the largest
+        of its half-width and the kept observations' own (per kind), as a whole-file analysis does."""
+        loc = lf.localization
+        c = kept_max(self.comm, self.owned.records.obs.half_width, self.keep)
+        if c is None or c <= loc.half_width:
+            return lf
+        return dataclasses.replace(lf, localization=dataclasses.replace(loc, half_width=c))
+
+    def _row_costs(self, lf: LocalFilter, local: LocalGeometry, rc: np.ndarray, n_members: int) -> np.ndarray:
+        """Every row's estimated cost (n_rows,), the replicated layout's: the kept observations within
+        the localization support of every ``local.stride``-th row, counted by their owners and summed."""
+        loc = lf.localization
+        sample = _balance.sample_rows(rc.shape[0], local.stride)
+        h = loc.horizontal(rc[sample])[0]
+        counts = self.owned.sample_counts(self.keep, loc.metric, loc.period, h, loc.support)
+        if loc.max_obs is not None:
+            counts = np.minimum(counts, float(loc.max_obs))
+        return _balance.domain_cost(_balance.interpolate_counts(sample, counts, rc.shape[0]), n_members)
+
+    def oma(self, Xa: np.ndarray) -> float:
+        """RMS of the kept observations minus H of the analysis mean of this rank's rows ``Xa``."""
+        mean = np.ascontiguousarray(Xa.mean(axis=1))[:, None]
+        return self._rms(self.owned.records.obs.values - self.owned.exchange.apply(mean)[:, 0])
+
+    def write_diagnostics(self, writer: ObsDiagnosticsWriter, Xa: np.ndarray) -> float:
+        """``obs_diag.nc`` of every observation from the owners' H(x) of the forecast and of the analysis
+        members ``Xa`` (this rank's rows), gathered on rank 0 in the file's order; its seconds."""
+        t0 = time.perf_counter()
+        o = self.owned
+        HXa = o.exchange.apply(Xa)
+        writer.write_distributed(self.cycle, self.comm, o.ids, o.n_total, o.records.obs, self.HX, HXa, self.flags,
+                                 o.kind_names, Metric.SPHERE if o.lonlat else None)
+        return time.perf_counter() - t0
+
+    def _note_bytes(self, n: float) -> None:
+        self._bytes = max(self._bytes, float(n))
+
+    def report(self) -> ObsLayoutReport:
+        every = np.array(self.comm.allgather_obj((float(self._held), float(self.owned.records.n), self._bytes,
+                                                  self.hx_bytes)), dtype=np.float64).reshape(-1, 4)
+        return ObsLayoutReport(True, every[:, 0].tolist(), every[:, 1].tolist(), every[:, 2].tolist(),
+                               every[:, 3].tolist())
+
+
+def distributes(lf: LocalFilter | None, local: LocalGeometry | None) -> bool:
+    """Whether a local analysis can take its observations distributed: a local filter (not the serial
+    one) whose domains are the rows grouped by location, with no fixed search geometry."""
+    return lf is not None and local is not None and local.row_coords is not None and local.geometry is None
+

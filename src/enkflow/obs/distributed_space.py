@@ -1,0 +1,200 @@
+"""One cycle's observations distributed by locality over the ranks of a local analysis
+(docs/analysis.md, "Observations distributed by locality").
+
+Each rank reads an equal share of the file (:func:`read_share`: checked and located there, an error
+reaching every rank) and sends every observation to its *owner*, the rank whose I/O row block holds
+its H row's first state row (:class:`OwnedObservations`). The owner assembles its H(x)
+(:class:`~enkflow.obs.hx_exchange.HXExchange`), decides its quality control (with the buddies of
+neighbouring owners, :mod:`enkflow.obs.buddy_ring`) and its statistics, and sends each kept
+observation with its H(x) to the ranks whose local domains can see it (:meth:`OwnedObservations.held`).
+No rank ever holds the whole file or the whole H(x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from enkflow.analysis import taper as _taper
+from enkflow.analysis.geometry import Geometry
+from enkflow.analysis.qc import ACCEPTED, BUDDY, BuddyPool, QualityControl
+from enkflow.config import Metric
+from enkflow.obs.buddy_ring import gather_buddies
+from enkflow.obs.hx_exchange import HXExchange
+from enkflow.obs.load import load_for_state
+from enkflow.obs.partition import DomainRegions, owners
+from enkflow.obs.reader import ObsPart, obs_count
+from enkflow.obs.records import ObsRecords, h_width
+from enkflow.obs.settings import ObsSettings
+from enkflow.obs.source import ObsFileSource
+from enkflow.obs.space import FileObservations, qc_for, read_given_hx
+from enkflow.parallel import Comm
+from enkflow.parallel.together import raise_together
+
+
+@dataclass(frozen=True)
+class ReadShare:
+    """The observations this rank read (global numbers ``records.ids``) of a file of ``n_total``;
+    ``kind_names`` and ``lonlat`` as :class:`~enkflow.obs.fileformat.ObsFile` has them."""
+
+    records: ObsRecords
+    n_total: int
+    kind_names: dict[int, str]
+    lonlat: bool
+
+
+def share(n: int, ranks: int, rank: int) -> ObsPart:
+    """Rank ``rank``'s equal share of ``n`` observations, the first ranks one more where it does not divide."""
+    q, r = divmod(n, ranks)
+    start = rank * q + min(rank, r)
+    return ObsPart(start, start + q + (1 if rank < r else 0))
+
+
+def read_share(source: ObsFileSource, comm: Comm) -> ReadShare:
+    """This rank's share of ``source``'s file, read, checked and located (collective: an error on one
+    rank is raised on every rank)."""
+    layout, settings = source.layout, source.settings
+    metric = settings.localization.metric if settings.localization is not None else None
+
+    def read():
+        n = obs_count(source.path, source.cycle)
+        part = share(n, comm.size, comm.rank)
+        return n, part, load_for_state(source.path, layout, metric, cycle=source.cycle, settings=settings, part=part)
+
+    n, part, of = raise_together(comm, read)
+    width = max(comm.allgather_obj(h_width(of, layout.n_rows)))
+    records = _uniform(ObsRecords.from_file(of, part.start, layout.n_rows, width), comm, settings)
+    return ReadShare(records, n, dict(of.kind_names), of.lonlat)
+
+
+def _uniform(rec: ObsRecords, comm: Comm, settings: ObsSettings) -> ObsRecords:
+    """``rec`` with the optional per-observation arrays every rank has: where the file gives some of its
+    observations their kind's radius or gross-error threshold, the others get the localization's
+    half-width and no threshold (inf), as a whole-file read gives them."""
+    has = comm.allgather_obj((rec.obs.half_width is not None, rec.qc_sigma is not None))
+    hw, qs = rec.obs.half_width, rec.qc_sigma
+    loc = settings.localization
+    if hw is None and any(h for h, _ in has) and loc is not None:
+        hw = np.full(rec.n, _taper.half_width(loc.radius, loc.convention))
+    if qs is None and any(q for _, q in has):
+        qs = np.full(rec.n, np.inf)
+    return rec.with_kind_arrays(hw, qs)
+
+
+class OwnedObservations:
+    """The observations this rank owns (``records``, ascending global numbers) of a cycle's file of
+    ``n_total``, routed from every rank's :class:`ReadShare` (collective); ``io_bounds`` (P + 1,) the
+    ranks' I/O row blocks of the state, ``n_rows`` its rows."""
+
+    def __init__(self, part: ReadShare, comm: Comm, io_bounds: np.ndarray, n_rows: int,
+                 source: ObsFileSource):
+        self.comm, self.source = comm, source
+        self.n_total, self.kind_names, self.lonlat = part.n_total, part.kind_names, part.lonlat
+        rec = part.records
+        dest = owners(rec.first_column, io_bounds)
+        self.records = rec.route(comm, dest, np.arange(rec.n))
+        self.exchange = HXExchange(comm, self.records.h_matrix(n_rows), io_bounds)
+        self.routed_bytes = 0  # bytes of H(x) rows sent to and received from the holders (held())
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.records.ids
+
+    def forecast_hx(self, X_local: np.ndarray) -> np.ndarray:
+        """H(x) of the forecast members, (n_own, N) C-order: from the operator stage's files where the
+        source has them, else H of this rank's rows ``X_local`` of its I/O block (collective)."""
+        if self.source.hx_files:
+            return read_given_hx(list(self.source.hx_files), self.n_total, self.records.time, ids=self.ids)
+        return self.exchange.apply(X_local)
+
+    def quality_control(self) -> QualityControl | None:
+        return qc_for(self.records.qc_sigma, self.records.n, self.lonlat, self.source.settings)
+
+    def qc_flags(self, qc: QualityControl | None, HX: np.ndarray) -> np.ndarray:
+        """The owned observations' QC flags (n_own,) int8, those of a whole-file check (collective)."""
+        if qc is None:
+            return np.zeros(self.records.n, np.int8)
+        z, flags = qc.gross(self.records.obs, HX)
+        if qc.buddy_radius is not None:
+            kept = np.flatnonzero(flags == ACCEPTED)
+            o = self.records.obs
+            pool = gather_buddies(self.comm, qc, BuddyPool(o.coords[kept], o.kinds[kept], z[kept]))
+            flags[kept[qc.buddy_rejects(pool, kept.size)]] = BUDDY
+        return flags
+
+    def held(self, keep: np.ndarray, HX: np.ndarray, regions: DomainRegions, support: float) -> ObsRecords:
+        """The kept observations (``keep`` (n_own,) bool) every rank's domains of ``regions`` can see at
+        the localization ``support``, sent there with their H(x) ``HX`` (n_own, N); returns those this
+        rank holds, ascending global numbers (collective)."""
+        kept = np.flatnonzero(keep)
+        mine = self.records.take(kept).with_hx(HX[kept])
+        dest, rows = regions.holders(mine.obs.coords, support)
+        held = mine.route(self.comm, dest, rows)
+        me = self.comm.rank
+        row = 8 * HX.shape[1]
+        self.routed_bytes += int((np.count_nonzero(dest != me) + held.n - np.count_nonzero(dest == me)) * row)
+        return held
+
+    def sample_counts(self, keep: np.ndarray, metric: Metric, period: float | None, sample: np.ndarray,
+                      radius: float) -> np.ndarray:
+        """The kept observations (all ranks') within ``radius`` of each of the ``sample`` coordinates
+        (n_sample, n_dim), (n_sample,) float64, the same on every rank (collective)."""
+        geo = Geometry(metric, self.records.obs.coords[keep], period)
+        geo.check_domain_coords(sample)
+        return self.comm.allreduce_sum(geo.counts(sample, radius).astype(np.float64))
+
+
+def kept_max(comm: Comm, values: np.ndarray | None, keep: np.ndarray) -> float | None:
+    """The largest of ``values[keep]`` over every rank (None where ``values`` is None; -inf where none is kept)."""
+    if values is None:
+        return None
+    mine = float(values[keep].max(initial=-np.inf))
+    return max(comm.allgather_obj(mine))
+
+
+def total(comm: Comm, counts: Sequence[float]) -> np.ndarray:
+    """``counts`` summed over the ranks, float64 (exact for integers below 2**53)."""
+    return comm.allreduce_sum(np.asarray(counts, dtype=np.float64))
+
+
+class SharedFileObservations:
+    """An observation space whose file each rank read its share of at once (:func:`read_share`, so its
+    errors come before anything else happens), for an analysis that keeps the observations distributed
+    (:meth:`source`, :meth:`share`); whole (:class:`~enkflow.obs.space.FileObservations`) only where a
+    replicated analysis asks for them."""
+
+    def __init__(self, source: ObsFileSource, comm: Comm):
+        self._source, self._share = source, read_share(source, comm)
+        self._whole: FileObservations | None = None
+
+    def source(self, cycle: int) -> ObsFileSource:
+        return self._source
+
+    def share(self, cycle: int, comm: Comm) -> ReadShare:
+        return self._share
+
+    def whole(self) -> FileObservations:
+        if self._whole is None:
+            s = self._source
+            self._whole = FileObservations.load(s.path, s.layout, s.settings, s.cycle, s.hx_files)
+        return self._whole
+
+    def observations(self, cycle: int):
+        return self.whole().observations(cycle)
+
+    def apply(self, cycle: int, X: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return self.whole().apply(cycle, X, row_start, comm)
+
+    def apply_analysis(self, cycle: int, Xa: np.ndarray, row_start: int, comm: Comm) -> np.ndarray:
+        return self.whole().apply_analysis(cycle, Xa, row_start, comm)
+
+    def quality_control(self, cycle: int) -> QualityControl | None:
+        return self.whole().quality_control(cycle)
+
+    def kind_names(self, cycle: int) -> dict[int, str]:
+        return self._share.kind_names
+
+    def coordinate_metric(self, cycle: int) -> Metric | None:
+        return Metric.SPHERE if self._share.lonlat else None
