@@ -20,7 +20,7 @@ from enkflow.errors import ConfigError
 from enkflow.obs.fileformat import LEVEL, TIME, ObsFile
 from enkflow.obs.kinds import KindTable, kind_table
 from enkflow.obs.locating import Location, Target
-from enkflow.obs.reader import Source, first
+from enkflow.obs.reader import ObsPart, Source, first
 from enkflow.obs.registry import get_operator
 from enkflow.obs.settings import ObsSettings
 from enkflow.obs.vertical import row_vertical
@@ -34,7 +34,7 @@ def _check_time(of: ObsFile, window: tuple[float, float] | None, src: Source) ->
     bad = (of.time < lo) | (of.time > hi)
     if bad.any():
         i = first(bad)
-        raise src.fail(TIME, f"observation {i} at time {float(of.time[i])!r} is outside the window [{lo:g}, {hi:g}] "
+        raise src.fail(TIME, f"observation {src.at(i)} at time {float(of.time[i])!r} is outside the window [{lo:g}, {hi:g}] "
                              "(relative to the analysis time, model time unit; observations.window)")
 
 
@@ -69,15 +69,17 @@ def _vertical(of: ObsFile, layout: StateLayout, loc: LocalizationConfig | None, 
         bad = (z < lo) | (z > hi)
         if bad.any():
             i = first(bad)
-            raise src.fail(LEVEL, f"observation {i} at level {float(z[i])!r} is outside the state's vertical "
+            raise src.fail(LEVEL, f"observation {src.at(i)} at level {float(z[i])!r} is outside the state's vertical "
                                   f"coordinate {loc.vertical_coordinate} range [{lo:g}, {hi:g}]")
     return z
 
 
 def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None, *,
-                   cycle: int | None = None, settings: ObsSettings | None = None) -> ObsFile:
-    """Read ``path`` and check it against the state ``layout``, the analysis ``metric`` and the
-    observation ``settings`` (interpolation, kinds, window; default: ``index``, no kinds, no window).
+                   cycle: int | None = None, settings: ObsSettings | None = None,
+                   part: ObsPart | None = None) -> ObsFile:
+    """Read ``path`` (or the observations ``part`` of it) and check it against the state ``layout``, the
+    analysis ``metric`` and the observation ``settings`` (interpolation, kinds, window; default:
+    ``index``, no kinds, no window).
 
     Every check of an observation file that needs no forecast: the file's own
     (:func:`~enkflow.obs.reader.read_obs_file`: NaN/Inf, ``error_std <= 0``, ``state_index`` outside
@@ -94,13 +96,17 @@ def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None,
     cycle : int, optional
         The cycle the file serves; named in every error.
     settings : ObsSettings, optional
+    part : ObsPart, optional
+        Only these observations are read, checked and located (None: all); every check is per
+        observation, so a part gives the rows of the whole file's result, and errors name the
+        observation by its index in the file.
 
     Returns
     -------
     ObsFile
         ``.obs``: values, error variances (times the kinds' ``error_factor**2``), kinds, localization
-        coordinates (n_obs, n_dim) in the metric's units - ``index``: the observed state rows'
-        (``layout.coords[state_index]``); ``nearest``/``bilinear``: the file's own - and per-kind
+        coordinates (n_obs, n_dim) in the metric's units (n_obs: the part's size) - ``index``: the
+        observed state rows' (``layout.coords[state_index]``); ``nearest``/``bilinear``: the file's own - and per-kind
         half-widths; ``.state_index`` (``index``/``nearest``); ``.operator`` (``bilinear``);
         ``.qc_sigma``; ``.time``; ``.attrs``.
 
@@ -108,10 +114,11 @@ def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None,
     ------
     FileFormatError
         Naming the observation file (or, for the state's coordinates, the template
-        restart), the variable, the cycle and the first bad index.
+        restart), the variable, the cycle and the first bad index (in the file).
     ConfigError
         Key ``analysis.localization.metric``: the sphere metric with a state whose
-        coordinates are not longitude/latitude; ``observations.kinds...``: a kind's variable.
+        coordinates are not longitude/latitude; ``observations.kinds...``: a kind's variable;
+        ``observations.interpolation``: an operator that read other observations than ``part``.
     """
     settings = settings or ObsSettings()
     cfg = settings.config
@@ -121,9 +128,13 @@ def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None,
             f"{', '.join(layout.coord_names)} (set state.coordinates, or use metric 'cartesian')",
             key="analysis.localization.metric",
         )
-    src = Source(path, cycle)
+    src = Source(path, cycle, part)
     operator = get_operator(cfg.interpolation)
     of = operator.read(src, layout, metric)
+    if part is not None and of.n_obs != part.size:
+        raise ConfigError(f"observation operator '{operator.name}' read {of.n_obs} observations of {path}, but "
+                          f"observations [{part.start}, {part.stop}) were asked for: its read must pass "
+                          "part=source.part to read_obs_file", key="observations.interpolation")
     kinds = kind_table(of, cfg, src)
     _check_time(of, settings.window, src)
     period = settings.localization.period if settings.localization is not None else None
