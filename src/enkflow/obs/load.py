@@ -9,6 +9,7 @@ the same for every operator.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -38,14 +39,20 @@ def _check_time(of: ObsFile, window: tuple[float, float] | None, src: Source) ->
                              "(relative to the analysis time, model time unit; observations.window)")
 
 
+def _for_radii(loc: LocalizationConfig | None) -> LocalizationConfig:
+    """The localization kinds' own radii need (ConfigError where the analysis has none)."""
+    if loc is None:
+        raise ConfigError("an observation kind has a localization radius, but the analysis has no "
+                          "[analysis.localization]", key="observations.kinds")
+    return loc
+
+
 def _half_width(kinds: KindTable, loc: LocalizationConfig | None) -> np.ndarray | None:
     """(n_obs,) localization half-widths where a kind has its own radius (the others: the
     localization's), in the metric's units; None where no kind has one."""
     if not np.isfinite(kinds.radius).any():
         return None
-    if loc is None:
-        raise ConfigError("an observation kind has a localization radius, but the analysis has no "
-                          "[analysis.localization]", key="observations.kinds")
+    loc = _for_radii(loc)
     r = np.where(np.isfinite(kinds.radius), kinds.radius, loc.radius)
     return np.array([taper.half_width(float(v), loc.convention) for v in r]) if r.size else r
 
@@ -104,6 +111,11 @@ def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None,
     Returns
     -------
     ObsFile
+        A part's arrays are the rows of the whole file's, but for two that are None where no observation
+        has a kind of its own radius (``.obs.half_width``) or gross-error threshold (``.qc_sigma``):
+        a part without such observations has None where the whole has an array (fill them with
+        :func:`with_kind_arrays`), and its ``.kind_names`` lack the configured names of kinds it does
+        not hold (the union over the parts is the whole's).
         ``.obs``: values, error variances (times the kinds' ``error_factor**2``), kinds, localization
         coordinates (n_obs, n_dim) in the metric's units (n_obs: the part's size) - ``index``: the
         observed state rows' (``layout.coords[state_index]``); ``nearest``/``bilinear``: the file's own - and per-kind
@@ -146,3 +158,18 @@ def load_for_state(path: str | Path, layout: StateLayout, metric: Metric | None,
     vcoord = _vertical(of, layout, settings.localization, at, src)
     obs = ObsSet(of.obs.values, of.obs.error_var * kinds.factor**2, at.coords, of.obs.kinds, half_width, vcoord)
     return ObsFile(obs, at.state_index, of.attrs, of.time, kinds.names, at.operator, qc_sigma, at.lonlat)
+
+
+def with_kind_arrays(of: ObsFile, settings: ObsSettings, *, half_width: bool, qc_sigma: bool) -> ObsFile:
+    """``of``, a part of a file (:func:`load_for_state`), with the per-observation arrays the whole file
+    has because other parts' observations need them: ``half_width`` (True where any observation of the
+    file has a kind of its own radius): the localization's half-width for each observation of ``of``
+    without one; ``qc_sigma`` (True where any has a gross-error threshold): inf for each without one.
+    Arrays ``of`` has already are kept."""
+    hw, qc = of.obs.half_width, of.qc_sigma
+    if half_width and hw is None:
+        loc = _for_radii(settings.localization)
+        hw = np.full(of.n_obs, taper.half_width(float(loc.radius), loc.convention))
+    if qc_sigma and qc is None:
+        qc = np.full(of.n_obs, np.inf)
+    return dataclasses.replace(of, obs=dataclasses.replace(of.obs, half_width=hw), qc_sigma=qc)
