@@ -12,13 +12,16 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import netCDF4
 import numpy as np
 import pytest
 
 from enkflow.cli import main
+from enkflow.errors import FileFormatError
 from enkflow.experiment import checks, load_experiment
+from enkflow.obs.obsfile import ObsFile, load_for_state
 from jobs_helpers.experiments import restarts
 
 N = 4
@@ -174,3 +177,27 @@ def test_a_truth_file_without_the_state_variable_stops_the_run_before_any_foreca
     assert "the truth file of cycle 3" in err and "t_3.nc, variable 'soil_moisture'" in err, err
     assert "key 'verification.truth'" in err
     assert not (tmp_path / "exp" / "cycles").exists()
+
+
+@pytest.mark.parametrize("obs_extra, variable, index, value, message", [
+    ("", "value", 5, np.nan, "holds NaN or Inf at index 5"),
+    (BILINEAR, "lat", 6, 89.99, r"observation 6 at \(.*, 89.99\) is outside the domain of state variable"),
+])
+def test_a_large_file_is_checked_part_by_part_naming_the_observation_by_its_index_in_the_file(
+        tmp_path: Path, synth: Path, monkeypatch: pytest.MonkeyPatch,
+        obs_extra: str, variable: str, index: int, value: float, message: str) -> None:
+    cfg = load_experiment(_experiment(tmp_path, synth, obs_extra=obs_extra))
+    monkeypatch.setattr(checks, "PREFLIGHT_PART", 4)
+    sizes: list[int] = []
+
+    def load(*args: Any, **kw: Any) -> ObsFile:  # records each part, then loads it as the check would
+        sizes.append(kw["part"].size)
+        return load_for_state(*args, **kw)
+    monkeypatch.setattr(checks, "load_for_state", load)
+    checks.check_observations(cfg, [1])
+    n = _n_obs(tmp_path / "obs" / "obs_001.nc")
+    assert sum(sizes) == n > 8 and max(sizes) == 4
+    _spoil(tmp_path / "obs" / "obs_003.nc", variable, index, value)
+    with pytest.raises(FileFormatError, match=message) as ei:
+        checks.check_observations(cfg, [1, 2, 3])
+    assert ei.value.variable == variable and "(observation file of cycle 3)" in str(ei.value)

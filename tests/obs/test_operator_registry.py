@@ -18,7 +18,7 @@ from enkflow.obs.fileformat import STATE_INDEX, ObsFile
 from enkflow.obs.locating import Location, ObsOperator, Target
 from enkflow.obs.obsfile import ObsSettings, load_for_state
 from enkflow.obs.operators import LinearObsOperator
-from enkflow.obs.reader import Source, first, read_obs_file
+from enkflow.obs.reader import ObsPart, Source, first, read_obs_file
 from enkflow.obs.space import FileObservations
 from enkflow.parallel import SerialComm
 from enkflow.state import StateLayout
@@ -87,6 +87,10 @@ def test_a_registered_operator_reports_bad_input_naming_the_file(tmp_path: Path,
     with pytest.raises(FileFormatError, match="observation 1 has no row after 9") as ei:
         load_for_state(path, layout, Metric.CARTESIAN, cycle=4, settings=settings)
     assert ei.value.path == str(path) and ei.value.variable == STATE_INDEX and "cycle 4" in str(ei.value)
+    # NeighbourMean reads the whole file: asked for a part, that is an error naming the operator.
+    with pytest.raises(ConfigError, match=r"'neighbour_mean' read 2 observations .* \[0, 1\) were asked for") as ce:
+        load_for_state(path, layout, Metric.CARTESIAN, cycle=4, settings=settings, part=ObsPart(0, 1))
+    assert ce.value.key == "observations.interpolation"
 
 
 def test_the_configuration_accepts_registered_operators_only(monkeypatch: pytest.MonkeyPatch) -> None:

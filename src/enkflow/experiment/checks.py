@@ -14,7 +14,11 @@ from enkflow.experiment.config import ExperimentConfig, Initial
 from enkflow.experiment.verification import check_verification_files
 from enkflow.io.validate import validate_files
 from enkflow.obs.obsfile import ObsSettings, load_for_state
+from enkflow.obs.reader import obs_count, parts_of
 from enkflow.state import StateLayout
+
+# The pre-flight check reads a file this many observations at a time, so its memory does not grow with the file.
+PREFLIGHT_PART = 1_000_000
 
 
 def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
@@ -24,7 +28,9 @@ def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
 
     Run before the first forecast: a bad file of a late cycle must not be found only after the
     forecasts of the earlier cycles have rewritten the restarts. An external analysis program
-    reads the files its own way, so for it only their existence is checked.
+    reads the files its own way, so for it only their existence is checked. A large file is read
+    PREFLIGHT_PART observations at a time (the first bad observation of each part is named by its
+    index in the file).
     """
     for k in cycles:
         p = cfg.obs_path(k)
@@ -41,8 +47,10 @@ def check_observations(cfg: ExperimentConfig, cycles: list[int]) -> None:
     metric = cfg.analysis.localization.metric if cfg.analysis.localization else None
     settings = ObsSettings.from_experiment(cfg)
     for k in cycles:
-        # Locations, kinds, times, and the vertical coordinate vertical localization needs.
-        load_for_state(cfg.obs_path(k), layout, metric, cycle=k, settings=settings)
+        path = cfg.obs_path(k)
+        for part in parts_of(obs_count(path, k), PREFLIGHT_PART):
+            # Locations, kinds, times, and the vertical coordinate vertical localization needs.
+            load_for_state(path, layout, metric, cycle=k, settings=settings, part=part)
 
 
 def check_program(template: str, key: str, env_path: str | None = None) -> None:

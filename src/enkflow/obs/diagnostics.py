@@ -28,6 +28,8 @@ from enkflow.analysis.obsset import ObsSet
 from enkflow.config import Metric
 from enkflow.fsutil import atomic_output
 from enkflow.obs.ensemble_scores import RANK_METHOD, ensemble_crps, prior_ranks
+from enkflow.obs.gathered import RootOrder
+from enkflow.parallel import Comm
 
 FILE_NAME = "obs_diag.nc"
 QC_USED = 0
@@ -43,6 +45,24 @@ _COORDS = {
 }
 
 
+# The float64 columns after the coordinates, in file order: (variable, long name, further attributes).
+# Every column but omb and oma is the ObsSet's or the ObsSpaceStats' array of the variable's name.
+_CRPS = "mean_j |x_j - y| - 0.5 mean_jl |x_j - x_l| over the members (properscoring.crps_ensemble)"
+_FLOAT_VARS: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("obs_value", "observed value y", {}),
+    ("obs_error_variance", "observation error variance (diagonal of R)", {}),
+    ("prior_mean", "forecast ensemble mean of H(x)", {"cell_methods": "member: mean"}),
+    ("prior_spread", "forecast ensemble standard deviation of H(x)", {"cell_methods": "member: standard_deviation"}),
+    ("posterior_mean", "analysis ensemble mean of H(x)", {"cell_methods": "member: mean"}),
+    ("posterior_spread", "analysis ensemble standard deviation of H(x)",
+     {"cell_methods": "member: standard_deviation"}),
+    ("omb", "observation minus background (y - mean H(x_f))", {}),
+    ("oma", "observation minus analysis (y - mean H(x_a))", {}),
+    ("prior_crps", "continuous ranked probability score of the forecast H(x) against y", {"comment": _CRPS}),
+    ("posterior_crps", "continuous ranked probability score of the analysis H(x) against y", {"comment": _CRPS}),
+)
+
+
 @dataclass(frozen=True)
 class ObsSpaceStats:
     """Per-observation statistics, all (n_obs,): float64, ``prior_rank`` int32 in 0..N."""
@@ -56,9 +76,11 @@ class ObsSpaceStats:
     prior_rank: np.ndarray
 
     @classmethod
-    def from_ensembles(cls, HX: np.ndarray, HXa: np.ndarray, y: ObsSet, cycle: int) -> "ObsSpaceStats":
+    def from_ensembles(cls, HX: np.ndarray, HXa: np.ndarray, y: ObsSet, cycle: int, ids: np.ndarray | None = None,
+                       n_total: int | None = None) -> "ObsSpaceStats":
         """From H(x) of the forecast and the analysis ensembles, (n_obs, N) each, and the observations ``y``
-        of ``cycle`` (which seeds the rank's perturbations)."""
+        of ``cycle`` (which seeds the rank's perturbations). ``ids``, ``n_total``: ``y`` are the
+        observations ``ids`` (sorted global indices) of the cycle's ``n_total`` (those a rank owns)."""
         def ms(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             sd = A.std(axis=1, ddof=1) if A.shape[1] > 1 else np.zeros(A.shape[0])
             return A.mean(axis=1), sd
@@ -67,7 +89,73 @@ class ObsSpaceStats:
         pm, ps = ms(HX)
         am, as_ = ms(HXa)
         return cls(pm, ps, am, as_, ensemble_crps(HX, y.values), ensemble_crps(HXa, y.values),
-                   prior_ranks(HX, y.values, y.error_var, cycle))
+                   prior_ranks(HX, y.values, y.error_var, cycle, ids, n_total))
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The per-observation columns of the file, by name (:func:`_column_names`), for the observations
+    ``y`` that one rank has: all of the cycle's, or the ones it owns."""
+
+    y: ObsSet
+    stats: ObsSpaceStats
+    flags: np.ndarray  # (n_obs,) int8
+
+    def __call__(self, name: str) -> np.ndarray:
+        if name.startswith("coord "):
+            return self.y.coords[:, int(name.removeprefix("coord "))]
+        match name:
+            case "obs_value":
+                return self.y.values
+            case "obs_error_variance":
+                return self.y.error_var
+            case "omb":
+                return self.y.values - self.stats.prior_mean
+            case "oma":
+                return self.y.values - self.stats.posterior_mean
+            case "kind":
+                return self.y.kinds
+            case "qc":
+                return self.flags
+        return np.asarray(getattr(self.stats, name))
+
+
+def _column_names(n_coords: int) -> list[str]:
+    """Every per-observation column but ``obs`` (its index), in the order the file is written."""
+    return ([f"coord {j}" for j in range(n_coords)] + [name for name, _, _ in _FLOAT_VARS]
+            + ["prior_rank", "kind", "qc"])
+
+
+def _qc_flags(qc_flags: np.ndarray | None, n: int) -> np.ndarray:
+    flags = np.zeros(n, np.int8) if qc_flags is None else np.asarray(qc_flags, dtype=np.int8).reshape(-1)
+    if flags.shape != (n,):
+        raise ValueError(f"qc_flags has shape {flags.shape}, expected ({n},)")
+    return flags
+
+
+def _shared_coordinate_count(comm: Comm, y: ObsSet) -> int:
+    """Collective: the number of coordinates of the observations, the same on every rank that owns some."""
+    dims = {d for d, n in comm.allgather_obj((y.coords.shape[1], y.n_obs)) if n}
+    if len(dims) > 1:
+        raise ValueError(f"the ranks' observations have different numbers of coordinates: {sorted(dims)}")
+    return dims.pop() if dims else y.coords.shape[1]
+
+
+def _root(column: np.ndarray | None) -> np.ndarray:
+    """A column gathered on rank 0, which always receives one."""
+    if column is None:
+        raise RuntimeError("a gathered column is missing on rank 0")
+    return column
+
+
+@dataclass(frozen=True)
+class _FileMeta:
+    """What the file says beside its columns."""
+
+    cycle: int
+    n_members: int
+    metric: str | None
+    kind_names: dict[int, str]
 
 
 def write_obs_diagnostics(
@@ -87,79 +175,73 @@ def write_obs_diagnostics(
     (None: all used). ``metric`` names the coordinates (sphere: lon/lat, cartesian: x/y/z,
     periodic: index; None: coord_1, coord_2, ...). ``kind_names`` maps kind codes to names.
     """
-    n = y.n_obs
-    flags = np.zeros(n, np.int8) if qc_flags is None else np.asarray(qc_flags, dtype=np.int8).reshape(-1)
-    if flags.shape != (n,):
-        raise ValueError(f"qc_flags has shape {flags.shape}, expected ({n},)")
-    names = _COORDS.get(metric or "", ())
-    with atomic_output(Path(path)) as tmp:
+    columns = _Columns(y, stats, _qc_flags(qc_flags, y.n_obs))
+    _write_file(Path(path), y.n_obs, y.coords.shape[1], columns, _FileMeta(cycle, n_members, metric, kind_names or {}))
+
+
+def _write_file(path: Path, n: int, n_coords: int, column: Callable[[str], np.ndarray], meta: _FileMeta) -> None:
+    """Write the file of ``n`` observations atomically to ``path``, asking ``column`` for each of
+    :func:`_column_names` in turn ((n,) each, in the file's order of observations)."""
+    with atomic_output(path) as tmp:
         ds = netCDF4.Dataset(tmp, "w", format="NETCDF4")
         try:
             ds.createDimension("obs", n)
             ov = ds.createVariable("obs", "i4", ("obs",))
             ov.long_name = "observation number in the cycle's observation file"
             ov[:] = np.arange(n, dtype=np.int32)
-            coord_vars = []
-            for j in range(y.coords.shape[1]):
-                name, attrs = names[j] if j < len(names) else (f"coord_{j + 1}", {"long_name": f"coordinate {j + 1}"})
-                v = ds.createVariable(name, "f8", ("obs",))
-                v.setncatts(attrs)
-                v[:] = y.coords[:, j]
-                coord_vars.append(name)
-            coords = " ".join(coord_vars)
-
-            def var(name: str, values: np.ndarray, long_name: str, units: str | None = None, **extra) -> None:
-                v = ds.createVariable(name, "f8", ("obs",))
-                v.long_name = long_name
-                if units is not None:
-                    v.units = units
-                if coords:
-                    v.coordinates = coords
-                v.setncatts(extra)
-                v[:] = values
-
-            var("obs_value", y.values, "observed value y")
-            var("obs_error_variance", y.error_var, "observation error variance (diagonal of R)")
-            var("prior_mean", stats.prior_mean, "forecast ensemble mean of H(x)", cell_methods="member: mean")
-            var("prior_spread", stats.prior_spread, "forecast ensemble standard deviation of H(x)",
-                cell_methods="member: standard_deviation")
-            var("posterior_mean", stats.posterior_mean, "analysis ensemble mean of H(x)", cell_methods="member: mean")
-            var("posterior_spread", stats.posterior_spread, "analysis ensemble standard deviation of H(x)",
-                cell_methods="member: standard_deviation")
-            var("omb", y.values - stats.prior_mean, "observation minus background (y - mean H(x_f))")
-            var("oma", y.values - stats.posterior_mean, "observation minus analysis (y - mean H(x_a))")
-            crps = "mean_j |x_j - y| - 0.5 mean_jl |x_j - x_l| over the members (properscoring.crps_ensemble)"
-            var("prior_crps", stats.prior_crps, "continuous ranked probability score of the forecast H(x) against y",
-                comment=crps)
-            var("posterior_crps", stats.posterior_crps,
-                "continuous ranked probability score of the analysis H(x) against y", comment=crps)
-            rv = ds.createVariable("prior_rank", "i4", ("obs",))
-            rv.long_name = "rank of y in the forecast H(x) perturbed with the observation error"
-            rv.valid_range = np.array([0, n_members], dtype=np.int32)
-            rv.comment = RANK_METHOD
-            if coords:
-                rv.coordinates = coords
-            rv[:] = stats.prior_rank
-            kv = ds.createVariable("kind", "i4", ("obs",))
-            kv.long_name = "observation kind code"
-            codes = sorted(set(np.unique(y.kinds).tolist()) | set((kind_names or {}).keys()))
-            if kind_names:
-                kv.flag_values = np.array(codes, dtype=np.int32)
-                kv.flag_meanings = " ".join(str(kind_names.get(c, f"kind_{c}")).replace(" ", "_") for c in codes)
-            kv[:] = y.kinds
-            qv = ds.createVariable("qc", "i1", ("obs",))
-            qv.long_name = "quality control flag"
-            qv.flag_values = np.array([0, 1, 2], dtype=np.int8)
-            qv.flag_meanings = QC_MEANINGS
-            qv[:] = flags
+            coords = " ".join(_coordinate_name(meta.metric, j)[0] for j in range(n_coords))
+            for name in _column_names(n_coords):
+                _write_column(ds, name, column(name), coords, meta)
             ds.setncatts({
                 "Conventions": "CF-1.8", "featureType": "point",
-                "title": f"enkflow observation-space diagnostics, cycle {cycle}", "source": "enkflow",
-                "cycle": np.int32(cycle), "ensemble_size": np.int32(n_members),
+                "title": f"enkflow observation-space diagnostics, cycle {meta.cycle}", "source": "enkflow",
+                "cycle": np.int32(meta.cycle), "ensemble_size": np.int32(meta.n_members),
                 "history": f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} enkflow write_obs_diagnostics",
             })
         finally:
             ds.close()
+
+
+def _coordinate_name(metric: str | None, j: int) -> tuple[str, dict[str, str]]:
+    """The variable name and attributes of coordinate ``j`` under ``metric``."""
+    names = _COORDS.get(metric or "", ())
+    return names[j] if j < len(names) else (f"coord_{j + 1}", {"long_name": f"coordinate {j + 1}"})
+
+
+def _write_column(ds: netCDF4.Dataset, name: str, values: np.ndarray, coords: str, meta: _FileMeta) -> None:
+    """Create the variable of column ``name`` with its attributes and write its ``values`` (n,);
+    ``coords``: the coordinate variables' names, space-separated."""
+    if name.startswith("coord "):
+        var_name, attrs = _coordinate_name(meta.metric, int(name.removeprefix("coord ")))
+        v = ds.createVariable(var_name, "f8", ("obs",))
+        v.setncatts(attrs)
+    elif name == "prior_rank":
+        v = ds.createVariable("prior_rank", "i4", ("obs",))
+        v.long_name = "rank of y in the forecast H(x) perturbed with the observation error"
+        v.valid_range = np.array([0, meta.n_members], dtype=np.int32)
+        v.comment = RANK_METHOD
+        if coords:
+            v.coordinates = coords
+    elif name == "kind":
+        v = ds.createVariable("kind", "i4", ("obs",))
+        v.long_name = "observation kind code"
+        codes = sorted(set(np.unique(values).tolist()) | set(meta.kind_names.keys()))
+        if meta.kind_names:
+            v.flag_values = np.array(codes, dtype=np.int32)
+            v.flag_meanings = " ".join(str(meta.kind_names.get(c, f"kind_{c}")).replace(" ", "_") for c in codes)
+    elif name == "qc":
+        v = ds.createVariable("qc", "i1", ("obs",))
+        v.long_name = "quality control flag"
+        v.flag_values = np.array([0, 1, 2], dtype=np.int8)
+        v.flag_meanings = QC_MEANINGS
+    else:
+        long_name, extra = next((ln, ex) for n, ln, ex in _FLOAT_VARS if n == name)
+        v = ds.createVariable(name, "f8", ("obs",))
+        v.long_name = long_name
+        if coords:
+            v.coordinates = coords
+        v.setncatts(extra)
+    v[:] = values
 
 
 @dataclass(frozen=True)
@@ -186,10 +268,34 @@ class ObsDiagnosticsWriter:
         ``coordinate_metric``: the observations' own, named where ``metric`` is None."""
         if self.rank != 0:
             return
-        p = self.path(cycle)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        metric = self.metric if self.metric is not None else coordinate_metric
-        write_obs_diagnostics(p, y, ObsSpaceStats.from_ensembles(HX, HXa, y, cycle), cycle=cycle, n_members=HX.shape[1],
-                              qc_flags=qc_flags, metric=metric.value if metric is not None else None,
+        write_obs_diagnostics(self._created(cycle), y, ObsSpaceStats.from_ensembles(HX, HXa, y, cycle), cycle=cycle,
+                              n_members=HX.shape[1], qc_flags=qc_flags, metric=self._metric(coordinate_metric),
                               kind_names=dict(kind_names))
 
+    def write_distributed(self, cycle: int, comm: Comm, ids: np.ndarray, n_total: int, y: ObsSet, HX: np.ndarray,
+                          HXa: np.ndarray, qc_flags: np.ndarray | None, kind_names: Mapping[int, str],
+                          coordinate_metric: Metric | None = None) -> None:
+        """Collective over ``comm``: the file of ``cycle``, written by its rank 0, from the observations
+        each rank owns: ``ids`` (n_own,) their sorted global indices out of the cycle's ``n_total``,
+        ``y`` them, ``HX``/``HXa`` (n_own, N) their H(x), ``qc_flags`` (n_own,) or None on every rank.
+        Each owner computes its statistics; the columns are gathered to rank 0 in global order one
+        at a time, so the file equals :meth:`write`'s of all the cycle's observations (history aside)."""
+        order = RootOrder.of(comm, ids, n_total)
+        stats = ObsSpaceStats.from_ensembles(HX, HXa, y, cycle, ids, n_total)
+        columns = _Columns(y, stats, _qc_flags(qc_flags, y.n_obs))
+        n_coords = _shared_coordinate_count(comm, y)
+        if comm.rank != 0:
+            for name in _column_names(n_coords):
+                order.gather(columns(name))
+            return
+        meta = _FileMeta(cycle, HX.shape[1], self._metric(coordinate_metric), dict(kind_names))
+        _write_file(self._created(cycle), n_total, n_coords, lambda name: _root(order.gather(columns(name))), meta)
+
+    def _created(self, cycle: int) -> Path:
+        p = self.path(cycle)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def _metric(self, coordinate_metric: Metric | None) -> str | None:
+        metric = self.metric if self.metric is not None else coordinate_metric
+        return metric.value if metric is not None else None

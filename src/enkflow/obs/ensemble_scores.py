@@ -14,6 +14,7 @@ RANK_SEED = 0x656E6B66  # "enkf"
 RANK_METHOD = ("number of prior members j with H(x_j) + e_j < y, e_j ~ N(0, obs_error_variance) drawn from "
                f"numpy.random.Generator(PCG64(SeedSequence([{RANK_SEED}, cycle]))).standard_normal((n_obs, N)) "
                "times the observation error standard deviation (Hamill 2001; DART obs_diag)")
+DRAW_ROWS = 65536  # observations per block of the stream drawn for a subset of them
 
 
 def ensemble_crps(HX: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -30,19 +31,54 @@ def ensemble_crps(HX: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.abs(d).mean(axis=1) - (d @ w) / float(n * n)
 
 
-def observation_perturbations(cycle: int, error_var: np.ndarray, n_members: int) -> np.ndarray:
+def observation_perturbations(cycle: int, error_var: np.ndarray, n_members: int, ids: np.ndarray | None = None,
+                              n_total: int | None = None) -> np.ndarray:
     """The observation-error draws e (n_obs, N) of ``cycle`` that :func:`prior_ranks` adds to the prior
-    members (:data:`RANK_METHOD`); ``error_var`` (n_obs,) the observation error variances."""
+    members (:data:`RANK_METHOD`); ``error_var`` (n_obs,) the observation error variances.
+
+    With ``ids`` (n_obs,) sorted global indices out of the cycle's ``n_total`` observations (those a rank
+    owns) and ``error_var`` theirs: the rows of those observations of the stream drawn for all
+    ``n_total``, the same bits as the rows of the whole draw. The stream is drawn in blocks of
+    :data:`DRAW_ROWS` observations up to the last id, so memory is O((n_obs + DRAW_ROWS) N)."""
     if cycle < 0:
         raise ValueError(f"cycle {cycle}: the rank histogram's generator is seeded by a cycle number >= 0")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([RANK_SEED, cycle])))
     sd = np.sqrt(np.asarray(error_var, dtype=np.float64)).reshape(-1, 1)
-    return rng.standard_normal((sd.shape[0], n_members)) * sd
+    if ids is None:
+        return rng.standard_normal((sd.shape[0], n_members)) * sd
+    if n_total is None:
+        raise ValueError("observation ids need n_total, the number of the cycle's observations they index")
+    return _draw_rows(rng, _owned_ids(ids, sd.shape[0], n_total), n_total, n_members) * sd
 
 
-def prior_ranks(HX: np.ndarray, y: np.ndarray, error_var: np.ndarray, cycle: int) -> np.ndarray:
+def _draw_rows(rng: np.random.Generator, rows: np.ndarray, n_total: int, n_members: int) -> np.ndarray:
+    """The ``rows`` (sorted) of ``rng.standard_normal((n_total, n_members))``, drawn block by block."""
+    e = np.empty((rows.size, n_members))
+    # Each block continues the generator's stream, so the blocks together are the one draw of
+    # (n_total, N): the normals are drawn one after another in C order (checked by the tests).
+    for start in range(0, int(rows[-1]) + 1 if rows.size else 0, DRAW_ROWS):
+        block = rng.standard_normal((min(DRAW_ROWS, n_total - start), n_members))
+        lo, hi = np.searchsorted(rows, (start, start + block.shape[0]))
+        e[lo:hi] = block[rows[lo:hi] - start]
+    return e
+
+
+def _owned_ids(ids: np.ndarray, n_obs: int, n_total: int) -> np.ndarray:
+    """``ids`` as int64, checked: n_obs of them, strictly increasing, within 0..n_total-1."""
+    rows = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if rows.size != n_obs:
+        raise ValueError(f"{rows.size} observation ids for {n_obs} observations")
+    if rows.size and (rows[0] < 0 or rows[-1] >= n_total or (np.diff(rows) <= 0).any()):
+        raise ValueError(f"observation ids must increase strictly within 0..{n_total - 1}")
+    return rows
+
+
+def prior_ranks(HX: np.ndarray, y: np.ndarray, error_var: np.ndarray, cycle: int, ids: np.ndarray | None = None,
+                n_total: int | None = None) -> np.ndarray:
     """The rank of each observation ``y`` (n_obs,) among the prior members ``HX`` (n_obs, N) perturbed with
-    the observation error of variance ``error_var`` (n_obs,): int32 in 0..N (:data:`RANK_METHOD`)."""
+    the observation error of variance ``error_var`` (n_obs,): int32 in 0..N (:data:`RANK_METHOD`).
+    ``ids``, ``n_total``: these are the observations ``ids`` of the cycle's ``n_total``
+    (:func:`observation_perturbations`)."""
     X = np.asarray(HX, dtype=np.float64)
-    e = observation_perturbations(cycle, error_var, X.shape[1])
+    e = observation_perturbations(cycle, error_var, X.shape[1], ids, n_total)
     return np.count_nonzero(X + e < np.asarray(y, dtype=np.float64).reshape(-1, 1), axis=1).astype(np.int32)

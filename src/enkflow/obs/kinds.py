@@ -46,7 +46,7 @@ def kind_table(of: ObsFile, cfg: ObsSettingsConfig, src: Source) -> KindTable:
                 i = first(at)
                 label = f" ('{names[c]}' in its flag_meanings)" if c in names else ""
                 raise src.fail(KIND, (
-                    f"kind {c}{label} of observation {i} is not a configured kind; [observations.kinds] has "
+                    f"kind {c}{label} of observation {src.at(i)} is not a configured kind; [observations.kinds] has "
                     f"{', '.join(sorted(cfg.kinds))} (a kind is matched by its 'code', or by its name in the "
                     "file's flag_meanings)"))
             continue

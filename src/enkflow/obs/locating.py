@@ -84,8 +84,9 @@ class ObsOperator(Protocol):
     name: str
 
     def read(self, source: Source, layout: StateLayout, metric: Metric | None) -> ObsFile:
-        """The file's observations with the location variables this operator needs, checked on
-        their own (:func:`~enkflow.obs.reader.read_obs_file`)."""
+        """The file's observations (only ``source.part`` where it is set: pass it on to
+        :func:`~enkflow.obs.reader.read_obs_file`) with the location variables this operator needs,
+        checked on their own; errors name an observation by ``source.at(i)``, its index in the file."""
         ...
 
     def locate(self, of: ObsFile, target: Target) -> Location:

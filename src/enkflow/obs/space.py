@@ -15,7 +15,7 @@ observations. :class:`CycleObservations` reads each cycle's file when the cycle'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import netCDF4
@@ -34,6 +34,7 @@ from enkflow.state import StateLayout
 HX_VAR = "hx"
 SLOT_DIM = "slot"
 SLOT_TIME = "slot_time"
+HX_SLICE = 1_000_000  # the most observations of an hx variable read at once (memory: slots x this x 8 bytes)
 
 
 def slot_of(obs_time: np.ndarray, slot_time: np.ndarray) -> np.ndarray:
@@ -42,44 +43,100 @@ def slot_of(obs_time: np.ndarray, slot_time: np.ndarray) -> np.ndarray:
     return np.argmin(np.abs(np.asarray(obs_time, dtype=np.float64)[:, None] - st[None, :]), axis=1)
 
 
-def read_given_hx(paths: Sequence[Path], n_obs: int, obs_time: np.ndarray | None = None) -> np.ndarray:
-    """H(x) per member from an operator stage, (n_obs, N). Each file holds ``hx(obs)``, or
-    ``hx(slot, obs)`` and ``slot_time(slot)`` (relative to the analysis time, like the observation
-    file's ``time``): each observation then takes the slot nearest its time (4-D / FGAT); a file
-    with slots needs the observations' times (``obs_time``)."""
-    HX = np.empty((n_obs, len(paths)))
+def _windows(ids: np.ndarray) -> Iterator[slice]:
+    """``ids`` (sorted file indices) in consecutive runs, each within HX_SLICE observations of the file."""
+    lo = 0
+    while lo < ids.size:
+        hi = int(np.searchsorted(ids, ids[lo] + HX_SLICE))
+        yield slice(lo, hi)
+        lo = hi
+
+
+def _checked_ids(ids: np.ndarray | None, n_obs: int) -> np.ndarray:
+    """(n,) int64: ``ids`` (None: every observation), which must be ascending file indices below ``n_obs``."""
+    if ids is None:
+        return np.arange(n_obs, dtype=np.int64)
+    sel = np.asarray(ids)
+    if sel.ndim != 1 or not np.issubdtype(sel.dtype, np.integer):
+        raise InputError(f"ids must be a 1-D integer array, got shape {sel.shape} dtype {sel.dtype}", item="ids")
+    sel = sel.astype(np.int64)
+    bad = np.flatnonzero(np.diff(sel) <= 0)
+    if bad.size:
+        raise InputError(f"ids must be strictly ascending; position {bad[0] + 1} has {sel[bad[0] + 1]} after "
+                         f"{sel[bad[0]]}", item="ids", index=int(bad[0]) + 1)
+    if sel.size and (sel[0] < 0 or sel[-1] >= n_obs):
+        raise InputError(f"ids must lie in [0, {n_obs}); they span [{sel[0]}, {sel[-1]}]", item="ids")
+    return sel
+
+
+def _slots(ds: netCDF4.Dataset, p: Path, var: netCDF4.Variable, n_obs: int,
+           obs_time: np.ndarray | None) -> np.ndarray | None:
+    """The time slot of each observation asked for (``obs_time``: theirs) where ``hx`` has slots, else
+    None; the variable's shape checked against the observation file's ``n_obs``."""
+    if var.ndim == 1:
+        if var.shape[0] != n_obs:
+            raise FileFormatError(f"hx has {var.shape[0]} values, the observation file {n_obs}", path=str(p),
+                                  variable=HX_VAR)
+        return None
+    if var.ndim != 2:
+        raise FileFormatError(f"hx has dimensions {var.dimensions}, expected (obs) or (slot, obs)", path=str(p),
+                              variable=HX_VAR)
+    if SLOT_TIME not in ds.variables:
+        raise FileFormatError(f"hx has time slots {var.dimensions} but the file has no '{SLOT_TIME}'",
+                              path=str(p), variable=SLOT_TIME)
+    st = np.asarray(ds.variables[SLOT_TIME][:], dtype=np.float64).reshape(-1)
+    if st.size != var.shape[0]:
+        raise FileFormatError(f"{SLOT_TIME} has {st.size} values, hx {var.shape[0]} slots", path=str(p),
+                              variable=SLOT_TIME)
+    if obs_time is None:
+        raise FileFormatError("hx has time slots, but the observation file has no 'time'", path=str(p),
+                              variable=HX_VAR)
+    if var.shape[1] != n_obs:
+        raise FileFormatError(f"hx has {var.shape[1]} observations, the observation file {n_obs}", path=str(p),
+                              variable=HX_VAR)
+    return slot_of(obs_time, st)
+
+
+def _member_hx(ds: netCDF4.Dataset, p: Path, n_obs: int, obs_time: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
+    """(len(ids),) H(x) of one member's file at the observations ``ids``, read slice by slice."""
+    if HX_VAR not in ds.variables:
+        raise FileFormatError("no variable 'hx' (the operator's H(x) per observation)", path=str(p), variable=HX_VAR)
+    var = ds.variables[HX_VAR]
+    slot = _slots(ds, p, var, n_obs, obs_time)
+    out = np.empty(ids.size)
+    for w in _windows(ids):
+        a, b = int(ids[w][0]), int(ids[w][-1]) + 1
+        if slot is None:
+            v = np.asarray(var[a:b], dtype=np.float64)[ids[w] - a]
+        else:
+            v = np.asarray(var[:, a:b], dtype=np.float64)[slot[w], ids[w] - a]
+        bad = ~np.isfinite(v)
+        if bad.any():
+            raise FileFormatError(f"hx holds NaN or Inf at observation {int(ids[w][np.argmax(bad)])}", path=str(p),
+                                  variable=HX_VAR)
+        out[w] = v
+    return out
+
+
+def read_given_hx(paths: Sequence[Path], n_obs: int, obs_time: np.ndarray | None = None,
+                  ids: np.ndarray | None = None) -> np.ndarray:
+    """H(x) per member from an operator stage, (n, N) C-order: of the file's ``n_obs`` observations,
+    or of only those ``ids`` (ascending indices in the observation file, n of them). Each file holds
+    ``hx(obs)``, or ``hx(slot, obs)`` and ``slot_time(slot)`` (relative to the analysis time, like the
+    observation file's ``time``): each observation then takes the slot nearest its time (4-D / FGAT);
+    a file with slots needs the times of the observations asked for (``obs_time``, (n,)). A file is
+    read HX_SLICE observations at most at a time, so memory grows with n, not with ``n_obs``."""
+    sel = _checked_ids(ids, n_obs)
+    if obs_time is not None and np.shape(obs_time) != (sel.size,):
+        raise InputError(f"obs_time has shape {np.shape(obs_time)}, expected ({sel.size},): one time per "
+                         "observation asked for", item="obs_time")
+    HX = np.empty((sel.size, len(paths)))
     for m, p in enumerate(paths):
         try:
             with netCDF4.Dataset(p, "r") as ds:
-                if HX_VAR not in ds.variables:
-                    raise FileFormatError("no variable 'hx' (the operator's H(x) per observation)", path=str(p), variable=HX_VAR)
-                var = ds.variables[HX_VAR]
-                v = np.asarray(var[:], dtype=np.float64)
-                if var.ndim == 2:
-                    if SLOT_TIME not in ds.variables:
-                        raise FileFormatError(f"hx has time slots {var.dimensions} but the file has no '{SLOT_TIME}'",
-                                              path=str(p), variable=SLOT_TIME)
-                    st = np.asarray(ds.variables[SLOT_TIME][:], dtype=np.float64).reshape(-1)
-                    if st.size != v.shape[0]:
-                        raise FileFormatError(f"{SLOT_TIME} has {st.size} values, hx {v.shape[0]} slots",
-                                              path=str(p), variable=SLOT_TIME)
-                    if obs_time is None:
-                        raise FileFormatError("hx has time slots, but the observation file has no 'time'",
-                                              path=str(p), variable=HX_VAR)
-                    if v.shape[1] != n_obs:
-                        raise FileFormatError(f"hx has {v.shape[1]} observations, the observation file {n_obs}",
-                                              path=str(p), variable=HX_VAR)
-                    v = v[slot_of(obs_time, st), np.arange(n_obs)]
-                else:
-                    v = v.reshape(-1)
+                HX[:, m] = _member_hx(ds, Path(p), n_obs, obs_time, sel)
         except OSError as exc:
             raise FileFormatError(f"cannot read the operator output: {exc}", path=str(p), variable=HX_VAR) from None
-        if v.size != n_obs:
-            raise FileFormatError(f"hx has {v.size} values, the observation file {n_obs}", path=str(p), variable=HX_VAR)
-        if not np.isfinite(v).all():
-            raise FileFormatError(f"hx holds NaN or Inf at observation {int(np.argmax(~np.isfinite(v)))}",
-                                  path=str(p), variable=HX_VAR)
-        HX[:, m] = v
     return HX
 
 

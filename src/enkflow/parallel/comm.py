@@ -31,6 +31,7 @@ class Comm(Protocol):
     def iscatterv(self, sendbuf: np.ndarray | None, counts: Sequence[int], recvbuf: np.ndarray, root: int = 0) -> Request: ...
     def igatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray | None, counts: Sequence[int], root: int = 0) -> Request: ...
     def alltoallv_rows(self, send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int]) -> np.ndarray: ...
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class Request(Protocol):
@@ -100,14 +101,49 @@ class SerialComm:
         _check_alltoallv(send, send_counts, recv_counts, 1)
         return np.array(send, dtype=np.float64, order="F", copy=True)
 
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """One rank sends its rows to itself: a C-contiguous copy of ``send`` and its count."""
+        send = _sendable(send)
+        return np.array(send, copy=True), _row_counts(send, send_counts, 1)
+
+
+def _row_counts(send: np.ndarray, send_counts: Sequence[int], size: int) -> np.ndarray:
+    """``send_counts`` as (size,) int64, checked against the rows of ``send``."""
+    c = np.asarray(send_counts, dtype=np.int64).reshape(-1)
+    if c.shape != (size,):
+        raise ValueError(f"alltoallv needs {size} send counts (one per rank), got {c.size}")
+    if (c < 0).any():
+        raise ValueError(f"send counts must be >= 0, got {c.tolist()}")
+    if int(c.sum()) != send.shape[0]:
+        raise ValueError(f"send counts sum to {int(c.sum())}, the array has {send.shape[0]} rows")
+    return c
+
+
+def _sendable(send: np.ndarray) -> np.ndarray:
+    """``send`` C-contiguous, with rows (ndim >= 1) of plain bytes (no Python objects)."""
+    a = np.ascontiguousarray(send)
+    if a.ndim == 0:
+        raise ValueError("alltoallv needs an array of rows (ndim >= 1), got a scalar")
+    if a.dtype.hasobject:
+        raise ValueError(f"alltoallv moves raw bytes; dtype {a.dtype} holds Python objects")
+    return a
+
 
 def _check_alltoallv(send: np.ndarray, send_counts: Sequence[int], recv_counts: Sequence[int], size: int) -> None:
     if send.ndim != 2:
         raise ValueError(f"alltoallv_rows needs a 2-D (rows, N) array, got shape {send.shape}")
-    if len(send_counts) != size or len(recv_counts) != size:
-        raise ValueError(f"alltoallv_rows needs {size} send and receive counts")
-    if int(np.sum(send_counts)) != send.shape[0]:
-        raise ValueError(f"send counts sum to {int(np.sum(send_counts))}, the array has {send.shape[0]} rows")
+    if len(recv_counts) != size:
+        raise ValueError(f"alltoallv_rows needs {size} receive counts")
+    _row_counts(send, send_counts, size)
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of C-contiguous ``a`` as a 1-D uint8 view (any dtype, structured included)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def _row_bytes(a: np.ndarray) -> int:
+    return a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
 
 
 class _MPIRequest:
@@ -193,14 +229,38 @@ class MPIComm:
         must equal ``send_counts[this rank]`` on each sender (collective, MPI_Alltoallv).
         The rows travel packed in C order (each row's N members contiguous)."""
         _check_alltoallv(send, send_counts, recv_counts, self.size)
-        N = send.shape[1]
         sbuf = np.ascontiguousarray(send, dtype=np.float64)
-        rbuf = np.empty((int(np.sum(recv_counts)), N), dtype=np.float64)
-        sc = np.asarray(send_counts, dtype=np.int64) * N
-        rc = np.asarray(recv_counts, dtype=np.int64) * N
-        dt = self._MPI.DOUBLE
-        self.comm.Alltoallv([sbuf, sc, _displs(sc), dt], [rbuf, rc, _displs(rc), dt])
+        rbuf = np.empty((int(np.sum(recv_counts)), send.shape[1]), dtype=np.float64)
+        row = _row_bytes(sbuf)
+        self._alltoallv_bytes(sbuf, np.asarray(send_counts, dtype=np.int64) * row,
+                              rbuf, np.asarray(recv_counts, dtype=np.int64) * row)
         return np.asfortranarray(rbuf)
+
+    def alltoallv(self, send: np.ndarray, send_counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Sparse all-to-all of rows: ``send`` (n_send, ...) of any dtype holds ``send_counts[q]``
+        consecutive rows for rank ``q``, in rank order. Returns the rows received (C order, the
+        same dtype and trailing shape), ``recv_counts[q]`` rows from rank ``q`` in rank order, and
+        ``recv_counts`` (P,) int64. Collective; every rank must pass rows of the same size in bytes
+        (checked on every rank, so all raise together). The counts travel with one Alltoall, the
+        rows as bytes with one Alltoallv (mpi4py uses MPI-4's large-count ``MPI_Alltoallv_c``, so a
+        rank may send or receive more than 2**31 bytes)."""
+        send = _sendable(send)
+        sc = _row_counts(send, send_counts, self.size)
+        row = _row_bytes(send)
+        meta = np.empty((self.size, 2), dtype=np.int64)  # per peer: (rows, bytes per row)
+        self.comm.Alltoall(np.column_stack((sc, np.full(self.size, row, dtype=np.int64))), meta)
+        if (meta[:, 1] != row).any():
+            raise ValueError(f"alltoallv: the ranks' rows differ in size (bytes per row by rank: {meta[:, 1].tolist()})")
+        rc = np.ascontiguousarray(meta[:, 0])
+        recv = np.empty((int(rc.sum()),) + send.shape[1:], dtype=send.dtype)
+        self._alltoallv_bytes(send, sc * row, recv, rc * row)
+        return recv, rc
+
+    def _alltoallv_bytes(self, send: np.ndarray, send_bytes: np.ndarray, recv: np.ndarray, recv_bytes: np.ndarray) -> None:
+        """MPI_Alltoallv of C-contiguous ``send`` into ``recv`` in bytes per peer (int64, rank order)."""
+        B = self._MPI.BYTE
+        self.comm.Alltoallv([_as_bytes(send), send_bytes, _displs(send_bytes), B],
+                            [_as_bytes(recv), recv_bytes, _displs(recv_bytes), B])
 
 
 _MPI_ENV = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDI_CONTROL_FD")

@@ -10,7 +10,7 @@ from enkflow.config import Metric
 from enkflow.errors import ConfigError, InputError
 from enkflow.obs.fileformat import LAT, LON, ObsFile
 from enkflow.obs.locating import Location, Target
-from enkflow.obs.locators.grid import VariableGrid, coord_vars, read_with_coordinates, variable_grids
+from enkflow.obs.locators.grid import VariableGrid, coord_vars, outside, read_with_coordinates, variable_grids
 from enkflow.obs.operators import LinearObsOperator
 from enkflow.obs.reader import Source
 from enkflow.state import StateLayout
@@ -58,8 +58,8 @@ class BilinearOperator:
         try:
             return LinearObsOperator.rectilinear(g.axes, row_of_cell, g.x, layout.n_rows, g.periods).H.tocoo()
         except InputError as exc:
-            oc = of.obs.coords
-            j = int(g.sel[exc.index]) if isinstance(exc.index, int) else -1
+            if not isinstance(exc.index, int):
+                raise
             raise target.source.fail(", ".join(coord_vars(target.metric, layout)), (
-                f"observation {j} at ({', '.join(f'{c:g}' for c in oc[j])}) is outside the domain "
-                f"of state variable '{g.variable}' (interpolation '{self.name}': {exc})")) from None
+                f"{outside(of, target, int(g.sel[exc.index]), g.variable)} (interpolation '{self.name}': {exc})"
+            )) from None

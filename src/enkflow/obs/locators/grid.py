@@ -58,7 +58,8 @@ def read_with_coordinates(source: Source, layout: StateLayout, metric: Metric | 
     state's coordinates are known to be in the file's order (:func:`check_axis_order`; ``operator``: the
     operator's name, for its error)."""
     check_axis_order(source, layout, metric, operator)
-    return read_obs_file(source.given, cycle=source.cycle, coord_vars=coord_vars(metric, layout), state_index=False)
+    return read_obs_file(source.given, cycle=source.cycle, coord_vars=coord_vars(metric, layout), state_index=False,
+                         part=source.part)
 
 
 def spacing(a: np.ndarray) -> float:
@@ -147,8 +148,8 @@ def _by_variable(of: ObsFile, target: Target, name: str) -> dict[str, list[int]]
                 key = f"observations.kinds.{kname}.variable" if kname in target.configured_kinds else "observations.kinds"
                 raise ConfigError(
                     f"the state has variables {', '.join(layout.names)}: interpolation '{name}' needs the "
-                    f"variable each observation kind observes (observation {i} of {target.source.path}, kind "
-                    f"{int(kinds[i])})", key=key)
+                    f"variable each observation kind observes (observation {target.source.at(i)} of "
+                    f"{target.source.path}, kind {int(kinds[i])})", key=key)
             v = layout.names[0]
         elif v not in layout.names:
             raise ConfigError(f"'{v}' is not a state variable (state: {', '.join(layout.names)})",
@@ -182,11 +183,17 @@ def _variable_grid(of: ObsFile, target: Target, name: str, v: str, members: list
     return VariableGrid(v, sel, rows, pts, axes, pos, x, periods)
 
 
+def outside(of: ObsFile, target: Target, j: int, variable: str) -> str:
+    """That the ``j``-th observation read (named by its index in the file) is outside the domain of
+    state ``variable``, with its coordinates."""
+    at = ", ".join(f"{c:g}" for c in of.obs.coords[j])
+    return f"observation {target.source.at(j)} at ({at}) is outside the domain of state variable '{variable}'"
+
+
 def _check_domain(of: ObsFile, target: Target, op: GridOperator, g: VariableGrid) -> None:
     """Every observation of ``g`` inside the domain: the grid's extent and ``op.margin(axis)`` beyond
     its outer points, the ring on a periodic metric (FileFormatError naming the coordinate)."""
     names = coord_vars(target.metric, target.layout)
-    oc = of.obs.coords
     for k, (a, per) in enumerate(zip(g.axes, g.periods)):
         if per is not None:
             if target.metric is Metric.PERIODIC:
@@ -199,10 +206,9 @@ def _check_domain(of: ObsFile, target: Target, op: GridOperator, g: VariableGrid
             lo, hi = a[0] - h, a[-1] + h
             bad = (g.x[:, k] < lo) | (g.x[:, k] > hi)
         if bad.any():
-            j = int(g.sel[first(bad)])
             raise target.source.fail(names[k], (
-                f"observation {j} at ({', '.join(f'{c:g}' for c in oc[j])}) is outside the domain of state "
-                f"variable '{g.variable}': {names[k]} must lie in [{lo:g}, {hi:g}] (interpolation '{op.name}')"))
+                f"{outside(of, target, int(g.sel[first(bad)]), g.variable)}: {names[k]} must lie in "
+                f"[{lo:g}, {hi:g}] (interpolation '{op.name}')"))
 
 
 def variable_grids(of: ObsFile, target: Target, op: GridOperator) -> Iterator[VariableGrid]:

@@ -19,7 +19,7 @@ class IndexOperator:
     name = "index"
 
     def read(self, source: Source, layout: StateLayout, metric: Metric | None) -> ObsFile:
-        return read_obs_file(source.given, n_state=layout.n_rows, cycle=source.cycle, coord_vars=())
+        return read_obs_file(source.given, n_state=layout.n_rows, cycle=source.cycle, coord_vars=(), part=source.part)
 
     def locate(self, of: ObsFile, target: Target) -> Location:
         if of.state_index is None:
@@ -41,5 +41,6 @@ def _check_on_globe(coords: np.ndarray, state_index: np.ndarray, target: Target)
         if bad.any():
             i = first(bad)
             raise template.fail(layout.coord_names[col], (
-                f"state coordinate must lie in [{lo:g}, {hi:g}] degrees for the sphere metric; observation {i} "
-                f"of {target.source.given} (state_index {state_index[i]}) is at {float(coords[i, col])!r}"))
+                f"state coordinate must lie in [{lo:g}, {hi:g}] degrees for the sphere metric; observation "
+                f"{target.source.at(i)} of {target.source.given} (state_index {state_index[i]}) is at "
+                f"{float(coords[i, col])!r}"))
