@@ -18,10 +18,9 @@ from enkflow.config import Metric
 from enkflow.experiment.cycle_diagnostics import BalanceReport, CycleDiagnostics, ObsLayoutReport
 from enkflow.experiment.cycling import EnsembleStore
 from enkflow.experiment.decomposition import LocalGeometry, all_row_coords, balanced_rows, store_bounds
-from enkflow.experiment.obs_replicated import rms
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
 from enkflow.obs.distributed_space import ObsFileSource, OwnedObservations, ReadShare, kept_max, read_share
-from enkflow.obs.gathered import global_order_at_root
+from enkflow.obs.gathered import RootOrder, rms
 from enkflow.obs.partition import DomainRegions
 
 
@@ -42,29 +41,28 @@ class DistributedObs:
         o = self.owned
         self.HX = o.forecast_hx(X)
         self.hx_bytes = float(o.exchange.bytes_moved)
-        self._note_bytes(self.HX.nbytes * 2 + o.exchange.pieces_bytes(X.shape[1]) + o.records.nbytes)
+        self._note_bytes(self.HX.nbytes + o.exchange.pieces_bytes(X.shape[1]) + o.records.nbytes)
         self.qc = o.quality_control()
         self.flags = o.qc_flags(self.qc, self.HX)
         self.keep = self.flags == ACCEPTED
+        self.order = RootOrder.of(self.comm, o.ids, o.n_total)
+        self.kept_all = self.order.gather(self.keep)
         y = o.records.obs
         omb = self._rms(y.values - self.HX.mean(axis=1))
         n_kept = int(self.comm.allreduce_sum(np.array([float(np.count_nonzero(self.keep))]))[0])
         return CycleDiagnostics(n_obs=n_kept, omb_rms=omb, qc=self._qc_counts() if self.qc is not None else {})
 
     def _rms(self, departures: np.ndarray) -> float:
-        """Today's RMS of the kept observations' ``departures`` (n_own,), in the file's order on rank 0."""
-        d = global_order_at_root(self.comm, self.owned.ids, np.where(self.keep, departures, np.nan),
-                                 self.owned.n_total)
-        value = 0.0
-        if d is not None:
-            kept = d[~np.isnan(d)]
-            value = rms(kept, np.zeros(kept.size))
-        return float(self.comm.bcast(value))
+        """The replicated layout's RMS of the kept observations' ``departures`` (n_own,): in the file's
+        order on rank 0, broadcast."""
+        d = self.order.gather(departures)
+        out = np.array([rms(d[self.kept_all]) if d is not None and self.kept_all is not None else 0.0])
+        return float(self.comm.bcast(out)[0])
 
     def _qc_counts(self) -> dict[str, float]:
         o = self.owned
-        flags = global_order_at_root(self.comm, o.ids, self.flags, o.n_total)
-        kinds = global_order_at_root(self.comm, o.ids, o.records.obs.kinds, o.n_total)
+        flags = self.order.gather(self.flags)
+        kinds = self.order.gather(o.records.obs.kinds)
         counts = None
         if flags is not None and kinds is not None:
             counts = QCResult(flags).counts(kinds, dict(o.kind_names))

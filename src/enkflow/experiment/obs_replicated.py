@@ -17,11 +17,7 @@ from enkflow.experiment.decomposition import LocalGeometry, local_analysis
 from enkflow.experiment.serial_analysis import serial_analysis
 from enkflow.obs import ObsSet
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
-
-
-def rms(values: np.ndarray, hx: np.ndarray) -> float:
-    """Root mean square of ``values - hx`` (n_obs,); 0 without observations."""
-    return float(np.sqrt(np.mean((values - hx) ** 2))) if values.size else 0.0
+from enkflow.obs.gathered import rms
 
 
 class ReplicatedObs:
@@ -41,7 +37,7 @@ class ReplicatedObs:
         keep = self.qc.keep if self.qc is not None and self.qc.flags.any() else None
         self.keep = keep
         self.y, self.HX = (self.y_all, self.HX_all) if keep is None else (self.y_all.subset(keep), self.HX_all[keep])
-        return CycleDiagnostics(n_obs=self.y.n_obs, omb_rms=rms(self.y.values, self.HX.mean(axis=1)),
+        return CycleDiagnostics(n_obs=self.y.n_obs, omb_rms=rms(self.y.values - self.HX.mean(axis=1)),
                                 qc=self.qc.counts(self.y_all.kinds, dict(obs.kind_names(cycle))) if self.qc is not None else {})
 
     def assimilate(self, flt: Filter, local: LocalGeometry | None, X: np.ndarray,
@@ -62,7 +58,7 @@ class ReplicatedObs:
         st = self.store
         mean = np.ascontiguousarray(Xa.mean(axis=1))[:, None]
         hxa = self.obs.apply_analysis(self.cycle, mean, st.row_start, st.comm)[:, 0]
-        return rms(self.y.values, hxa if self.keep is None else hxa[self.keep])
+        return rms(self.y.values - (hxa if self.keep is None else hxa[self.keep]))
 
     def report(self) -> ObsLayoutReport:
         """Every rank held every observation and the whole H(x); an Allreduce of it (reduce-scatter and

@@ -17,17 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from enkflow.analysis import taper as _taper
 from enkflow.analysis.geometry import Geometry
 from enkflow.analysis.qc import ACCEPTED, BUDDY, BuddyPool, QualityControl
 from enkflow.config import Metric
 from enkflow.obs.buddy_ring import gather_buddies
 from enkflow.obs.hx_exchange import HXExchange
-from enkflow.obs.load import load_for_state
+from enkflow.obs.load import load_for_state, with_kind_arrays
 from enkflow.obs.partition import DomainRegions, owners
 from enkflow.obs.reader import ObsPart, obs_count
 from enkflow.obs.records import ObsRecords, h_width
-from enkflow.obs.settings import ObsSettings
 from enkflow.obs.source import ObsFileSource
 from enkflow.obs.space import FileObservations, qc_for, read_given_hx
 from enkflow.parallel import Comm
@@ -54,7 +52,7 @@ def share(n: int, ranks: int, rank: int) -> ObsPart:
 
 def read_share(source: ObsFileSource, comm: Comm) -> ReadShare:
     """This rank's share of ``source``'s file, read, checked and located (collective: an error on one
-    rank is raised on every rank)."""
+    rank is raised on every rank), with the per-kind arrays and kind names the whole file has."""
     layout, settings = source.layout, source.settings
     metric = settings.localization.metric if settings.localization is not None else None
 
@@ -64,23 +62,14 @@ def read_share(source: ObsFileSource, comm: Comm) -> ReadShare:
         return n, part, load_for_state(source.path, layout, metric, cycle=source.cycle, settings=settings, part=part)
 
     n, part, of = raise_together(comm, read)
-    width = max(comm.allgather_obj(h_width(of, layout.n_rows)))
-    records = _uniform(ObsRecords.from_file(of, part.start, layout.n_rows, width), comm, settings)
-    return ReadShare(records, n, dict(of.kind_names), of.lonlat)
-
-
-def _uniform(rec: ObsRecords, comm: Comm, settings: ObsSettings) -> ObsRecords:
-    """``rec`` with the optional per-observation arrays every rank has: where the file gives some of its
-    observations their kind's radius or gross-error threshold, the others get the localization's
-    half-width and no threshold (inf), as a whole-file read gives them."""
-    has = comm.allgather_obj((rec.obs.half_width is not None, rec.qc_sigma is not None))
-    hw, qs = rec.obs.half_width, rec.qc_sigma
-    loc = settings.localization
-    if hw is None and any(h for h, _ in has) and loc is not None:
-        hw = np.full(rec.n, _taper.half_width(loc.radius, loc.convention))
-    if qs is None and any(q for _, q in has):
-        qs = np.full(rec.n, np.inf)
-    return rec.with_kind_arrays(hw, qs)
+    every = comm.allgather_obj((h_width(of, layout.n_rows), of.obs.half_width is not None, of.qc_sigma is not None,
+                                dict(of.kind_names)))
+    of = with_kind_arrays(of, settings, half_width=any(e[1] for e in every), qc_sigma=any(e[2] for e in every))
+    names: dict[int, str] = {}
+    for e in every:
+        names.update(e[3])
+    records = ObsRecords.from_file(of, part.start, layout.n_rows, max(e[0] for e in every))
+    return ReadShare(records, n, names, of.lonlat)
 
 
 class OwnedObservations:

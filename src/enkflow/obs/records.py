@@ -104,13 +104,6 @@ class ObsRecords:
         order = np.argsort(self.ids, kind="stable")
         return self if np.array_equal(order, np.arange(self.n)) else self.take(order)
 
-    def with_kind_arrays(self, half_width: np.ndarray | None, qc_sigma: np.ndarray | None) -> "ObsRecords":
-        """These records with the per-kind half-widths and gross-error thresholds ``half_width`` and
-        ``qc_sigma`` (n,) or None."""
-        a = self.map(lambda x: x)
-        a["half_width"], a["qc_sigma"] = half_width, qc_sigma
-        return self._of_arrays(a)
-
     def with_hx(self, hx: np.ndarray) -> "ObsRecords":
         return replace(self, hx=np.ascontiguousarray(hx, dtype=np.float64))
 
