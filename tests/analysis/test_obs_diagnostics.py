@@ -150,3 +150,21 @@ def test_crps_keeps_its_precision_far_from_zero():
     y = 300.0 + 0.1 * rng.standard_normal(200)
     np.testing.assert_allclose(ensemble_crps(HX, y), ps.crps_ensemble(y, HX), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(ensemble_crps(HX[:, :1], y), np.abs(HX[:, 0] - y), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("n_total", [1, 5, 8, 9, 2155])
+@pytest.mark.parametrize("members", [3, 8, 40])
+def test_crps_of_the_observations_a_rank_owns_has_the_whole_cycles_bits(n_total, members):
+    """BLAS rounds a row of the pair sum by its place in the matrix: any subset (an owner's observations)
+    scores each observation to the bits of the whole cycle's call, the last rows of the file included."""
+    from enkflow.obs.ensemble_scores import ensemble_crps
+
+    rng = np.random.default_rng(n_total + members)
+    HX = rng.standard_normal((n_total, members)) * 10.0 ** rng.uniform(-3, 3, (n_total, 1))
+    y = rng.standard_normal(n_total)
+    whole = ensemble_crps(HX, y)
+    for size in (0, 1, n_total // 3, n_total - 1, n_total):
+        ids = np.sort(rng.choice(n_total, size, replace=False))
+        assert ensemble_crps(HX[ids], y[ids], ids, n_total).tobytes() == whole[ids].tobytes(), size
+    tail = np.arange(max(0, n_total - 3), n_total)
+    assert ensemble_crps(HX[tail], y[tail], tail, n_total).tobytes() == whole[tail].tobytes()

@@ -17,9 +17,12 @@ RANK_METHOD = ("number of prior members j with H(x_j) + e_j < y, e_j ~ N(0, obs_
 DRAW_ROWS = 65536  # observations per block of the stream drawn for a subset of them
 
 
-def ensemble_crps(HX: np.ndarray, y: np.ndarray) -> np.ndarray:
+def ensemble_crps(HX: np.ndarray, y: np.ndarray, ids: np.ndarray | None = None,
+                  n_total: int | None = None) -> np.ndarray:
     """The ensemble CRPS of each row of ``HX`` (n_obs, N) against ``y`` (n_obs,): mean_j |x_j - y| -
     0.5 mean_{j,l} |x_j - x_l| (``properscoring.crps_ensemble``'s definition), (n_obs,) float64.
+    ``ids``, ``n_total``: these are the observations ``ids`` (sorted) of the cycle's ``n_total``, each
+    scored to the bits of the whole cycle's call (:func:`_pair_sums`).
 
     The pair sum in O(N log N): with the members sorted, sum_{j,l} |x_j - x_l| = 2 sum_i (2i - N - 1) x_(i)
     (i = 1..N). The departures from ``y`` are sorted instead of the members (the pair sum does not change
@@ -28,7 +31,43 @@ def ensemble_crps(HX: np.ndarray, y: np.ndarray) -> np.ndarray:
     n = X.shape[1]
     d = np.sort(X - np.asarray(y, dtype=np.float64).reshape(-1, 1), axis=1)
     w = 2.0 * np.arange(1, n + 1, dtype=np.float64) - n - 1.0
-    return np.abs(d).mean(axis=1) - (d @ w) / float(n * n)
+    pairs = d @ w if ids is None else _pair_sums(d, w, _owned_ids(ids, d.shape[0], _total(n_total)), _total(n_total))
+    return np.abs(d).mean(axis=1) - pairs / float(n * n)
+
+
+# BLAS's matrix-vector product (OpenBLAS's dgemv_t on x86-64) takes the rows GEMV_ROWS at a time from the first,
+# and the last n % GEMV_ROWS with other kernels that round differently: a row's bits depend on its place in the
+# matrix. (One BLAS thread, as enkflow runs: threads split the rows again.)
+GEMV_ROWS = 4
+
+
+def _total(n_total: int | None) -> int:
+    if n_total is None:
+        raise ValueError("observation ids need n_total, the number of the cycle's observations they index")
+    return n_total
+
+
+def _pair_sums(d: np.ndarray, w: np.ndarray, ids: np.ndarray, n_total: int) -> np.ndarray:
+    """``d @ w`` (n,) for the rows ``ids`` (n,) of a cycle's (n_total, N) matrix, each with the bits of the
+    whole matrix's product: a row of a whole block of GEMV_ROWS at its place in a block of zeros; the rows
+    of the last block and the remainder after it in a matrix of those last rows."""
+    end = n_total - n_total % GEMV_ROWS
+    if end < n_total and end >= GEMV_ROWS:
+        end -= GEMV_ROWS  # a remainder goes through the kernels it takes after a whole block (one row alone: ddot)
+    out = np.empty(ids.size)
+    body = ids < end
+    at = ids[body]
+    blocks, inv = np.unique(at // GEMV_ROWS, return_inverse=True)
+    rows = inv * GEMV_ROWS + at % GEMV_ROWS
+    D = np.zeros((blocks.size * GEMV_ROWS, d.shape[1]))
+    D[rows] = d[body]
+    out[body] = (D @ w)[rows]
+    tail = ~body
+    if tail.any():
+        T = np.zeros((n_total - end, d.shape[1]))
+        T[ids[tail] - end] = d[tail]
+        out[tail] = (T @ w)[ids[tail] - end]
+    return out
 
 
 def observation_perturbations(cycle: int, error_var: np.ndarray, n_members: int, ids: np.ndarray | None = None,
@@ -46,9 +85,8 @@ def observation_perturbations(cycle: int, error_var: np.ndarray, n_members: int,
     sd = np.sqrt(np.asarray(error_var, dtype=np.float64)).reshape(-1, 1)
     if ids is None:
         return rng.standard_normal((sd.shape[0], n_members)) * sd
-    if n_total is None:
-        raise ValueError("observation ids need n_total, the number of the cycle's observations they index")
-    return _draw_rows(rng, _owned_ids(ids, sd.shape[0], n_total), n_total, n_members) * sd
+    total = _total(n_total)
+    return _draw_rows(rng, _owned_ids(ids, sd.shape[0], total), total, n_members) * sd
 
 
 def _draw_rows(rng: np.random.Generator, rows: np.ndarray, n_total: int, n_members: int) -> np.ndarray:

@@ -1,0 +1,57 @@
+"""Run under mpiexec by test_obs_layout_mpi.py: every case of the JSON file argv[2] analysed on copies of
+the land problem argv[1] (its member files), once with ``[analysis] observations = "replicated"`` and once
+``"distributed"``; each run leaves in ``argv[3]/<case>_<layout>/``: ``members.npy`` (n_rows, N) the analysed
+members, ``diag.json`` the diagnostics and ``c0/`` the cycle directory (obs_diag.nc, an inflation field).
+
+A case: ``name``, ``obs`` (the observation file), ``analysis`` (``[analysis]`` keys), ``observations``
+(``[observations]`` keys), ``hx`` (None, or the operator stage's H(x) files, member 1 first) and
+``balance`` (None, true or false: :func:`~enkflow.experiment.analysis_step.analyse_files`)."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+
+from enkflow.config import AnalysisConfig
+from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
+from enkflow.obs.config import ObsSettingsConfig
+from enkflow.obs.obsfile import ObsSettings
+from enkflow.parallel import get_comm
+from enkflow.state import StateConfig
+
+src, cases, out = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
+comm = get_comm()
+state = StateConfig(variables=["soil_moisture"], coordinates=["land_lon", "land_lat"])
+members = sorted(src.glob("member_*.nc"))
+
+
+def run(case: dict, layout: str) -> None:
+    cfg = AnalysisConfig.model_validate({**case["analysis"], "observations": layout})
+    settings = ObsSettings(ObsSettingsConfig.model_validate(case["observations"]), cfg.localization)
+    d = out / f"{case['name']}_{layout}"
+    copies = [d / "members" / p.name for p in members]
+    if comm.rank == 0:
+        (d / "members").mkdir(parents=True)
+        for p, q in zip(members, copies):
+            shutil.copyfile(p, q)
+    comm.barrier()
+    hx = [Path(p) for p in case["hx"]] if case["hx"] else None
+    diag = analyse_files(copies, case["obs"], state, cfg, comm=comm, files=AnalysisFiles(cycle_dir=lambda c: d / f"c{c}"),
+                         hx_files=hx, obs_settings=settings, balance=case["balance"])
+    comm.barrier()
+    if comm.rank == 0:
+        cols = []
+        for q in copies:
+            with netCDF4.Dataset(q) as ds:
+                cols.append(np.asarray(ds["soil_moisture"][:], dtype=np.float64))
+        np.save(d / "members.npy", np.stack(cols, axis=1))
+        (d / "diag.json").write_text(json.dumps(diag))
+        shutil.rmtree(d / "members")
+
+
+for case in cases:
+    for layout in ("replicated", "distributed"):
+        run(case, layout)
