@@ -46,7 +46,9 @@ def _add_land(bsub: argparse._SubParsersAction) -> None:
         help="the synthetic global land problem analysed from its restart files (RMSE, time, memory)",
         description="Synthesize the Zheng et al. (2020) land problem (or reuse --dir), analyse it from the restart "
         "files with a local filter on the sphere, update them in place; report RMSE vs truth, stage times and "
-        "peak memory against the ensemble's size.",
+        "peak memory against the ensemble's size. With --layout both (default) the analysis runs twice, the "
+        "observations replicated on every rank (on a copy of the members) and distributed by locality, and the "
+        "report gives both layouts' observations, observation-space and H(x) exchange bytes and peak RSS per rank.",
     )
     g.add_argument("--size", choices=["tiny", "small", "medium", "large"], default="medium")
     g.add_argument("--members", type=int, default=40)
