@@ -38,7 +38,7 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
-from enkflow.bench.land_layouts import LayoutRuns, compare_layouts, layout_lines, scratch_copy
+from enkflow.bench.land_layouts import LayoutRuns, compare_layouts, layout_lines, same_analysis, scratch_copy
 from enkflow.config import AnalysisConfig, ObsLayout
 from enkflow.errors import InputError
 from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
@@ -135,7 +135,9 @@ def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False,
         for layout in runs:  # one after the other: their memory is never held at once
             where = scratch if scratch is not None and layout is ObsLayout.REPLICATED else d
             reports[layout] = _analyse(replace(s, observations=layout), where)
-        res = compare_layouts(reports, scratch, d, [p.name for p in paths] + [MEAN_FILE, SPREAD_FILE])
+        identical = (None if scratch is None
+                     else same_analysis(scratch, d, [p.name for p in paths] + [MEAN_FILE, SPREAD_FILE]))
+        res = compare_layouts(reports, identical)
         return res | {"obs_fraction": fraction, "synth_s": synth_s}
     finally:
         if scratch is not None:

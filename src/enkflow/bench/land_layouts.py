@@ -4,8 +4,8 @@ compared in one invocation.
 The analysis updates the member files in place, so the replicated layout (the baseline, run
 first) analyses a copy of the members (:func:`scratch_copy`) and the distributed one the files
 themselves: both start from the same forecast, one after the other (their memory is never held
-at once), and :func:`compare_layouts` merges their reports and checks that their analyses are
-equal bit for bit.
+at once); :func:`same_analysis` checks that their analyses are equal bit for bit and
+:func:`compare_layouts` merges their reports.
 """
 
 from __future__ import annotations
@@ -89,14 +89,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def compare_layouts(reports: Mapping[ObsLayout, dict[str, Any]], scratch: Path | None, d: Path,
-                    compared: Sequence[str]) -> dict[str, Any]:
+def same_analysis(a: Path, b: Path, names: Sequence[str]) -> bool:
+    """Whether the files ``names`` in the directories ``a`` and ``b`` are :func:`same_variables`."""
+    return all(same_variables(a / n, b / n) for n in names)
+
+
+def compare_layouts(reports: Mapping[ObsLayout, dict[str, Any]], identical: bool | None) -> dict[str, Any]:
     """One report of the runs ``reports`` (the JSON of each analysis, by its layout): the distributed
     run's keys where it ran (else the replicated run's) with its :data:`PER_LAYOUT` figures; the
     replicated run's as ``NAME_replicated`` (None where it did not run); the :data:`RATIOS`
-    distributed / replicated, ``identical`` (whether the files ``compared`` of the replicated run in
-    ``scratch`` equal those of the distributed run in ``d`` in every variable, bit for bit) and
-    ``layouts`` (in the order they ran) - the ratios and ``identical`` None unless both ran."""
+    distributed / replicated (None unless both ran), ``identical`` (:func:`same_analysis` of the two
+    runs' files, None unless both ran) and ``layouts`` (in the order they ran)."""
     dist, rep = reports.get(ObsLayout.DISTRIBUTED), reports.get(ObsLayout.REPLICATED)
     base = dist if dist is not None else rep
     if base is None:
@@ -104,10 +107,7 @@ def compare_layouts(reports: Mapping[ObsLayout, dict[str, Any]], scratch: Path |
     out = base | _figures(base) | {f"{k}_replicated": v for k, v in _figures(rep or {}).items()}
     both = dist is not None and rep is not None
     out |= {name: _ratio(out[k], out[f"{k}_replicated"]) if both else None for name, k in RATIOS.items()}
-    out["identical"] = (all(same_variables(scratch / n, d / n) for n in compared)
-                        if both and scratch is not None else None)
-    out["layouts"] = [layout.value for layout in reports]
-    return out
+    return out | {"identical": identical, "layouts": [layout.value for layout in reports]}
 
 
 def _mb(v: float | None) -> str:
@@ -123,8 +123,9 @@ def _rank_line(res: Mapping[str, Any], r: int, suffix: str) -> str:
         values = res.get(k + suffix)
         return None if values is None else values[r]
     rss = at("rank_peak_rss_mb")
-    return (f"held {_n(at('rank_obs_held'))}, owned {_n(at('rank_obs_owned'))}, obs space {_mb(at('rank_obs_bytes'))}, "
-            f"H(x) exchange {_mb(at('rank_hx_bytes'))}, peak RSS {'n/a' if rss is None else f'{rss:.0f} MB'}")
+    return (f"held {_n(at('rank_obs_held'))}, owned {_n(at('rank_obs_owned'))}, "
+            f"obs space {_mb(at('rank_obs_bytes'))}, H(x) exchange {_mb(at('rank_hx_bytes'))}, "
+            f"peak RSS {'n/a' if rss is None else f'{rss:.0f} MB'}")
 
 
 def layout_lines(res: Mapping[str, Any]) -> str:
@@ -138,9 +139,11 @@ def layout_lines(res: Mapping[str, Any]) -> str:
                      f"{_mb(res[f'hx_bytes_max{suffix}'])}, peak RSS {res[f'peak_rss_mb{suffix}']:.0f} MB; "
                      f"analysis {res[f'analysis_s{suffix}']:.2f} s")
     if both:
-        ratios = ", ".join(f"{label} {'n/a' if res[k] is None else f'{res[k]:.3f}'}" for k, label in _RATIO_LABELS.items())
+        ratios = ", ".join(f"{label} {'n/a' if res[k] is None else f'{res[k]:.3f}'}"
+                           for k, label in _RATIO_LABELS.items())
         lines.append(f"  distributed / replicated: {ratios}; analyses identical bit for bit: {res['identical']}")
     for r in range(res["ranks"]):
-        lines.append(f"    rank {r}: {_rank_line(res, r, '')}" + (f"\n    rank {r}, replicated: {_rank_line(res, r, '_replicated')}"
-                                                                 if both else ""))
+        lines.append(f"    rank {r}: {_rank_line(res, r, '')}")
+        if both:
+            lines.append(f"    rank {r}, replicated: {_rank_line(res, r, '_replicated')}")
     return "\n".join(lines)
