@@ -12,7 +12,8 @@ import netCDF4
 import numpy as np
 import pytest
 
-from enkflow.bench.land_layouts import PER_LAYOUT, RATIOS, same_variables
+from enkflow.bench.land_layouts import PER_LAYOUT, RATIOS, compare_layouts, layout_lines, same_variables
+from enkflow.config import ObsLayout
 
 
 @pytest.mark.mpi
@@ -62,3 +63,25 @@ def test_same_variables_sees_the_last_bit(tmp_path):
     assert same_variables(_nc(tmp_path / "a.nc", a), _nc(tmp_path / "a2.nc", a.copy()))
     assert not same_variables(tmp_path / "a.nc", _nc(tmp_path / "b.nc", b))
     assert not same_variables(tmp_path / "a.nc", _nc(tmp_path / "c.nc", a.astype(np.float32)))
+
+
+def _report(layout: str, obs_bytes: list[float], hx_bytes: list[float], analysis_s: float) -> dict:
+    return {"observations": layout, "ranks": 2, "n_obs": 10.0, "obs_fraction": 0.5, "analysis_s": analysis_s,
+            "total_s": 2 * analysis_s, "peak_rss_mb": 30.0, "rank_peak_rss_mb": [30.0, 20.0],
+            "rank_obs_held": [6.0, 10.0], "rank_obs_owned": [4.0, 6.0], "rank_obs_bytes": obs_bytes,
+            "rank_hx_bytes": hx_bytes}
+
+
+def test_compare_layouts_reports_both_and_their_ratios():
+    """The figures each analysis reports per rank: largest rank, NAME_replicated, ratios, text lines."""
+    res = compare_layouts({ObsLayout.REPLICATED: _report("replicated", [800.0, 800.0], [400.0, 400.0], 4.0),
+                           ObsLayout.DISTRIBUTED: _report("distributed", [100.0, 200.0], [40.0, 50.0], 2.0)}, True)
+    assert (res["obs_bytes_max"], res["obs_bytes_max_replicated"], res["obs_bytes_ratio"]) == (200.0, 800.0, 0.25)
+    assert (res["hx_bytes_max"], res["hx_bytes_max_replicated"], res["hx_bytes_ratio"]) == (50.0, 400.0, 0.125)
+    assert res["analysis_s_ratio"] == 0.5 and res["rank_obs_bytes_replicated"] == [800.0, 800.0]
+    assert res["layouts"] == ["replicated", "distributed"] and res["identical"] is True
+    text = layout_lines(res)
+    assert "rank 1, replicated: held 10, owned 6" in text and "obs space 0.250" in text
+    alone = compare_layouts({ObsLayout.DISTRIBUTED: _report("distributed", [1.0, 2.0], [3.0, 4.0], 1.0)}, None)
+    assert alone["obs_bytes_max"] == 2.0 and alone["obs_bytes_max_replicated"] is None
+    assert alone["obs_bytes_ratio"] is None and "replicated" not in layout_lines(alone)
