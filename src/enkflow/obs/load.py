@@ -54,7 +54,7 @@ def _half_width(kinds: KindTable, loc: LocalizationConfig | None) -> np.ndarray 
         return None
     loc = _for_radii(loc)
     r = np.where(np.isfinite(kinds.radius), kinds.radius, loc.radius)
-    radii, which = np.unique(r, return_inverse=True)  # one per kind: not one call per observation
+    radii, which = np.unique(r, return_inverse=True)  # one call per distinct radius, not per observation
     return np.array([taper.half_width(float(v), loc.convention) for v in radii], dtype=np.float64)[which]
 
 
