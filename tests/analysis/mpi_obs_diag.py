@@ -30,9 +30,12 @@ y = ObsSet(300.0 + rng.standard_normal(n), rng.uniform(0.1, 2.0, n),
 HX, HXa = 300.0 + rng.standard_normal((n, N)), 300.0 + 0.5 * rng.standard_normal((n, N))
 flags = rng.choice([0, 0, 0, 1, 2], n).astype(np.int8)
 owner = rng.integers(0, P, n)
-owner[:3] = 0  # rank 0 owns some; with 3 ranks the last one owns none of the first block
+owner[:3] = 0  # rank 0 owns some
+if P > 2:  # and the last rank owns none
+    owner[owner == P - 1] = 0
 ids = np.flatnonzero(owner == r)
-mine = ObsSet(y.values[ids], y.error_var[ids], y.coords[ids], y.kinds[ids])
+# A rank without observations may make them with one coordinate column (ObsSet's shape for no coords).
+mine = ObsSet(y.values[ids], y.error_var[ids], y.coords[ids] if ids.size else np.zeros((0, 1)), y.kinds[ids])
 names = {2: "sst", 5: "t2m", 9: "sea ice"}
 
 writer = ObsDiagnosticsWriter(lambda k: out / "dist" / f"c{k}", r, Metric.SPHERE)
