@@ -1,9 +1,11 @@
-"""The observation-space diagnostics file (obs_diag.nc) and the adaptive inflation field carried
-between offline analysis tasks."""
+"""The observation-space diagnostics file (obs_diag.nc), written whole or from the observations each
+rank owns, and the adaptive inflation field carried between offline analysis tasks."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import netCDF4
@@ -138,6 +140,40 @@ def test_summary_per_kind_leaves_rejected_observations_out(tmp_path):
         g = {k: np.asarray(ds[k][:]) for k in ds.variables}
         assert "Hamill" in ds["prior_rank"].comment and list(ds["prior_rank"].valid_range) == [0, m]
     _check_crps_and_rank(g, HX, HXa, y.values, y.error_var, cycle=5)
+
+
+def test_ranks_of_a_subset_are_the_rows_of_the_whole(monkeypatch):
+    from enkflow.obs import ensemble_scores
+
+    rng = np.random.default_rng(4)
+    n, m = 300, 5
+    HX, y, err = rng.standard_normal((n, m)), rng.standard_normal(n), rng.uniform(0.1, 3.0, n)
+    whole = ensemble_scores.prior_ranks(HX, y, err, 9)
+    e_whole = ensemble_scores.observation_perturbations(9, err, m)
+    monkeypatch.setattr(ensemble_scores, "DRAW_ROWS", 64)  # drawn in 5 blocks: the same stream
+    for ids in (np.arange(n), np.array([0, 63, 64, 65, 299]), np.array([128]), np.array([], np.int64)):
+        sub = ensemble_scores.prior_ranks(HX[ids], y[ids], err[ids], 9, ids, n)
+        assert sub.dtype == np.int32 and np.array_equal(sub, whole[ids])
+        e = ensemble_scores.observation_perturbations(9, err[ids], m, ids, n)
+        assert e.tobytes() == e_whole[ids].tobytes()
+    with pytest.raises(ValueError, match="increase strictly"):
+        ensemble_scores.prior_ranks(HX[:2], y[:2], err[:2], 9, np.array([3, 3]), n)
+    with pytest.raises(ValueError, match="need n_total"):
+        ensemble_scores.prior_ranks(HX[:2], y[:2], err[:2], 9, np.array([1, 3]))
+
+
+@pytest.mark.mpi
+def test_distributed_file_equals_the_whole_one(mpiexec, subprocess_env, tmp_path):
+    """At 1 and 3 ranks with a random ownership: every variable and attribute as write's."""
+    script = Path(__file__).parent / "mpi_obs_diag.py"
+    for n in (1, 3):
+        out = tmp_path / f"p{n}"
+        out.mkdir()
+        cmd = [sys.executable, str(script), str(out)]
+        proc = subprocess.run(([mpiexec, "-n", "3"] + cmd) if n > 1 else cmd, env=subprocess_env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (out / "ok.txt").read_text() == f"ok {n}"
 
 
 def test_crps_keeps_its_precision_far_from_zero():

@@ -124,7 +124,22 @@ def test_observation_error_statistics() -> None:
     assert not np.array_equal(sl.sample_observations(t, seed=4).state_index, o.state_index)
 
 
-@pytest.mark.parametrize(("kw", "item"), [({"fraction": 0.0}, "obs_fraction"), ({"fraction": 1.5}, "obs_fraction"),
+@pytest.mark.parametrize(("fraction", "n_obs"), [(2.5, 2 * 877 + 438), (3.0, 3 * 877), (1.001, 877 + 1)])
+def test_more_observations_than_points(fraction: float, n_obs: int) -> None:
+    """F > 1: every point floor(F) times, a random F - floor(F) of them once more, sorted, own errors."""
+    t = np.linspace(-1, 1, 877)
+    o = sl.sample_observations(t, fraction=fraction, std=0.25, seed=3)
+    assert o.n_obs == sl.n_observations(877, fraction) == n_obs
+    assert (np.diff(o.state_index) >= 0).all() and o.state_index[0] >= 0 and o.state_index[-1] < 877
+    counts = np.bincount(o.state_index, minlength=877)
+    whole = math.floor(fraction)
+    assert set(counts.tolist()) <= {whole, whole + 1} and int((counts > whole).sum()) == n_obs - whole * 877
+    first = o.values[np.searchsorted(o.state_index, np.arange(877))]  # one observation of each point
+    assert not np.array_equal(first, o.values[np.searchsorted(o.state_index, np.arange(877), side="right") - 1])
+    np.testing.assert_array_equal(sl.sample_observations(t, fraction=fraction, std=0.25, seed=3).values, o.values)
+
+
+@pytest.mark.parametrize(("kw", "item"), [({"fraction": 0.0}, "obs_fraction"), ({"fraction": math.inf}, "obs_fraction"),
                                           ({"std": 0.0}, "obs_std"), ({"std": float("nan")}, "obs_std"),
                                           ({"seed": -1}, "seed")])
 def test_observation_bad_parameters(kw: dict, item: str) -> None:
@@ -196,6 +211,16 @@ def test_obs_file_matches_truth(tiny_run: slf.SynthResult) -> None:
     np.testing.assert_array_equal(f.obs.error_var, 0.0625)
     assert np.abs(f.obs.values - t[f.state_index]).max() < 6 * 0.25
     assert f.attrs["n_state"] == 877 and f.attrs["state_variable"] == "soil_moisture"
+
+
+def test_obs_file_with_more_observations_than_points(tmp_path: Path) -> None:
+    """obs_fraction 2.5: 2.5 observations per land point in the file, sorted by state index, all located."""
+    r = slf.generate(tmp_path, size="tiny", members=2, seed=11, obs_fraction=2.5)
+    f = read_obs_file(r.obs_path, n_state=r.n_land)
+    assert f.n_obs == r.n_obs == 2 * 877 + 438
+    assert (np.diff(f.state_index) >= 0).all() and f.state_index.min() == 0 and f.state_index.max() == 876
+    with netCDF4.Dataset(r.truth_path) as ds:
+        np.testing.assert_array_equal(f.obs.coords[:, 1], ds["land_lat"][:][f.state_index])
 
 
 def test_reproducible_and_member_count_independent(tiny_run: slf.SynthResult, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from enkflow.bench.analysis import AnalysisBenchSetup, run
 from enkflow.bench.io import add_parser as add_io
 from enkflow.bench.land import LandBenchSetup, main_json
+from enkflow.bench.land_layouts import LayoutRuns
 from enkflow.bench.online import run_online
 from enkflow.bench.online_scale import run_scale
 from enkflow.bench.output import add_parser as add_output
@@ -45,7 +46,9 @@ def _add_land(bsub: argparse._SubParsersAction) -> None:
         help="the synthetic global land problem analysed from its restart files (RMSE, time, memory)",
         description="Synthesize the Zheng et al. (2020) land problem (or reuse --dir), analyse it from the restart "
         "files with a local filter on the sphere, update them in place; report RMSE vs truth, stage times and "
-        "peak memory against the ensemble's size.",
+        "peak memory against the ensemble's size. With --layout both (default) the analysis runs twice, the "
+        "observations replicated on every rank (on a copy of the members) and distributed by locality, and the "
+        "report gives both layouts' observations, observation-space and H(x) exchange bytes and peak RSS per rank.",
     )
     g.add_argument("--size", choices=["tiny", "small", "medium", "large"], default="medium")
     g.add_argument("--members", type=int, default=40)
@@ -59,6 +62,14 @@ def _add_land(bsub: argparse._SubParsersAction) -> None:
                    help="analyse each rank's I/O row block instead of rows of equal estimated work")
     g.add_argument("--max-obs", type=int, default=None, metavar="K",
                    help="cap: at most the K nearest observations per local domain (approximate; default: all)")
+    g.add_argument("--obs-fraction", type=float, default=None, metavar="F",
+                   help="observations per land point on average when synthesizing (enkflow synth --obs-fraction: F > 1 "
+                        "observes every point floor(F) times and a random F - floor(F) of them once more; default: "
+                        "synth's, 0.1; with --dir it must match the files there)")
+    g.add_argument("--layout", choices=[v.value for v in LayoutRuns], default=LayoutRuns.BOTH.value,
+                   help="[analysis] observations: each rank holds the observations its domains see (distributed), "
+                        "every rank holds all (replicated), or both, the replicated first on a copy of the members, "
+                        "compared bit for bit (default both)")
     g.add_argument("--json", action="store_true", help="end with one JSON line")
     g.set_defaults(func=_land)
 
@@ -173,5 +184,5 @@ def _land(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         raise InputError("--ranks must be >= 1", item="ranks")
     s = LandBenchSetup(size=args.size, members=args.members, cutoff_km=args.cutoff_km, method=args.method, seed=args.seed,
-                       ranks=args.ranks, balance=args.balance, max_obs=args.max_obs)
-    return main_json(s, args.dir, args.keep, args.json)
+                       ranks=args.ranks, balance=args.balance, max_obs=args.max_obs, obs_fraction=args.obs_fraction)
+    return main_json(s, args.dir, args.keep, args.json, LayoutRuns(args.layout))

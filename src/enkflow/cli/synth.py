@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--members", required=True, type=int, metavar="N", help=f"ensemble size (>= {MIN_MEMBERS})")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--obs-fraction", type=float, default=0.1, help="fraction of land points observed (default 0.1)")
+    p.add_argument("--obs-fraction", type=float, default=0.1, metavar="F",
+                   help="observations per land point on average: F <= 1 observes a random fraction F of the points, "
+                        "F > 1 every point floor(F) times and a random F - floor(F) of them once more (default 0.1)")
     p.add_argument("--obs-std", type=float, default=0.25, help="observation error standard deviation (default 0.25)")
     p.add_argument("--format", choices=[f.value for f in NcFormat], default=NcFormat.NC4.value,
                    help="nc4: NetCDF-4 contiguous (default); cdf5: NetCDF-3 64-bit data")

@@ -11,8 +11,10 @@ On an ``n_x`` x ``n_y`` longitude-latitude grid (``dx = 2 pi / n_x``,
 
 with ``i = 0..n_x-1`` the longitude index and ``j = 0..n_y-1`` the latitude
 index (south to north). Member ``k`` adds one random shift ``s_k ~ U[-0.5, 0.5]``
-inside the sine. Observations sample a random fraction of the land points with
-independent N(0, obs_std**2) errors added to the truth; the observation
+inside the sine. Observations sample the land points, ``F`` observations per point
+on average (a random fraction ``F`` of them for ``F <= 1``; every point
+``floor(F)`` times and a random ``F - floor(F)`` of them once more for ``F > 1``),
+with independent N(0, obs_std**2) errors added to the truth; the observation
 operator H is the selection of those land points.
 
 The field is dimensionless and lies in [-1, 1]. Everything here is a pure
@@ -26,7 +28,9 @@ All randomness comes from ``numpy.random.default_rng`` fed with
 
 * ``spawn_key=(0, k)``: the shift of member ``k`` (member IDs start at 1), so
   member ``k`` is the same whatever the ensemble size and generation order;
-* ``spawn_key=(1,)``: the observation locations and errors;
+* ``spawn_key=(1,)``: the observation locations and errors: first the observed points
+  (``choice`` without replacement: the points of ``F <= 1``, the points observed once more
+  for ``F > 1``), then one error per observation in file order (by state index);
 * ``spawn_key=(2,)``: the auxiliary patch fraction.
 """
 
@@ -250,12 +254,13 @@ def patch_fraction(n_land: int, seed: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class SampledObs:
-    """Observations of the truth at a subset of land points.
+    """Observations of the truth at land points.
 
     Attributes
     ----------
     state_index : (n_obs,) int64
-        Observed land-point indices, increasing; H selects these state rows.
+        Observed land-point indices, increasing (non-decreasing where a point is observed more
+        than once); H selects these state rows.
     values : (n_obs,) float64
         Truth plus error, dimensionless.
     error_std : (n_obs,) float64
@@ -272,33 +277,51 @@ class SampledObs:
 
 
 def n_observations(n_land: int, fraction: float) -> int:
-    """How many land points a fraction observes: ``round(fraction * n_land)``, at least 1."""
-    return max(1, int(round(fraction * n_land)))
+    """How many observations ``fraction`` (observations per land point on average) makes of ``n_land``
+    points: ``round(fraction * n_land)``, at least 1, for ``fraction <= 1``; for ``fraction > 1``
+    ``floor(fraction) * n_land`` plus ``round((fraction - floor(fraction)) * n_land)``."""
+    if fraction <= 1.0:
+        return max(1, int(round(fraction * n_land)))
+    whole = math.floor(fraction)
+    return whole * n_land + int(round((fraction - whole) * n_land))
+
+
+def _observed_points(rng: np.random.Generator, n_land: int, fraction: float) -> np.ndarray:
+    """(n_obs,) int64 increasing state indices (a point observed k times appears k times)."""
+    if fraction <= 1.0:
+        return np.sort(rng.choice(n_land, size=n_observations(n_land, fraction), replace=False)).astype(np.int64)
+    whole = math.floor(fraction)
+    counts = np.full(n_land, whole, dtype=np.int64)
+    counts[rng.choice(n_land, size=n_observations(n_land, fraction) - whole * n_land, replace=False)] += 1
+    return np.repeat(np.arange(n_land, dtype=np.int64), counts)
 
 
 def sample_observations(truth_land: np.ndarray, *, fraction: float = 0.1, std: float = 0.25, seed: int = 0) -> SampledObs:
-    """Observe a random ``fraction`` of the land points with N(0, std**2) errors.
+    """Observe the land points, ``fraction`` observations per point on average, with N(0, std**2) errors.
 
     Parameters
     ----------
     truth_land : (n_land,) float64
         The truth at every land point, in state order.
-    fraction : float in (0, 1]
-        Fraction of land points observed (without replacement).
+    fraction : float > 0
+        Observations per land point on average: for ``fraction <= 1`` that fraction of the points
+        (without replacement), once each; for ``fraction > 1`` every point ``floor(fraction)`` times and
+        a random ``fraction - floor(fraction)`` of them once more (see :func:`n_observations`). Every
+        observation has its own error.
     std : float > 0
         Observation error standard deviation, units of the field.
     seed : int
-        Problem seed; the stream ``spawn_key=(1,)`` is used.
+        Problem seed; the stream ``spawn_key=(1,)`` is used (see the module docstring).
     """
     t = np.asarray(truth_land, dtype=np.float64).reshape(-1)
-    if not 0.0 < fraction <= 1.0 or not math.isfinite(fraction):
-        raise InputError(f"observation fraction must lie in (0, 1], got {fraction!r}", item="obs_fraction")
+    if not 0.0 < fraction < math.inf:
+        raise InputError(f"observations per land point must be > 0 and finite, got {fraction!r}", item="obs_fraction")
     if not std > 0.0 or not math.isfinite(std):
         raise InputError(f"observation error std must be > 0 and finite, got {std!r}", item="obs_std")
     if t.size == 0:
         raise InputError("no land points to observe", item="truth_land")
     rng = _rng(seed, _STREAM_OBS)
-    n_obs = n_observations(t.size, fraction)
-    idx = np.sort(rng.choice(t.size, size=n_obs, replace=False)).astype(np.int64)
+    idx = _observed_points(rng, t.size, fraction)
+    n_obs = idx.size
     err = rng.normal(0.0, std, size=n_obs)
     return SampledObs(idx, t[idx] + err, np.full(n_obs, float(std)))

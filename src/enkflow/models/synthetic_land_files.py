@@ -208,15 +208,16 @@ def _check_parameters(members: int, seed: int, obs_fraction: float, obs_std: flo
         raise InputError(f"an ensemble needs at least {MIN_MEMBERS} members, got {members!r}", item="members")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
         raise InputError(f"seed must be an integer in [0, 2**63), got {seed!r}", item="seed")
-    if not 0.0 < obs_fraction <= 1.0:
-        raise InputError(f"obs_fraction must lie in (0, 1], got {obs_fraction!r}", item="obs_fraction")
+    if not 0.0 < obs_fraction < float("inf"):
+        raise InputError(f"obs_fraction (observations per land point) must be > 0 and finite, got {obs_fraction!r}",
+                         item="obs_fraction")
     if not 0.0 < obs_std < float("inf"):
         raise InputError(f"obs_std must be > 0 and finite, got {obs_std!r}", item="obs_std")
 
 
-def _check_space(out: Path, grid: sl.LonLatGrid, n_land: int, members: int) -> None:
-    """InputError where ``out`` lacks the room for the truth, the members and the observations."""
-    need = (members + 1) * _estimated_restart_bytes(grid, n_land) + 8 * 6 * n_land
+def _check_space(out: Path, grid: sl.LonLatGrid, n_land: int, members: int, n_obs: int) -> None:
+    """InputError where ``out`` lacks the room for the truth, the members and the ``n_obs`` observations."""
+    need = (members + 1) * _estimated_restart_bytes(grid, n_land) + 8 * 6 * max(n_land, n_obs)
     free = shutil.disk_usage(out).free
     if need > free:
         raise InputError(f"{out} has {free / 1e9:.1f} GB free, the files need about {need / 1e9:.1f} GB", item="out_dir")
@@ -270,7 +271,9 @@ def generate(
     seed : int >= 0
         Problem seed; see :mod:`enkflow.models.synthetic_land` for the streams.
     obs_fraction, obs_std
-        Fraction of land points observed and the observation error standard deviation.
+        Observations per land point on average (> 0; see :func:`~enkflow.models.synthetic_land.sample_observations`:
+        a fraction of the points for ``obs_fraction <= 1``, every point at least once above) and the
+        observation error standard deviation.
     format : "nc4" or "cdf5"
     overwrite : bool
         Replace existing files of the same names; otherwise finding one is an error.
@@ -299,7 +302,7 @@ def generate(
 
     say(f"land mask for {grid.n_x}x{grid.n_y} grid")
     points = sl.land_points(grid)
-    _check_space(out, grid, points.n_land, members)
+    _check_space(out, grid, points.n_land, members, sl.n_observations(points.n_land, obs_fraction))
     patch = sl.patch_fraction(points.n_land, seed)
     true_land = sl.truth(grid, points.i, points.j)
     with atomic_output(truth_path) as tmp:

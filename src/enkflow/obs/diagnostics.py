@@ -103,7 +103,8 @@ class _Columns:
 
     def __call__(self, name: str) -> np.ndarray:
         if name.startswith("coord "):
-            return self.y.coords[:, int(name.removeprefix("coord "))]
+            # A rank that owns no observations may have fewer coordinate columns than the others.
+            return self.y.coords[:, int(name.removeprefix("coord "))] if self.y.n_obs else np.zeros(0)
         match name:
             case "obs_value":
                 return self.y.values

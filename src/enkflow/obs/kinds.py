@@ -33,7 +33,7 @@ def kind_table(of: ObsFile, cfg: ObsSettingsConfig, src: Source) -> KindTable:
     by_code = {k.code: name for name, k in cfg.kinds.items() if k.code is not None}
     names = dict(of.kind_names)
     factor, radius, qc = np.ones(n), np.full(n, np.nan), np.full(n, np.nan)
-    variable: list[str | None] = [None] * n
+    variable = np.full(n, None, dtype=object)
     if cfg.qc.gross_sigma is not None:
         qc[:] = cfg.qc.gross_sigma
     for c in np.unique(kinds).tolist():
@@ -57,6 +57,5 @@ def kind_table(of: ObsFile, cfg: ObsSettingsConfig, src: Source) -> KindTable:
             radius[at] = k.radius
         if k.qc_sigma is not None:
             qc[at] = k.qc_sigma
-        for j in np.flatnonzero(at):
-            variable[j] = k.variable
-    return KindTable(factor, radius, qc, variable, names)
+        variable[at] = k.variable
+    return KindTable(factor, radius, qc, variable.tolist(), names)

@@ -54,7 +54,8 @@ def _half_width(kinds: KindTable, loc: LocalizationConfig | None) -> np.ndarray 
         return None
     loc = _for_radii(loc)
     r = np.where(np.isfinite(kinds.radius), kinds.radius, loc.radius)
-    return np.array([taper.half_width(float(v), loc.convention) for v in r]) if r.size else r
+    radii, which = np.unique(r, return_inverse=True)  # one call per distinct radius, not per observation
+    return np.array([taper.half_width(float(v), loc.convention) for v in radii], dtype=np.float64)[which]
 
 
 def _vertical(of: ObsFile, layout: StateLayout, loc: LocalizationConfig | None, at: Location,

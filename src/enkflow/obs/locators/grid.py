@@ -137,11 +137,16 @@ class VariableGrid:
     periods: list[float | None]
 
 
-def _by_variable(of: ObsFile, target: Target, name: str) -> dict[str, list[int]]:
-    """State variable -> its observations; ConfigError where a variable is not known (``name``: the operator's)."""
+def _by_variable(of: ObsFile, target: Target, name: str) -> dict[str, np.ndarray]:
+    """State variable -> its observations (ascending (k,) int64), the variables in the order the
+    observations first name them; ConfigError where a variable is not known (``name``: the operator's)."""
     layout, kinds = target.layout, of.obs.kinds
-    groups: dict[str, list[int]] = {}
-    for i, v in enumerate(target.variable):
+    observed = np.array(target.variable, dtype=object)
+    groups: dict[str, np.ndarray] = {}
+    # Per distinct variable, in the order of first appearance: the first bad observation is found first.
+    for v in dict.fromkeys(target.variable):
+        at = observed == v
+        i = first(at)
         if v is None:
             if len(layout.variables) != 1:
                 kname = target.kind_names.get(int(kinds[i]))
@@ -154,15 +159,14 @@ def _by_variable(of: ObsFile, target: Target, name: str) -> dict[str, list[int]]
         elif v not in layout.names:
             raise ConfigError(f"'{v}' is not a state variable (state: {', '.join(layout.names)})",
                               key=f"observations.kinds.{target.kind_names.get(int(kinds[i]))}.variable")
-        groups.setdefault(v, []).append(i)
-    return groups
+        groups[v] = at | groups[v] if v in groups else at
+    return {v: np.flatnonzero(at) for v, at in groups.items()}
 
 
-def _variable_grid(of: ObsFile, target: Target, name: str, v: str, members: list[int]) -> VariableGrid:
-    """The observations ``members`` of state variable ``v`` on its grid (ConfigError where the variable
-    has several rows at one location)."""
+def _variable_grid(of: ObsFile, target: Target, name: str, v: str, sel: np.ndarray) -> VariableGrid:
+    """The observations ``sel`` ((k,) int64) of state variable ``v`` on its grid (ConfigError where the
+    variable has several rows at one location)."""
     layout, metric = target.layout, target.metric
-    sel = np.asarray(members, dtype=np.int64)
     rows = layout.variable(v).rows
     pts = layout.coords[rows]
     axes, pos = (list(t) for t in zip(*(_grid_axis(pts[:, k]) for k in range(pts.shape[1]))))
