@@ -23,14 +23,12 @@ def ensemble_crps(HX: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     The pair sum in O(N log N): with the members sorted, sum_{j,l} |x_j - x_l| = 2 sum_i (2i - N - 1) x_(i)
     (i = 1..N). The departures from ``y`` are sorted instead of the members (the pair sum does not change
-    with a shift), so that a large offset of the values does not cost precision. The weighted sum is each
-    row's own (numpy's pairwise sum along the row, no BLAS), so a row's score has the same bits wherever the
-    row sits: in the whole cycle's array or in the part one rank owns."""
+    with a shift), so that a large offset of the values does not cost precision."""
     X = np.asarray(HX, dtype=np.float64)
     n = X.shape[1]
     d = np.sort(X - np.asarray(y, dtype=np.float64).reshape(-1, 1), axis=1)
     w = 2.0 * np.arange(1, n + 1, dtype=np.float64) - n - 1.0
-    return np.abs(d).mean(axis=1) - (d * w).sum(axis=1) / float(n * n)
+    return np.abs(d).mean(axis=1) - (d @ w) / float(n * n)
 
 
 def observation_perturbations(cycle: int, error_var: np.ndarray, n_members: int, ids: np.ndarray | None = None,
