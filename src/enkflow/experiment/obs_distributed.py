@@ -81,6 +81,7 @@ class DistributedObs:
         loc = flt.localization
         held = self.owned.held(self.keep, self.HX, DomainRegions(loc, rc, bounds), loc.support)
         self._held = held.n
+        # The owned H(x), the held one and its perturbations (the filter's Yp), and both sets' own arrays.
         self._note_bytes(self.HX.nbytes + 2 * held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
         self.hx_bytes += float(self.owned.routed_bytes)
         geometry = flt.obs_geometry(held.obs)
@@ -143,5 +144,6 @@ class DistributedObs:
 def distributes(lf: LocalFilter | None, local: LocalGeometry | None) -> bool:
     """Whether a local analysis can take its observations distributed: a local filter (not the serial
     one) whose domains are the rows grouped by location, with no fixed search geometry."""
-    return lf is not None and local is not None and local.row_coords is not None and local.geometry is None
+    return (lf is not None and local is not None and local.row_coords is not None and local.domains is None
+            and local.geometry is None)
 

@@ -30,6 +30,7 @@ from enkflow.fsutil import atomic_output
 from enkflow.obs.ensemble_scores import RANK_METHOD, ensemble_crps, prior_ranks
 from enkflow.obs.gathered import RootOrder
 from enkflow.parallel import Comm
+from enkflow.parallel.together import raise_together
 
 FILE_NAME = "obs_diag.nc"
 QC_USED = 0
@@ -285,12 +286,24 @@ class ObsDiagnosticsWriter:
         stats = ObsSpaceStats.from_ensembles(HX, HXa, y, cycle, ids, n_total)
         columns = _Columns(y, stats, _qc_flags(qc_flags, y.n_obs))
         n_coords = _shared_coordinate_count(comm, y)
-        if comm.rank != 0:
-            for name in _column_names(n_coords):
-                order.gather(columns(name))
-            return
-        meta = _FileMeta(cycle, HX.shape[1], self._metric(coordinate_metric), dict(kind_names))
-        _write_file(self._created(cycle), n_total, n_coords, lambda name: _root(order.gather(columns(name))), meta)
+        names = _column_names(n_coords)
+        gathered: set[str] = set()
+
+        def gather(name: str) -> np.ndarray:
+            gathered.add(name)
+            return _root(order.gather(columns(name)))
+
+        def write() -> None:
+            try:
+                if comm.rank == 0:
+                    meta = _FileMeta(cycle, HX.shape[1], self._metric(coordinate_metric), dict(kind_names))
+                    _write_file(self._created(cycle), n_total, n_coords, gather, meta)
+            finally:  # every column's gather, also where rank 0 failed to write: no rank is left waiting
+                for name in names:
+                    if name not in gathered:
+                        order.gather(columns(name))
+
+        raise_together(comm, write)
 
     def _created(self, cycle: int) -> Path:
         p = self.path(cycle)

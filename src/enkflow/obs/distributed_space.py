@@ -51,25 +51,42 @@ def share(n: int, ranks: int, rank: int) -> ObsPart:
 
 
 def read_share(source: ObsFileSource, comm: Comm) -> ReadShare:
-    """This rank's share of ``source``'s file, read, checked and located (collective: an error on one
-    rank is raised on every rank), with the per-kind arrays and kind names the whole file has."""
+    """This rank's share of ``source``'s file, read, checked and located, with its H(x) from the operator
+    stage's files where the source has them (collective: an error on one rank is raised on every rank);
+    the per-kind arrays and the kind names are those of the whole file."""
     layout, settings = source.layout, source.settings
     metric = settings.localization.metric if settings.localization is not None else None
 
     def read():
         n = obs_count(source.path, source.cycle)
         part = share(n, comm.size, comm.rank)
-        return n, part, load_for_state(source.path, layout, metric, cycle=source.cycle, settings=settings, part=part)
+        of = load_for_state(source.path, layout, metric, cycle=source.cycle, settings=settings, part=part)
+        hx = None
+        if source.hx_files:
+            ids = np.arange(part.start, part.stop, dtype=np.int64)
+            hx = read_given_hx(list(source.hx_files), n, of.time, ids=ids)
+        return n, part, of, hx
 
-    n, part, of = raise_together(comm, read)
+    n, part, of, hx = raise_together(comm, read)
     every = comm.allgather_obj((h_width(of, layout.n_rows), of.obs.half_width is not None, of.qc_sigma is not None,
-                                dict(of.kind_names)))
+                                dict(of.kind_names), np.unique(of.obs.kinds).tolist()))
     of = with_kind_arrays(of, settings, half_width=any(e[1] for e in every), qc_sigma=any(e[2] for e in every))
+    records = ObsRecords.from_file(of, part.start, layout.n_rows, max(e[0] for e in every))
+    return ReadShare(records if hx is None else records.with_hx(hx), n, _kind_names(every), of.lonlat)
+
+
+def _kind_names(every: list[tuple]) -> dict[int, str]:
+    """The whole file's kind names from every rank's (..., names, codes it holds): a code's name as the
+    rank that holds it gives it (the configured one), else as any rank does (the file's)."""
     names: dict[int, str] = {}
     for e in every:
-        names.update(e[3])
-    records = ObsRecords.from_file(of, part.start, layout.n_rows, max(e[0] for e in every))
-    return ReadShare(records, n, names, of.lonlat)
+        for code, name in e[3].items():
+            names.setdefault(code, name)
+    for e in every:
+        for code in e[4]:
+            if code in e[3]:
+                names[code] = e[3][code]
+    return names
 
 
 class OwnedObservations:
@@ -94,8 +111,8 @@ class OwnedObservations:
     def forecast_hx(self, X_local: np.ndarray) -> np.ndarray:
         """H(x) of the forecast members, (n_own, N) C-order: from the operator stage's files where the
         source has them, else H of this rank's rows ``X_local`` of its I/O block (collective)."""
-        if self.source.hx_files:
-            return read_given_hx(list(self.source.hx_files), self.n_total, self.records.time, ids=self.ids)
+        if self.records.hx is not None:
+            return self.records.hx
         return self.exchange.apply(X_local)
 
     def quality_control(self) -> QualityControl | None:

@@ -120,5 +120,5 @@ class ObsRecords:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every array of these records."""
-        return int(sum(a.nbytes for a in self._arrays().values() if a is not None))
+        """Bytes of every array of these records but ``hx``."""
+        return int(sum(a.nbytes for k, a in self._arrays().items() if a is not None and k != "hx"))

@@ -17,18 +17,18 @@ class PeerError(EnkflowError):
 
 
 def raise_together(comm: Comm, fn: Callable[[], T]) -> T:
-    """``fn()`` on every rank (collective). Where it raises an :class:`EnkflowError` on some rank, every
+    """``fn()`` on every rank (collective). Where it raises (any :class:`Exception`) on some rank, every
     rank raises: the lowest failing rank its own error, every other rank a :class:`PeerError` with it."""
     try:
         result = fn()
-    except EnkflowError as exc:
+    except Exception as exc:
         _agree(comm, exc)
         raise
     _agree(comm, None)
     return result
 
 
-def _agree(comm: Comm, failure: EnkflowError | None) -> None:
+def _agree(comm: Comm, failure: Exception | None) -> None:
     """Raise on every rank where some rank failed (collective)."""
     every = comm.allgather_obj(None if failure is None else str(failure))
     for rank, msg in enumerate(every):
