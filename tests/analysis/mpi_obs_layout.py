@@ -46,8 +46,9 @@ def analyse(case: dict, layout: str, copies: list[Path], d: Path) -> dict:
     cfg = AnalysisConfig.model_validate({**case["analysis"], "observations": layout})
     settings = ObsSettings(ObsSettingsConfig.model_validate(case["observations"]), cfg.localization)
     hx = [Path(p) for p in case["hx"]] if case["hx"] else None
-    return analyse_files(copies, case["obs"], state, cfg, comm=comm, files=AnalysisFiles(cycle_dir=lambda c: d / f"c{c}"),
-                         hx_files=hx, obs_settings=settings, balance=case["balance"])
+    files = AnalysisFiles(cycle_dir=lambda c: d / f"c{c}")
+    return analyse_files(copies, case["obs"], state, cfg, comm=comm, files=files, hx_files=hx, obs_settings=settings,
+                         balance=case["balance"])
 
 
 def run(case: dict, layout: str) -> None:

@@ -1,8 +1,10 @@
 """Observations distributed by locality give the replicated layout's analysis bit for bit: at 1, 2, 3 and 8
-ranks, on the tiny synthetic land problem (877 rows on a 5-degree grid), with index, nearest and bilinear observations of two kinds with
-different localization radii, gross-error and buddy checks that reject some, H(x) from an operator stage,
-max_obs and adaptive inflation: the members, every variable and attribute of obs_diag.nc and of the
-inflation field, and the diagnostics."""
+ranks, on the tiny synthetic land problem (877 rows on a 5-degree grid), with index, nearest and bilinear
+observations of two kinds with different localization radii, gross-error and buddy checks that reject
+some, H(x) from an operator stage, max_obs and adaptive inflation: the members, every variable and
+attribute of obs_diag.nc and of the inflation field, and the diagnostics. In the same runs, bad input
+(an observation outside the grid, one of a kind not configured) is refused by every rank, naming the
+file and the observation's index in it, before anything is written."""
 
 from __future__ import annotations
 

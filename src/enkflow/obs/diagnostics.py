@@ -89,7 +89,8 @@ class ObsSpaceStats:
         HX, HXa = np.asarray(HX, dtype=np.float64), np.asarray(HXa, dtype=np.float64)
         pm, ps = ms(HX)
         am, as_ = ms(HXa)
-        return cls(pm, ps, am, as_, ensemble_crps(HX, y.values, ids, n_total), ensemble_crps(HXa, y.values, ids, n_total),
+        return cls(pm, ps, am, as_, ensemble_crps(HX, y.values, ids, n_total),
+                   ensemble_crps(HXa, y.values, ids, n_total),
                    prior_ranks(HX, y.values, y.error_var, cycle, ids, n_total))
 
 
