@@ -1,5 +1,5 @@
 """Observations distributed by locality give the replicated layout's analysis bit for bit: at 1, 2, 3 and 8
-ranks, on the tiny synthetic land problem (877 rows on a 5-degree grid), with index, nearest and bilinear
+ranks, on the tiny synthetic land problem (877 rows on a 5-degree grid, 4 members), with index, nearest and bilinear
 observations of two kinds with different localization radii, gross-error and buddy checks that reject
 some, H(x) from an operator stage, max_obs and adaptive inflation: the members, every variable and
 attribute of obs_diag.nc and of the inflation field, and the diagnostics. In the same runs, bad input
@@ -32,15 +32,6 @@ LOCALIZATION = {"radius": 1500.0, "convention": "cutoff", "metric": "sphere"}
 # What a layout may change: where the observations lived, and the seconds.
 LAYOUT_KEYS = {"obs_distributed", "rank_obs_held", "rank_obs_owned", "rank_obs_bytes", "rank_hx_bytes",
                "imbalance_cpu", "imbalance_wall"}
-
-
-@pytest.fixture(scope="module")
-def land(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from enkflow.models.synthetic_land_files import generate
-
-    d = tmp_path_factory.mktemp("land")
-    generate(d, size="tiny", members=8)
-    return d
 
 
 def _land(land: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -175,22 +166,22 @@ def _refused(out: Path, case: dict, n: int) -> None:
 
 
 @pytest.mark.mpi
-def test_distributed_observations_equal_the_replicated_bitwise(mpiexec, subprocess_env, land, tmp_path):
-    spec = _cases(land, tmp_path)
+def test_distributed_observations_equal_the_replicated_bitwise(mpiexec, subprocess_env, synth, tmp_path):
+    spec = _cases(synth, tmp_path)
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(spec))
     env = dict(subprocess_env, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), subprocess_env.get("PYTHONPATH")])))
     figures: dict[str, set] = {}
     for n in RANKS:
         out = tmp_path / f"r{n}"
-        proc = subprocess.run([mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_obs_layout.py"), str(land),
+        proc = subprocess.run([mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_obs_layout.py"), str(synth),
                                str(path), str(out)], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         for c in spec["cases"]:
             figures.setdefault(c["name"], set()).add(_same_layouts(out, c["name"], n))
         for c in spec["bad"]:
             _refused(out, c, n)
-        for m in sorted(land.glob("member_*.nc")):  # nothing was written
+        for m in sorted(synth.glob("member_*.nc")):  # nothing was written
             assert (out / "bad" / m.name).read_bytes() == m.read_bytes(), (n, m.name)
     # The same figures at every rank count; the operator stage's H(x) were the ones used.
     assert all(len(v) == 1 for v in figures.values()), figures
