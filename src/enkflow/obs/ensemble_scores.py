@@ -35,10 +35,12 @@ def ensemble_crps(HX: np.ndarray, y: np.ndarray, ids: np.ndarray | None = None,
     return np.abs(d).mean(axis=1) - pairs / float(n * n)
 
 
-# BLAS's matrix-vector product (OpenBLAS's dgemv_t on x86-64) takes the rows GEMV_ROWS at a time from the first,
-# and the last n % GEMV_ROWS with other kernels that round differently: a row's bits depend on its place in the
-# matrix. (One BLAS thread, as enkflow runs: threads split the rows again.)
-GEMV_ROWS = 4
+# BLAS's matrix-vector product (OpenBLAS's dgemv_t on x86-64, Haswell's kernel) takes the rows 4 at a time from
+# the first, and the last n % 4 with other kernels that round differently: a row's bits depend on its place in
+# the matrix. Rows are scored in blocks of GEMV_ROWS at their places, and the file's last rows together, so any
+# row blocking by a power of two up to GEMV_ROWS (other CPUs' kernels) keeps the whole matrix's bits too. (One
+# BLAS thread, as enkflow runs: threads split the rows again.)
+GEMV_ROWS = 64
 
 
 def _total(n_total: int | None) -> int:
