@@ -12,7 +12,6 @@ No rank ever holds the whole file or the whole H(x).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,12 +134,11 @@ class OwnedObservations:
         the localization ``support``, sent there with their H(x) ``HX`` (n_own, N); returns those this
         rank holds, ascending global numbers (collective)."""
         kept = np.flatnonzero(keep)
-        mine = self.records.take(kept).with_hx(HX[kept])
-        dest, rows = regions.holders(mine.obs.coords, support)
-        held = mine.route(self.comm, dest, rows)
-        me = self.comm.rank
-        row = 8 * HX.shape[1]
-        self.routed_bytes += int((np.count_nonzero(dest != me) + held.n - np.count_nonzero(dest == me)) * row)
+        dest, rows = regions.holders(self.records.obs.coords[kept], support)
+        held = self.records.with_hx(HX).route(self.comm, dest, kept[rows])
+        to_self = np.count_nonzero(dest == self.comm.rank)
+        sent, received = dest.size - to_self, held.n - to_self
+        self.routed_bytes += int((sent + received) * 8 * HX.shape[1])
         return held
 
     def sample_counts(self, keep: np.ndarray, metric: Metric, period: float | None, sample: np.ndarray,
@@ -158,11 +156,6 @@ def kept_max(comm: Comm, values: np.ndarray | None, keep: np.ndarray) -> float |
         return None
     mine = float(values[keep].max(initial=-np.inf))
     return max(comm.allgather_obj(mine))
-
-
-def total(comm: Comm, counts: Sequence[float]) -> np.ndarray:
-    """``counts`` summed over the ranks, float64 (exact for integers below 2**53)."""
-    return comm.allreduce_sum(np.asarray(counts, dtype=np.float64))
 
 
 class SharedFileObservations:
