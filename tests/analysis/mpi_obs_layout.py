@@ -9,6 +9,7 @@ A case: ``name``, ``obs`` (the observation file), ``analysis`` (``[analysis]`` k
 (``[observations]`` keys), ``hx`` (None, or the operator stage's H(x) files, member 1 first) and
 ``balance`` (None, true or false: :func:`~enkflow.experiment.analysis_step.analyse_files`)."""
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+import enkflow.experiment.step as step_module
 from enkflow.config import AnalysisConfig
 from enkflow.errors import EnkflowError
 from enkflow.experiment.analysis_step import AnalysisFiles, analyse_files
@@ -27,6 +29,10 @@ from enkflow.state import StateConfig
 
 src, spec, out = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
 comm = get_comm()
+# Small chunks, so that a rank's domains make several windows of the distributed analysis
+# (obs_distributed.WINDOW_CHUNKS chunks each) on this small problem, as on a large one.
+_make_filter = step_module.make_filter
+step_module.make_filter = lambda analysis: dataclasses.replace(_make_filter(analysis), chunk=16)
 state = StateConfig(variables=["soil_moisture"], coordinates=["land_lon", "land_lat"])
 members = sorted(src.glob("member_*.nc"))
 

@@ -29,6 +29,28 @@ from enkflow.errors import InputError
 EARTH_RADIUS_KM = 6371.0
 
 
+def chord_radius(metric: Metric, r: float) -> float:
+    """A distance ``r`` of ``metric`` (km on the sphere) between embedded locations (:func:`embed`), with the
+    search's slack."""
+    if metric is Metric.SPHERE:
+        ang = min(r / EARTH_RADIUS_KM, np.pi)
+        return float(2.0 * np.sin(0.5 * ang) * (1.0 + 1e-12))
+    return float(r)
+
+
+def search_reach_chord(metric: Metric, r: float) -> float:
+    """The embedded distance within which a search of radius ``r`` may look at an observation (its
+    candidates, :mod:`enkflow.analysis.search`): the chordal radius plus the search blocks' extent."""
+    return chord_radius(metric, r) * (1.0 + RHO_FRACTION)
+
+
+def embed(metric: Metric, coords: np.ndarray) -> np.ndarray:
+    """Coordinates (n, n_dim) as the search measures them: unit-sphere x, y, z on the sphere, else themselves."""
+    c = np.asarray(coords, dtype=np.float64)
+    c = c[:, None] if c.ndim == 1 else c
+    return lonlat_to_xyz(c) if metric is Metric.SPHERE else np.ascontiguousarray(c)
+
+
 def lonlat_to_xyz(coords: np.ndarray) -> np.ndarray:
     """(n, 2) lon/lat degrees -> (n, 3) unit vectors."""
     lon = np.deg2rad(coords[:, 0])
@@ -134,13 +156,10 @@ class Geometry:
         self._check_coords(dc, "domain coordinates")
 
     def _embed(self, c: np.ndarray) -> np.ndarray:
-        return lonlat_to_xyz(c) if self.metric is Metric.SPHERE else np.ascontiguousarray(c)
+        return embed(self.metric, c)
 
     def _search_radius(self, r: float) -> float:
-        if self.metric is Metric.SPHERE:
-            ang = min(r / EARTH_RADIUS_KM, np.pi)
-            return 2.0 * np.sin(0.5 * ang) * (1.0 + 1e-12)
-        return r
+        return chord_radius(self.metric, r)
 
     def chord_to_distance(self, chord: np.ndarray) -> np.ndarray:
         if self.metric is Metric.SPHERE:
@@ -163,31 +182,6 @@ class Geometry:
         if dc.shape[0] == 0 or self.obs_coords.shape[0] == 0:
             return np.zeros(dc.shape[0], np.int64)
         return np.asarray(self._tree.query_ball_point(self._embed(dc), self._search_radius(radius), return_length=True), dtype=np.int64)
-
-    @property
-    def embedded(self) -> np.ndarray:
-        """The locations in the search's coordinates (n_obs, n_embedded_dim): unit-sphere x, y, z on the
-        sphere, the coordinates themselves otherwise (a ring of ``period`` on the periodic metric)."""
-        return self._embedded
-
-    def chord_radius(self, radius: float) -> float:
-        """``radius`` (the metric's units) as a distance between embedded locations, with the search's slack."""
-        return float(self._search_radius(radius))
-
-    def search_reach(self, radius: float) -> float:
-        """The distance within which :meth:`search` of ``radius`` may look at an observation (its
-        candidates): the chordal radius plus the search blocks' extent (:mod:`enkflow.analysis.search`)."""
-        return float(self.chord_to_distance(np.float64(self._search_radius(radius) * (1.0 + RHO_FRACTION))))
-
-    def nearest_distance(self, points: np.ndarray, radius: float) -> np.ndarray:
-        """The distance (n,) float64 from each of ``points`` (n, n_dim) to the nearest of this geometry's
-        locations, where it is within ``radius`` (a little beyond, by the chordal slack); inf elsewhere."""
-        pc = np.asarray(points, dtype=np.float64)
-        pc = pc[:, None] if pc.ndim == 1 else pc
-        if pc.shape[0] == 0 or self.obs_coords.shape[0] == 0:
-            return np.full(pc.shape[0], np.inf)
-        chord, _ = self._tree.query(self._embed(pc), k=1, distance_upper_bound=self._search_radius(radius))
-        return np.where(np.isfinite(chord), self.chord_to_distance(np.where(np.isfinite(chord), chord, 0.0)), np.inf)
 
     def nearest(self, dom_coords: np.ndarray, radius: float, k: int) -> Neighbours:
         """The ``k`` nearest observations closer than ``radius`` to each domain centre (fewer where

@@ -21,7 +21,11 @@ from enkflow.experiment.decomposition import LocalGeometry, all_row_coords, bala
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
 from enkflow.obs.distributed_space import ObsFileSource, OwnedObservations, ReadShare, kept_max, read_share
 from enkflow.obs.gathered import RootOrder, rms
-from enkflow.obs.partition import DomainRegions
+from enkflow.obs.partition import DomainWindows, box_of, window_bounds
+
+
+#: A window of a rank's domains, in chunks of the local filter: the observations one window holds at once.
+WINDOW_CHUNKS = 8
 
 
 class DistributedObs:
@@ -71,27 +75,34 @@ class DistributedObs:
     def assimilate(self, lf: LocalFilter, local: LocalGeometry, X: np.ndarray,
                    infl: np.ndarray | None) -> tuple[np.ndarray, BalanceReport]:
         """The local analysis of the ranks' domains (balanced or in the I/O row blocks, as the replicated
-        layout splits them), each rank with the observations its domains see; in place of ``X``."""
+        layout splits them), in place of ``X``: each rank's domains window by window
+        (:mod:`enkflow.obs.partition`), each window with the observations it can see."""
         t0 = time.perf_counter()
         store, comm = self.store, self.comm
         rc = all_row_coords(local, store)
         cost = self._row_costs(lf, local, rc, X.shape[1])
         bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else store_bounds(store)
+        a0, a1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+        domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
         flt = self._searching(lf)
         loc = flt.localization
-        held = self.owned.held(self.keep, self.HX, DomainRegions(loc, rc, bounds), loc.support)
-        self._held = held.n
-        # The owned H(x), the held one and its perturbations (the filter's Yp), and both sets' own arrays.
-        self._note_bytes(self.HX.nbytes + 2 * held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
-        self.hx_bytes += float(self.owned.routed_bytes)
-        geometry = flt.obs_geometry(held.obs)
+        mine = window_bounds(domains.n_domains, WINDOW_CHUNKS * lf.chunk)
+        windows = DomainWindows.gather(comm, loc.metric, loc.period,
+                                       [box_of(loc.metric, loc.horizontal(domains.coords[s:e])[0]) for s, e in mine])
 
-        def analyse(Xb: np.ndarray, fb: np.ndarray | None, a0: int, a1: int) -> np.ndarray:
-            domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
-            return flt.analyze(Xb, held.hx, held.obs, cycle=self.cycle, domains=domains, geometry=geometry, out=Xb,
-                               infl_field=fb)
+        def analyse(Xb: np.ndarray, fb: np.ndarray | None, b0: int, b1: int) -> np.ndarray:
+            for w in range(windows.rounds):
+                held = self.owned.held(self.keep, self.HX, windows, loc.support, w)
+                self._held = max(self._held, held.n)
+                # The owned H(x), this window's and its perturbations (the filter's Yp), both sets' own arrays.
+                self._note_bytes(self.HX.nbytes + 2 * held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
+                if w < len(mine):
+                    flt.analyze(Xb, held.hx, held.obs, cycle=self.cycle, domains=domains.subset(*mine[w]),
+                                geometry=flt.obs_geometry(held.obs), out=Xb, infl_field=fb)
+            return Xb
 
         Xa, report = balanced_rows(local, store, X, infl, cost, lf.stats, t0, analyse)
+        self.hx_bytes += float(self.owned.routed_bytes)
         if Xa is not X:
             X[...] = Xa
         return X, report

@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from enkflow.analysis.geometry import Geometry
+from enkflow.analysis.geometry import chord_radius, embed
 from enkflow.analysis.qc import BuddyPool, QualityControl
 from enkflow.config import Metric
 from enkflow.parallel import Comm
@@ -25,8 +25,7 @@ _PRIMES = np.array([73856093, 19349663, 83492791], dtype=np.int64)
 def _cells(qc: QualityControl, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(own, near)``: each observation's cell key (n,) int64 and the keys of the cells next to it
     and its own, (n, 3**d) int64."""
-    geo = Geometry(qc.metric, coords, qc.period)
-    emb = geo.embedded
+    emb = embed(qc.metric, coords)
     n, d = emb.shape
     radius = qc.buddy_radius if qc.buddy_radius is not None else 0.0
     if qc.metric is Metric.PERIODIC and qc.period is not None:
@@ -34,7 +33,7 @@ def _cells(qc: QualityControl, coords: np.ndarray) -> tuple[np.ndarray, np.ndarr
         cell = np.floor(emb[:, 0] / (qc.period / n_cells)).astype(np.int64) % n_cells
         near = (cell[:, None] + np.array([-1, 0, 1])[None, :]) % n_cells
         return cell, near
-    size = max(geo.chord_radius(radius), 1e-300)
+    size = max(chord_radius(qc.metric, radius), 1e-300)
     cell = np.floor(emb / size).astype(np.int64)
     offsets = np.array(list(itertools.product((-1, 0, 1), repeat=d)), dtype=np.int64)
     own = (cell * _PRIMES[:d]).sum(axis=1)

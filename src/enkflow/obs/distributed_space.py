@@ -22,7 +22,7 @@ from enkflow.config import Metric
 from enkflow.obs.buddy_ring import gather_buddies
 from enkflow.obs.hx_exchange import HXExchange
 from enkflow.obs.load import load_for_state, with_kind_arrays
-from enkflow.obs.partition import DomainRegions, owners
+from enkflow.obs.partition import DomainWindows, owners
 from enkflow.obs.reader import ObsPart, obs_count
 from enkflow.obs.records import ObsRecords, h_width
 from enkflow.obs.source import ObsFileSource
@@ -129,13 +129,13 @@ class OwnedObservations:
             flags[kept[qc.buddy_rejects(pool, kept.size)]] = BUDDY
         return flags
 
-    def held(self, keep: np.ndarray, HX: np.ndarray, regions: DomainRegions, support: float) -> ObsRecords:
-        """The kept observations (``keep`` (n_own,) bool) every rank's domains of ``regions`` can see at
-        the localization ``support``, sent there with their H(x) ``HX`` (n_own, N); returns those this
-        rank holds, ascending global numbers (collective)."""
+    def held(self, keep: np.ndarray, HX: np.ndarray, windows: DomainWindows, support: float, window: int) -> ObsRecords:
+        """The kept observations (``keep`` (n_own,) bool) that every rank's window ``window`` of ``windows``
+        holds at the localization ``support``, sent there with their H(x) ``HX`` (n_own, N); returns those
+        this rank's window holds, ascending global numbers (collective)."""
         kept = np.flatnonzero(keep)
-        dest, rows = regions.holders(self.records.obs.coords[kept], support)
-        held = self.records.with_hx(HX).route(self.comm, dest, kept[rows])
+        dest, rows = windows.holders(self.records.obs.coords[kept], support, window)
+        held = self.records.for_analysis(HX).route(self.comm, dest, kept[rows])
         to_self = np.count_nonzero(dest == self.comm.rank)
         sent, received = dest.size - to_self, held.n - to_self
         self.routed_bytes += int((sent + received) * 8 * HX.shape[1])

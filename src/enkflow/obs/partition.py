@@ -1,24 +1,27 @@
 """Which rank owns an observation, and which ranks' local domains can see it.
 
 An observation is *owned* by the rank whose I/O row block holds the lowest state row of its H row (the
-owner computes its H(x), its quality control and its statistics). A rank *holds* an observation for its
-local analyses when one of its domains lies within the blocked local search's reach of it
-(:meth:`enkflow.analysis.geometry.Geometry.search_reach` of the cycle's localization support): then
-every observation the search weighs, and every candidate it counts to cut its work into parts, is
-held, so each part, each batch of domains and each domain's list of observations is today's. The
-vertical taper and the kinds' own smaller radii are not used to choose (a superset).
+owner computes its H(x), its quality control and its statistics). For the analysis, each rank's domains
+are cut into *windows* of whole chunks of the local filter (its ``chunk`` domains per search and kernel
+call), analysed one after the other; a window *holds* an observation when the observation lies within
+the blocked local search's reach (:func:`enkflow.analysis.geometry.search_reach_chord`: the radius plus the
+search blocks' extent) of the window's bounding box. Then every observation the search weighs, and every
+candidate it counts to cut a chunk into parts, is held: each part, each batch of domains and each domain's
+list of observations is the replicated layout's, while a rank holds one window's observations at a time.
+The box, the vertical taper and the kinds' own smaller radii make it a superset; the search drops the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from enkflow.analysis.geometry import Geometry
-from enkflow.analysis.localization import Localization
+from enkflow.analysis.geometry import embed, search_reach_chord
+from enkflow.config import Metric
+from enkflow.parallel import Comm
 
-#: Relative slack on the support when choosing holders: a superset where rounding could tip a boundary case.
+#: Relative slack on the reach: a superset where rounding could tip a boundary case.
 SLACK = 1e-6
 
 
@@ -27,28 +30,68 @@ def owners(first_row: np.ndarray, io_bounds: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.asarray(io_bounds, dtype=np.int64), first_row, side="right") - 1
 
 
-class DomainRegions:
-    """The horizontal locations of every rank's local domains: rank ``p`` analyses the rows
-    ``bounds[p]:bounds[p+1]`` whose localization coordinates are ``row_coords`` (n_rows, n_dim; with
-    vertical localization the vertical coordinate last, not used here)."""
+def window_bounds(n_domains: int, size: int) -> list[tuple[int, int]]:
+    """Consecutive domain ranges ``(start, stop)`` of ``size`` domains (the last fewer) covering ``n_domains``."""
+    return [(s, min(s + size, n_domains)) for s in range(0, n_domains, size)]
 
-    def __init__(self, loc: Localization, row_coords: np.ndarray, bounds: Sequence[int]):
-        h = loc.horizontal(row_coords)[0]
-        b = np.asarray(bounds, dtype=np.int64)
-        self._geometries = [Geometry(loc.metric, h[b[p]:b[p + 1]], loc.period) if b[p + 1] > b[p] else None
-                            for p in range(b.size - 1)]
 
-    def holders(self, coords: np.ndarray, support: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(rank, obs)``, each (n_pairs,) int64: every rank with a domain within the search reach of
-        ``support`` of observation ``i`` at ``coords`` (n, n_dim), observations ascending within a rank."""
+@dataclass(frozen=True)
+class DomainWindows:
+    """Every rank's windows: ``rank`` and ``window`` (n_boxes,) int64, and the bounding boxes ``lo``, ``hi``
+    (n_boxes, n_embedded_dim) of their domains' embedded horizontal coordinates; ``metric`` and ``period``
+    measure the distance to a box (a ring's box is an arc [lo, hi])."""
+
+    rank: np.ndarray
+    window: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    metric: Metric
+    period: float | None
+
+    @classmethod
+    def gather(cls, comm: Comm, metric: Metric, period: float | None,
+               boxes: list[tuple[np.ndarray, np.ndarray]]) -> "DomainWindows":
+        """Every rank's ``boxes`` (its windows' (lo, hi) in order), the same on every rank (collective)."""
+        every = comm.allgather_obj([(lo.tolist(), hi.tolist()) for lo, hi in boxes])
+        rank = [p for p, b in enumerate(every) for _ in b]
+        window = [w for b in every for w in range(len(b))]
+        lo = [x[0] for b in every for x in b]
+        hi = [x[1] for b in every for x in b]
+        d = len(lo[0]) if lo else 1
+        return cls(np.array(rank, np.int64), np.array(window, np.int64), np.array(lo, np.float64).reshape(-1, d),
+                   np.array(hi, np.float64).reshape(-1, d), metric, period)
+
+    @property
+    def rounds(self) -> int:
+        """Windows of the rank that has the most."""
+        return int(self.window.max(initial=-1)) + 1
+
+    def holders(self, coords: np.ndarray, support: float, window: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(rank, obs)``, each (n_pairs,) int64: every rank whose window ``window`` holds observation ``i``
+        at ``coords`` (n, n_dim) for a search of radius ``support``; observations ascending within a rank."""
+        reach = search_reach_chord(self.metric, support) * (1.0 + SLACK)
+        emb = embed(self.metric, coords)
         ranks, idx = [], []
-        for p, geo in enumerate(self._geometries):
-            if geo is None or coords.shape[0] == 0:
-                continue
-            reach = geo.search_reach(support) * (1.0 + SLACK)
-            near = np.flatnonzero(geo.nearest_distance(coords, reach) <= reach)
-            ranks.append(np.full(near.size, p, np.int64))
+        for b in np.flatnonzero(self.window == window):
+            near = np.flatnonzero(self._box_distance(emb, self.lo[b], self.hi[b]) <= reach)
+            ranks.append(np.full(near.size, self.rank[b], np.int64))
             idx.append(near.astype(np.int64))
         if not ranks:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(ranks), np.concatenate(idx)
+
+    def _box_distance(self, emb: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """(n,) distance from each embedded location to the box [lo, hi] (on the ring: to the arc)."""
+        if self.metric is Metric.PERIODIC and self.period is not None:
+            x = emb[:, 0]
+            inside = (x >= lo[0]) & (x <= hi[0])
+            to_lo, to_hi = np.mod(lo[0] - x, self.period), np.mod(x - hi[0], self.period)
+            return np.where(inside, 0.0, np.minimum(to_lo, to_hi))
+        gap = np.maximum(np.maximum(lo - emb, emb - hi), 0.0)
+        return np.sqrt((gap * gap).sum(axis=1))
+
+
+def box_of(metric: Metric, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The bounding box (lo, hi) of domain coordinates (n, n_dim; n >= 1) in the search's embedded coordinates."""
+    emb = embed(metric, coords)
+    return emb.min(axis=0), emb.max(axis=0)

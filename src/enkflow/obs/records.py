@@ -104,6 +104,13 @@ class ObsRecords:
         order = np.argsort(self.ids, kind="stable")
         return self if np.array_equal(order, np.arange(self.n)) else self.take(order)
 
+    def for_analysis(self, hx: np.ndarray) -> "ObsRecords":
+        """These records with their H(x) ``hx`` (n, N) and only what a local analysis reads (no H row, time
+        or gross-error threshold: less to send and to hold)."""
+        n = self.n
+        return replace(self, time=None, qc_sigma=None, h_cols=np.zeros((n, 0), np.int64), h_wts=np.zeros((n, 0)),
+                       hx=np.ascontiguousarray(hx, dtype=np.float64))
+
     def with_hx(self, hx: np.ndarray) -> "ObsRecords":
         return replace(self, hx=np.ascontiguousarray(hx, dtype=np.float64))
 
