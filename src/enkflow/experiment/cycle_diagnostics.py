@@ -48,7 +48,7 @@ class ObsLayoutReport:
     The ``rank_*`` lists have one entry per rank and are the same on every rank."""
 
     distributed: bool  # each rank held the observations its domains see (else every rank held all)
-    rank_obs_held: list[float]  # observations the rank's local analyses could use (its domains' halo)
+    rank_obs_held: list[float]  # the most observations the rank held at once for its local analyses (a window and its halo)
     rank_obs_owned: list[float]  # observations the rank computed H(x), QC and statistics for
     rank_obs_bytes: list[float]  # the largest observation-space arrays the rank held at once, bytes
     rank_hx_bytes: list[float]  # bytes the rank sent and received to assemble H(x) of the forecast
