@@ -262,6 +262,9 @@ class AnalysisConfig(Strict):
     balance: bool = True
     # Local filters on located rows: observations held by the ranks whose domains see them (same result).
     observations: ObsLayout = ObsLayout.DISTRIBUTED
+    observation_windows: int = Field(default=2, ge=1, description="distributed observations: every rank analyses "
+                                     "its domains in this many windows of about equal cost, holding one window's "
+                                     "observations at a time (more: less memory, more waiting for each other)")
 
     @field_validator("localization", mode="after")
     @classmethod

@@ -6,12 +6,12 @@ import pytest
 
 from enkflow.analysis.geometry import Geometry, embed, search_reach_chord
 from enkflow.config import Metric
-from enkflow.obs.partition import DomainWindows, box_of, owners, window_bounds
+from enkflow.obs.partition import DomainWindows, box_of, owners, windows_of_equal_cost
 from enkflow.parallel import SerialComm
 
 
 def _windows(metric, period, domain_sets):
-    boxes = [box_of(metric, d) for d in domain_sets]
+    boxes = [(w, *box_of(metric, d)) for w, d in enumerate(domain_sets)]
     return DomainWindows.gather(SerialComm(), metric, period, boxes)
 
 
@@ -38,16 +38,17 @@ def test_a_window_holds_every_observation_within_the_search_reach_of_its_domains
     assert held.size < obs.shape[0]  # and it is a choice: far observations stay away
 
 
-def test_windows_are_whole_chunks_and_owners_follow_the_first_row():
-    assert window_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
-    assert window_bounds(0, 4) == []
+def test_windows_are_whole_chunks_of_equal_cost_and_owners_follow_the_first_row():
+    chunks = [(0, 4), (4, 8), (8, 12), (12, 13)]
+    assert windows_of_equal_cost(np.array([1.0, 1.0, 1.0, 1.0]), chunks, 2) == [(0, 8), (8, 13)]
+    assert windows_of_equal_cost(np.array([6.0, 1.0, 1.0, 1.0]), chunks, 2) == [(0, 4), (4, 13)]
+    assert windows_of_equal_cost(np.zeros(0), [], 2) == [(0, 0), (0, 0)]
     np.testing.assert_array_equal(owners(np.array([0, 4, 5, 9]), np.array([0, 5, 5, 10])), [0, 0, 2, 2])
 
 
 def test_rounds_and_windows_of_several_ranks():
     rng = np.random.default_rng(1)
-    boxes = [(np.zeros(2), np.ones(2))]
-    w = DomainWindows.gather(SerialComm(), Metric.CARTESIAN, None, boxes * 3)
-    assert w.rounds == 3
+    boxes = [(k, np.zeros(2), np.ones(2)) for k in range(3)]
+    w = DomainWindows.gather(SerialComm(), Metric.CARTESIAN, None, boxes)
     ranks, held = w.holders(rng.uniform(0, 1, (5, 2)), 0.1, 2)
     np.testing.assert_array_equal(held, np.arange(5))

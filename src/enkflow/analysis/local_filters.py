@@ -94,6 +94,7 @@ class LocalFilter(Filter):
         geometry: Geometry | None = None,
         cycle: int = 0,
         infl_field: np.ndarray | None = None,
+        consume_hx: bool = False,
     ) -> np.ndarray:
         """Local analysis of the rows in ``domains`` (``cycle`` selects a subclass's random draws).
 
@@ -104,6 +105,8 @@ class LocalFilter(Filter):
         factor of every row and the standard deviation of its estimate, replaced in place by the
         posterior ones; the posterior factor inflated this analysis, its prior or its analysis
         covariance as the scheme's ``target`` says (:mod:`enkflow.analysis.local_inflation`).
+        ``consume_hx``: ``HX`` (C-order float64) may be overwritten: its perturbations are made in place
+        (the same values), so the analysis holds one (n_obs, N) array instead of two.
         """
         self._check(X, HX, obs)
         if self.adaptive is not None:
@@ -128,8 +131,7 @@ class LocalFilter(Filter):
             out[...] = X
         elif not X.flags.f_contiguous:
             raise InputError("an in-place analysis (out=X) needs X in Fortran order", item="X")
-        Yp = np.ascontiguousarray(HX - HX.mean(axis=1, keepdims=True))
-        dy = obs.values - HX.mean(axis=1)
+        Yp, dy = self._departures(HX, obs, consume_hx)
         rinv = 1.0 / obs.error_var
         rho = self.inflation.forgetting_factor
         N = X.shape[1]
@@ -152,6 +154,17 @@ class LocalFilter(Filter):
             st.n_domains += sub.n_domains
             st.n_local_obs += int(idx.size)
         return out
+
+    @staticmethod
+    def _departures(HX: np.ndarray, obs: ObsSet, consume_hx: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(Yp, dy)``: the perturbations of ``HX`` about its ensemble mean (n_obs, N) C-order, in place
+        where ``consume_hx`` allows it, and the innovations of the mean (n_obs,)."""
+        mean = HX.mean(axis=1)
+        dy = obs.values - mean
+        if consume_hx and HX.flags.c_contiguous and HX.dtype == np.float64:
+            HX -= mean[:, None]
+            return HX, dy
+        return np.ascontiguousarray(HX - mean[:, None]), dy
 
     def _analyse_chunk(self, out: np.ndarray, sub: LocalDomains, offsets: np.ndarray, idx: np.ndarray,
                        rinv_w: np.ndarray, Yp: np.ndarray, dy: np.ndarray, rho_k: float | np.ndarray,

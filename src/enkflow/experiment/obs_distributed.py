@@ -21,19 +21,18 @@ from enkflow.experiment.decomposition import LocalGeometry, all_row_coords, bala
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
 from enkflow.obs.distributed_space import ObsFileSource, OwnedObservations, ReadShare, kept_max, read_share
 from enkflow.obs.gathered import RootOrder, rms
-from enkflow.obs.partition import DomainWindows, box_of, window_bounds
-
-
-#: A window of a rank's domains, in chunks of the local filter: the observations one window holds at once.
-WINDOW_CHUNKS = 8
+from enkflow.obs.partition import DomainWindows, box_of, windows_of_equal_cost
 
 
 class DistributedObs:
     """One cycle's observations of ``source`` owned and held by the ranks of ``store`` (collective methods);
-    ``share``: this rank's share of the file where it was read already."""
+    ``share``: this rank's share of the file where it was read already; ``rounds``: the windows in which
+    every rank analyses its domains, holding one window's observations at a time
+    (``[analysis] observation_windows``)."""
 
-    def __init__(self, source: ObsFileSource, store: EnsembleStore, cycle: int, share: ReadShare | None = None):
-        self.store, self.cycle, self.comm = store, cycle, store.comm
+    def __init__(self, source: ObsFileSource, store: EnsembleStore, cycle: int, share: ReadShare | None = None,
+                 rounds: int = 1):
+        self.store, self.cycle, self.comm, self.rounds = store, cycle, store.comm, rounds
         self.owned = OwnedObservations(share or read_share(source, store.comm), store.comm, store_bounds(store),
                                        store.n_rows, source)
         self._bytes = 0.0
@@ -86,19 +85,19 @@ class DistributedObs:
         domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
         flt = self._searching(lf)
         loc = flt.localization
-        mine = window_bounds(domains.n_domains, WINDOW_CHUNKS * lf.chunk)
-        windows = DomainWindows.gather(comm, loc.metric, loc.period,
-                                       [box_of(loc.metric, loc.horizontal(domains.coords[s:e])[0]) for s, e in mine])
+        mine = self._windows(domains, cost[a0:a1], lf.chunk)
+        windows = DomainWindows.gather(comm, loc.metric, loc.period, [
+            (w, *box_of(loc.metric, loc.horizontal(domains.coords[s:e])[0])) for w, (s, e) in enumerate(mine) if e > s])
 
         def analyse(Xb: np.ndarray, fb: np.ndarray | None, b0: int, b1: int) -> np.ndarray:
-            for w in range(windows.rounds):
+            for w, (s, e) in enumerate(mine):
                 held = self.owned.held(self.keep, self.HX, windows, loc.support, w)
                 self._held = max(self._held, held.n)
-                # The owned H(x), this window's and its perturbations (the filter's Yp), both sets' own arrays.
-                self._note_bytes(self.HX.nbytes + 2 * held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
-                if w < len(mine):
-                    flt.analyze(Xb, held.hx, held.obs, cycle=self.cycle, domains=domains.subset(*mine[w]),
-                                geometry=flt.obs_geometry(held.obs), out=Xb, infl_field=fb)
+                # The owned H(x), this window's (its perturbations made in place), both sets' own arrays.
+                self._note_bytes(self.HX.nbytes + held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
+                if e > s:
+                    flt.analyze(Xb, held.hx, held.obs, cycle=self.cycle, domains=domains.subset(s, e),
+                                geometry=flt.obs_geometry(held.obs), out=Xb, infl_field=fb, consume_hx=True)
             return Xb
 
         Xa, report = balanced_rows(local, store, X, infl, cost, lf.stats, t0, analyse)
@@ -106,6 +105,15 @@ class DistributedObs:
         if Xa is not X:
             X[...] = Xa
         return X, report
+
+    def _windows(self, domains: LocalDomains, row_cost: np.ndarray, chunk: int) -> list[tuple[int, int]]:
+        """This rank's :attr:`rounds` windows of ``domains``: whole chunks of ``chunk`` domains, of about equal
+        estimated cost (``row_cost`` (n_rows,) of the rows the domains index), so that the ranks, which
+        exchange the observations of each round together, wait little for each other."""
+        dom_cost = np.add.reduceat(row_cost[domains.rows], domains.offsets[:-1]) if domains.n_domains else np.zeros(0)
+        chunks = [(s, min(s + chunk, domains.n_domains)) for s in range(0, domains.n_domains, chunk)]
+        chunk_cost = np.add.reduceat(dom_cost, [s for s, _ in chunks]) if chunks else np.zeros(0)
+        return windows_of_equal_cost(chunk_cost, chunks, self.rounds)
 
     def _searching(self, lf: LocalFilter) -> LocalFilter:
         """``lf`` whose localization searches as far as over every rank's kept observations: the largest

@@ -80,6 +80,7 @@ class AnalysisStep:
     output: OutputSink = field(default_factory=NoOutput)
     truth: Callable[[int], TruthRows | None] = _no_truth
     obs_layout: ObsLayout = ObsLayout.REPLICATED
+    obs_windows: int = 1
 
     def __post_init__(self) -> None:
         if (self.filter.as_local() is None and self.filter.as_serial() is None) != (self.local is None):
@@ -143,7 +144,7 @@ def build_step(analysis: AnalysisConfig, rows: StateRows, comm: Comm, *, cycle_d
         metric = analysis.localization.metric if analysis.localization is not None else None
         obs_diag = ObsDiagnosticsWriter(cycle_dir, comm.rank, metric)
     return AnalysisStep(flt, local, inflation, obs_diag, stats, output or NoOutput(), truth or _no_truth,
-                        analysis.observations)
+                        analysis.observations, analysis.observation_windows)
 
 
 def analyse(step: AnalysisStep, store: EnsembleStore, obs: ObservationSpace, cycle: int) -> tuple[np.ndarray, CycleDiagnostics]:
@@ -195,7 +196,7 @@ def cycle_observations(step: AnalysisStep, store: EnsembleStore, obs: Observatio
     if step.obs_layout is ObsLayout.DISTRIBUTED and distributes(lf, step.local):
         source = obs.source(cycle)
         if source is not None:
-            return DistributedObs(source, store, cycle, obs.share(cycle, store.comm))
+            return DistributedObs(source, store, cycle, obs.share(cycle, store.comm), step.obs_windows)
     return ReplicatedObs(obs, store, cycle)
 
 

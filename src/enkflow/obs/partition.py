@@ -2,8 +2,8 @@
 
 An observation is *owned* by the rank whose I/O row block holds the lowest state row of its H row (the
 owner computes its H(x), its quality control and its statistics). For the analysis, each rank's domains
-are cut into *windows* of whole chunks of the local filter (its ``chunk`` domains per search and kernel
-call), analysed one after the other; a window *holds* an observation when the observation lies within
+are cut into a few *windows* of whole chunks of the local filter (its ``chunk`` domains per search and kernel
+call) and about equal estimated cost, which all ranks analyse in the same rounds; a window *holds* an observation when the observation lies within
 the blocked local search's reach (:func:`enkflow.analysis.geometry.search_reach_chord`: the radius plus the
 search blocks' extent) of the window's bounding box. Then every observation the search weighs, and every
 candidate it counts to cut a chunk into parts, is held: each part, each batch of domains and each domain's
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enkflow.analysis.balance import split_equal_cost
 from enkflow.analysis.geometry import embed, search_reach_chord
 from enkflow.config import Metric
 from enkflow.parallel import Comm
@@ -30,9 +31,15 @@ def owners(first_row: np.ndarray, io_bounds: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.asarray(io_bounds, dtype=np.int64), first_row, side="right") - 1
 
 
-def window_bounds(n_domains: int, size: int) -> list[tuple[int, int]]:
-    """Consecutive domain ranges ``(start, stop)`` of ``size`` domains (the last fewer) covering ``n_domains``."""
-    return [(s, min(s + size, n_domains)) for s in range(0, n_domains, size)]
+def windows_of_equal_cost(chunk_cost: np.ndarray, chunks: list[tuple[int, int]], rounds: int) -> list[tuple[int, int]]:
+    """``rounds`` consecutive domain ranges ``(start, stop)`` (some may be empty) of whole ``chunks`` (the
+    local filter's ranges of domains, in order) and about equal total ``chunk_cost`` (len(chunks),)."""
+    b = split_equal_cost(np.asarray(chunk_cost, dtype=np.float64), rounds)
+    out = []
+    for i in range(rounds):
+        c0, c1 = int(b[i]), int(b[i + 1])
+        out.append((chunks[c0][0], chunks[c1 - 1][1]) if c1 > c0 else (0, 0))
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,21 +57,16 @@ class DomainWindows:
 
     @classmethod
     def gather(cls, comm: Comm, metric: Metric, period: float | None,
-               boxes: list[tuple[np.ndarray, np.ndarray]]) -> "DomainWindows":
-        """Every rank's ``boxes`` (its windows' (lo, hi) in order), the same on every rank (collective)."""
-        every = comm.allgather_obj([(lo.tolist(), hi.tolist()) for lo, hi in boxes])
+               boxes: list[tuple[int, np.ndarray, np.ndarray]]) -> "DomainWindows":
+        """Every rank's ``boxes`` (window, lo, hi) of its non-empty windows, the same on every rank (collective)."""
+        every = comm.allgather_obj([(w, lo.tolist(), hi.tolist()) for w, lo, hi in boxes])
         rank = [p for p, b in enumerate(every) for _ in b]
-        window = [w for b in every for w in range(len(b))]
-        lo = [x[0] for b in every for x in b]
-        hi = [x[1] for b in every for x in b]
+        window = [x[0] for b in every for x in b]
+        lo = [x[1] for b in every for x in b]
+        hi = [x[2] for b in every for x in b]
         d = len(lo[0]) if lo else 1
         return cls(np.array(rank, np.int64), np.array(window, np.int64), np.array(lo, np.float64).reshape(-1, d),
                    np.array(hi, np.float64).reshape(-1, d), metric, period)
-
-    @property
-    def rounds(self) -> int:
-        """Windows of the rank that has the most."""
-        return int(self.window.max(initial=-1)) + 1
 
     def holders(self, coords: np.ndarray, support: float, window: int) -> tuple[np.ndarray, np.ndarray]:
         """``(rank, obs)``, each (n_pairs,) int64: every rank whose window ``window`` holds observation ``i``
