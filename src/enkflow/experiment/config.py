@@ -432,8 +432,9 @@ class ExperimentConfig(Strict):
         return {
             "ensemble": {"experiment": exp, "state": d["state"]},
             "model": model,
-            # The decomposition of the analysis cannot change its result.
-            "analysis": {"analysis": _without_later_defaults({k: v for k, v in (d["analysis"] or {}).items() if k != "balance"}),
+            # The decomposition of the analysis and where its observations live cannot change its result.
+            "analysis": {"analysis": _without_later_defaults({k: v for k, v in (d["analysis"] or {}).items()
+                                                              if k not in ("balance", "observations", "observation_windows")}),
                          "analysis_task": task, "observations": _without_obs_defaults(d["observations"])},
         }
 
