@@ -2,7 +2,7 @@
 cycle's observations and H(x), owns a random share of them, and writes obs_diag.nc with
 ``write_distributed`` (to argv[1]/dist); rank 0 writes the same with ``write`` from all of them
 (argv[1]/serial) and checks that every variable and attribute is equal (history aside). Also checks
-``rms_in_global_order`` against the replicated RMS, bit for bit, and that a missing owner is an error
+``RootOrder.rms`` against the replicated RMS, bit for bit, and that a missing owner is an error
 on every rank. Rank 0 writes "ok <size>" to argv[1]/ok.txt."""
 
 import sys
@@ -15,7 +15,7 @@ from enkflow.analysis.obsset import ObsSet
 from enkflow.config import Metric
 from enkflow.obs import ensemble_scores
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
-from enkflow.obs.gathered import global_order_at_root, rms, rms_in_global_order
+from enkflow.obs.gathered import RootOrder, rms
 from enkflow.parallel import get_comm
 
 out = Path(sys.argv[1])
@@ -39,7 +39,7 @@ mine = ObsSet(y.values[ids], y.error_var[ids], y.coords[ids] if ids.size else np
 names = {2: "sst", 5: "t2m", 9: "sea ice"}
 
 writer = ObsDiagnosticsWriter(lambda k: out / "dist" / f"c{k}", r, Metric.SPHERE)
-writer.write_distributed(cycle, comm, ids, n, mine, HX[ids], HXa[ids], flags[ids], names)
+writer.write_distributed(cycle, RootOrder.of(comm, ids, n), mine, HX[ids], HXa[ids], flags[ids], names)
 
 
 def content(path):
@@ -54,12 +54,12 @@ def content(path):
 
 d = y.values[ids] - HX[ids].mean(axis=1)
 want = rms(y.values - HX.mean(axis=1))
-got = rms_in_global_order(comm, ids, d, n)
+got = RootOrder.of(comm, ids, n).rms(d)
 assert got == want, (got, want)
-full = global_order_at_root(comm, ids, HX[ids], n)
+full = RootOrder.of(comm, ids, n).gather(HX[ids])
 assert (full is None) == (r != 0) and (full is None or full.tobytes() == HX.tobytes())
 try:  # observation 0 is owned by nobody: every rank raises
-    rms_in_global_order(comm, ids[ids != 0], d[ids != 0], n)
+    RootOrder.of(comm, ids[ids != 0], n).rms(d[ids != 0])
     raise AssertionError("a missing owner passed")
 except ValueError as e:
     assert "observation 0 of the cycle's 101 is owned by no rank" in str(e), e

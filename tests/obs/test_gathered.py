@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from enkflow.obs.gathered import RootOrder, global_order_at_root, rms, rms_in_global_order
+from enkflow.obs.gathered import RootOrder, rms
 from enkflow.parallel import SerialComm
 
 
 def test_rows_go_to_their_global_positions():
     rec = np.zeros(3, dtype=[("id", "i8"), ("xy", "f8", (2,))])
     rec["id"] = [2, 0, 1]
-    got = global_order_at_root(SerialComm(), rec["id"], rec, 3)
+    got = RootOrder.of(SerialComm(), rec["id"], 3).gather(rec)
     assert got is not None and got.dtype == rec.dtype and got["id"].tolist() == [0, 1, 2]
     order = RootOrder.of(SerialComm(), np.array([1, 0]), 2)
     with pytest.raises(ValueError, match="expected 2 rows"):
@@ -22,8 +22,8 @@ def test_rows_go_to_their_global_positions():
 
 def test_rms_keeps_the_bits_of_the_whole_and_is_zero_without_observations():
     d = np.random.default_rng(3).standard_normal(10_001) * 1e3
-    assert rms_in_global_order(SerialComm(), np.arange(d.size), d, d.size) == float(np.sqrt(np.mean(d ** 2)))
-    assert rms_in_global_order(SerialComm(), np.zeros(0, np.int64), np.zeros(0), 0) == 0.0 == rms(np.zeros(0))
+    assert RootOrder.of(SerialComm(), np.arange(d.size), d.size).rms(d) == float(np.sqrt(np.mean(d ** 2)))
+    assert RootOrder.of(SerialComm(), np.zeros(0, np.int64), 0).rms(np.zeros(0)) == 0.0 == rms(np.zeros(0))
 
 
 @pytest.mark.parametrize("ids, message", [
@@ -33,4 +33,4 @@ def test_rms_keeps_the_bits_of_the_whole_and_is_zero_without_observations():
 ])
 def test_every_observation_needs_exactly_one_owner(ids, message):
     with pytest.raises(ValueError, match=message):
-        global_order_at_root(SerialComm(), np.array(ids), np.zeros(len(ids)), 3)
+        RootOrder.of(SerialComm(), np.array(ids), 3).gather(np.zeros(len(ids)))

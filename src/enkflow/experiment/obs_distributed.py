@@ -20,7 +20,7 @@ from enkflow.experiment.cycling import EnsembleStore
 from enkflow.experiment.decomposition import LocalGeometry, all_row_coords, balanced_rows, store_bounds
 from enkflow.obs.diagnostics import ObsDiagnosticsWriter
 from enkflow.obs.distributed_space import ObsFileSource, OwnedObservations, ReadShare, kept_max, read_share
-from enkflow.obs.gathered import RootOrder, rms
+from enkflow.obs.gathered import RootOrder
 from enkflow.obs.partition import DomainWindows, box_of, windows_of_equal_cost
 
 
@@ -49,18 +49,10 @@ class DistributedObs:
         self.flags = o.qc_flags(self.qc, self.HX)
         self.keep = self.flags == ACCEPTED
         self.order = RootOrder.of(self.comm, o.ids, o.n_total)
-        self.kept_all = self.order.gather(self.keep)
         y = o.records.obs
-        omb = self._rms(y.values - self.HX.mean(axis=1))
+        omb = self.order.rms(y.values - self.HX.mean(axis=1), self.keep)
         n_kept = int(self.comm.allreduce_sum(np.array([float(np.count_nonzero(self.keep))]))[0])
         return CycleDiagnostics(n_obs=n_kept, omb_rms=omb, qc=self._qc_counts() if self.qc is not None else {})
-
-    def _rms(self, departures: np.ndarray) -> float:
-        """The replicated layout's RMS of the kept observations' ``departures`` (n_own,): in the file's
-        order on rank 0, broadcast."""
-        d = self.order.gather(departures)
-        out = np.array([rms(d[self.kept_all]) if d is not None and self.kept_all is not None else 0.0])
-        return float(self.comm.bcast(out)[0])
 
     def _qc_counts(self) -> dict[str, float]:
         o = self.owned
@@ -138,7 +130,7 @@ class DistributedObs:
     def oma(self, Xa: np.ndarray) -> float:
         """RMS of the kept observations minus H of the analysis mean of this rank's rows ``Xa``."""
         mean = np.ascontiguousarray(Xa.mean(axis=1))[:, None]
-        return self._rms(self.owned.records.obs.values - self.owned.exchange.apply(mean)[:, 0])
+        return self.order.rms(self.owned.records.obs.values - self.owned.exchange.apply(mean)[:, 0], self.keep)
 
     def write_diagnostics(self, writer: ObsDiagnosticsWriter, Xa: np.ndarray) -> float:
         """``obs_diag.nc`` of every observation from the owners' H(x) of the forecast and of the analysis
@@ -146,8 +138,8 @@ class DistributedObs:
         t0 = time.perf_counter()
         o = self.owned
         HXa = o.exchange.apply(Xa)
-        writer.write_distributed(self.cycle, self.comm, o.ids, o.n_total, o.records.obs, self.HX, HXa, self.flags,
-                                 o.kind_names, Metric.SPHERE if o.lonlat else None)
+        writer.write_distributed(self.cycle, self.order, o.records.obs, self.HX, HXa, self.flags, o.kind_names,
+                                 Metric.SPHERE if o.lonlat else None)
         return time.perf_counter() - t0
 
     def _note_bytes(self, n: float) -> None:

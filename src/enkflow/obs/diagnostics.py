@@ -275,16 +275,17 @@ class ObsDiagnosticsWriter:
                               n_members=HX.shape[1], qc_flags=qc_flags, metric=self._metric(coordinate_metric),
                               kind_names=dict(kind_names))
 
-    def write_distributed(self, cycle: int, comm: Comm, ids: np.ndarray, n_total: int, y: ObsSet, HX: np.ndarray,
-                          HXa: np.ndarray, qc_flags: np.ndarray | None, kind_names: Mapping[int, str],
+    def write_distributed(self, cycle: int, order: RootOrder, y: ObsSet, HX: np.ndarray, HXa: np.ndarray,
+                          qc_flags: np.ndarray | None, kind_names: Mapping[int, str],
                           coordinate_metric: Metric | None = None) -> None:
-        """Collective over ``comm``: the file of ``cycle``, written by its rank 0, from the observations
-        each rank owns: ``ids`` (n_own,) their sorted global indices out of the cycle's ``n_total``,
-        ``y`` them, ``HX``/``HXa`` (n_own, N) their H(x), ``qc_flags`` (n_own,) or None on every rank.
-        Each owner computes its statistics; the columns are gathered to rank 0 in global order one
-        at a time, so the file equals :meth:`write`'s of all the cycle's observations (history aside)."""
-        order = RootOrder.of(comm, ids, n_total)
-        stats = ObsSpaceStats.from_ensembles(HX, HXa, y, cycle, ids, n_total)
+        """Collective over ``order.comm``: the file of ``cycle``, written by its rank 0, from the
+        observations each rank owns (``order``: their sorted global indices ``order.own`` out of the
+        cycle's ``order.n_total``): ``y`` them, ``HX``/``HXa`` (n_own, N) their H(x), ``qc_flags``
+        (n_own,) or None on every rank. Each owner computes its statistics; the columns are gathered to
+        rank 0 in global order one at a time, so the file equals :meth:`write`'s of all the cycle's
+        observations (history aside)."""
+        comm, n_total = order.comm, order.n_total
+        stats = ObsSpaceStats.from_ensembles(HX, HXa, y, cycle, order.own, n_total)
         columns = _Columns(y, stats, _qc_flags(qc_flags, y.n_obs))
         n_coords = _shared_coordinate_count(comm, y)
         names = _column_names(n_coords)

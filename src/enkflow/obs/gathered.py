@@ -32,9 +32,14 @@ class RootOrder:
     then used for any number of per-observation arrays."""
 
     comm: Comm
-    n_own: int  # rows this rank owns
+    own: np.ndarray  # (n_own,) int64: the sorted global ids of the rows this rank owns
     n_total: int  # observations over all ranks
     ids: np.ndarray | None  # rank 0: the global id of each row it receives, in rank order; others None
+
+    @property
+    def n_own(self) -> int:
+        """Rows this rank owns."""
+        return int(self.own.size)
 
     @classmethod
     def of(cls, comm: Comm, ids: np.ndarray, n_total: int) -> "RootOrder":
@@ -53,7 +58,7 @@ class RootOrder:
             raise ValueError(f"observation {i} of the cycle's {n_total} is owned by no rank")
         if kind == _DUPLICATE:
             raise ValueError(f"observation {i} of the cycle's {n_total} is owned by more than one rank")
-        return cls(comm, own.size, n_total, got if comm.rank == ROOT else None)
+        return cls(comm, own, n_total, got if comm.rank == ROOT else None)
 
     def gather(self, values: np.ndarray) -> np.ndarray | None:
         """Collective: this rank's ``values`` (n_own, ...) for its ids, any dtype (the same on every
@@ -68,24 +73,14 @@ class RootOrder:
         out[self.ids] = got
         return out
 
-    def rms(self, departures: np.ndarray) -> float:
-        """Collective: :func:`rms` of every rank's ``departures`` (n_own,) in global order, computed on
-        rank 0 and broadcast, so every rank has the replicated layout's bits."""
+    def rms(self, departures: np.ndarray, keep: np.ndarray | None = None) -> float:
+        """Collective: :func:`rms` of every rank's ``departures`` (n_own,) in global order, of those where
+        ``keep`` (n_own,) bool is true (None: all), computed on rank 0 and broadcast, so every rank has the
+        bits of the replicated layout's RMS over its array of the kept observations."""
         d = self.gather(np.asarray(departures, dtype=np.float64).reshape(-1))
-        out = np.array([rms(d) if d is not None else 0.0])
+        kept = None if keep is None else self.gather(np.asarray(keep, dtype=bool).reshape(-1))
+        out = np.array([0.0 if d is None else rms(d if kept is None else d[kept])])
         return float(self.comm.bcast(out, root=ROOT)[0])
-
-
-def global_order_at_root(comm: Comm, ids: np.ndarray, values: np.ndarray, n_total: int) -> np.ndarray | None:
-    """Collective: every rank's ``values`` (n_own, ...) for its sorted global ``ids`` (n_own,), placed at
-    their global positions on rank 0, (n_total, ...); None on other ranks (:class:`RootOrder`)."""
-    return RootOrder.of(comm, ids, n_total).gather(values)
-
-
-def rms_in_global_order(comm: Comm, ids: np.ndarray, departures: np.ndarray, n_total: int) -> float:
-    """Collective: the root mean square of all ranks' ``departures`` (n_own,) for their ``ids``, with
-    the bits of :func:`rms` over the departures in global order; the same float on every rank."""
-    return RootOrder.of(comm, ids, n_total).rms(departures)
 
 
 def _to_root(comm: Comm, n: int) -> np.ndarray:
