@@ -75,7 +75,8 @@ def _settings(interpolation: str) -> ObsSettings:
 
 def _rows(of: ObsFile, n_rows: int, part: ObsPart) -> list[np.ndarray]:
     """Every per-observation array of ``of`` (H as CSR) for the observations ``part`` of it."""
-    indptr, indices, data = of.h_rows(n_rows)
+    H = of.operator_for(n_rows).H
+    indptr, indices, data = H.indptr.astype(np.int64), H.indices.astype(np.int64), H.data
     a, b = indptr[part.start], indptr[part.stop]
     arrays = [of.obs.values, of.obs.error_var, of.obs.coords, of.obs.kinds, of.obs.half_width, of.obs.vcoord,
               of.time, of.qc_sigma, of.state_index]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from enkflow.obs.gathered import sorted_ids
+
 # The perturbations of cycle k are drawn from numpy's PCG64 seeded by SeedSequence([RANK_SEED, k]):
 # the same on every rank and in every mode, and reproducible outside enkflow (ObsRankGenerator).
 RANK_SEED = 0x656E6B66  # "enkf"
@@ -105,11 +107,9 @@ def _draw_rows(rng: np.random.Generator, rows: np.ndarray, n_total: int, n_membe
 
 def _owned_ids(ids: np.ndarray, n_obs: int, n_total: int) -> np.ndarray:
     """``ids`` as int64, checked: n_obs of them, strictly increasing, within 0..n_total-1."""
-    rows = np.asarray(ids, dtype=np.int64).reshape(-1)
+    rows = sorted_ids(np.asarray(ids).reshape(-1), n_total)
     if rows.size != n_obs:
         raise ValueError(f"{rows.size} observation ids for {n_obs} observations")
-    if rows.size and (rows[0] < 0 or rows[-1] >= n_total or (np.diff(rows) <= 0).any()):
-        raise ValueError(f"observation ids must increase strictly within 0..{n_total - 1}")
     return rows
 
 

@@ -123,12 +123,5 @@ class ObsFile:
                              item="state_index")
         return LinearObsOperator.selection(self.state_index, n_rows)
 
-    def h_rows(self, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """H of these observations on a state of ``n_rows`` rows as CSR arrays, those of
-        ``operator_for(n_rows).H`` in its own entry order (canonical for the built-in operators):
-        ``indptr`` (n_obs + 1,) int64, ``indices`` (nnz,) int64 state rows, ``data`` (nnz,) float64."""
-        H = self.operator_for(n_rows).H
-        return H.indptr.astype(np.int64), H.indices.astype(np.int64), H.data.astype(np.float64)
-
     def kind_name(self, code: int) -> str:
         return self.kind_names.get(int(code), str(int(code)))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from enkflow.errors import InputError
 from enkflow.parallel import Comm
 
 ROOT = 0
@@ -24,6 +25,23 @@ def rms(d: np.ndarray) -> float:
     """Root mean square of the departures ``d`` (n,), in their units; 0.0 for none. ``np.mean`` sums
     pairwise, so the bits depend on the order of ``d``."""
     return float(np.sqrt(np.mean(d ** 2))) if d.size else 0.0
+
+
+def sorted_ids(ids: np.ndarray, n_total: int) -> np.ndarray:
+    """``ids`` as (n,) int64, checked to be global ids of a cycle's ``n_total`` observations in
+    strictly ascending order (InputError naming the first that is not)."""
+    sel = np.asarray(ids)
+    if sel.ndim != 1 or not np.issubdtype(sel.dtype, np.integer):
+        raise InputError(f"observation ids must be a 1-D integer array, got shape {sel.shape} dtype {sel.dtype}",
+                         item="ids")
+    sel = sel.astype(np.int64)
+    bad = np.flatnonzero(np.diff(sel) <= 0)
+    if bad.size:
+        raise InputError(f"observation ids must increase strictly; position {bad[0] + 1} has {sel[bad[0] + 1]} "
+                         f"after {sel[bad[0]]}", item="ids", index=int(bad[0]) + 1)
+    if sel.size and (sel[0] < 0 or sel[-1] >= n_total):
+        raise InputError(f"observation ids must lie in [0, {n_total}); they span [{sel[0]}, {sel[-1]}]", item="ids")
+    return sel
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from enkflow.analysis.obsset import ObsSet
 from enkflow.analysis.qc import QualityControl
 from enkflow.config import Metric
 from enkflow.errors import FileFormatError, InputError
+from enkflow.obs.gathered import sorted_ids
 from enkflow.obs.obsfile import ObsFile, ObsSettings, load_for_state
 from enkflow.obs.operators import GivenHX
 from enkflow.obs.source import ObsFileSource
@@ -50,23 +51,6 @@ def _windows(ids: np.ndarray) -> Iterator[slice]:
         hi = int(np.searchsorted(ids, ids[lo] + HX_SLICE))
         yield slice(lo, hi)
         lo = hi
-
-
-def _checked_ids(ids: np.ndarray | None, n_obs: int) -> np.ndarray:
-    """(n,) int64: ``ids`` (None: every observation), which must be ascending file indices below ``n_obs``."""
-    if ids is None:
-        return np.arange(n_obs, dtype=np.int64)
-    sel = np.asarray(ids)
-    if sel.ndim != 1 or not np.issubdtype(sel.dtype, np.integer):
-        raise InputError(f"ids must be a 1-D integer array, got shape {sel.shape} dtype {sel.dtype}", item="ids")
-    sel = sel.astype(np.int64)
-    bad = np.flatnonzero(np.diff(sel) <= 0)
-    if bad.size:
-        raise InputError(f"ids must be strictly ascending; position {bad[0] + 1} has {sel[bad[0] + 1]} after "
-                         f"{sel[bad[0]]}", item="ids", index=int(bad[0]) + 1)
-    if sel.size and (sel[0] < 0 or sel[-1] >= n_obs):
-        raise InputError(f"ids must lie in [0, {n_obs}); they span [{sel[0]}, {sel[-1]}]", item="ids")
-    return sel
 
 
 def _slots(ds: netCDF4.Dataset, p: Path, var: netCDF4.Variable, n_obs: int,
@@ -126,7 +110,7 @@ def read_given_hx(paths: Sequence[Path], n_obs: int, obs_time: np.ndarray | None
     observation file's ``time``): each observation then takes the slot nearest its time (4-D / FGAT);
     a file with slots needs the times of the observations asked for (``obs_time``, (n,)). A file is
     read HX_SLICE observations at most at a time, so memory grows with n, not with ``n_obs``."""
-    sel = _checked_ids(ids, n_obs)
+    sel = np.arange(n_obs, dtype=np.int64) if ids is None else sorted_ids(ids, n_obs)
     if obs_time is not None and np.shape(obs_time) != (sel.size,):
         raise InputError(f"obs_time has shape {np.shape(obs_time)}, expected ({sel.size},): one time per "
                          "observation asked for", item="obs_time")
