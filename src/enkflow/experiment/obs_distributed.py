@@ -33,7 +33,8 @@ class DistributedObs:
     def __init__(self, source: ObsFileSource, store: EnsembleStore, cycle: int, share: ReadShare | None = None,
                  rounds: int = 1):
         self.store, self.cycle, self.comm, self.rounds = store, cycle, store.comm, rounds
-        self.owned = OwnedObservations(share or read_share(source, store.comm), store.comm, store_bounds(store),
+        self.io_bounds = store_bounds(store)
+        self.owned = OwnedObservations(share or read_share(source, store.comm), store.comm, self.io_bounds,
                                        store.n_rows, source)
         self._bytes = 0.0
         self._held = 0
@@ -72,7 +73,7 @@ class DistributedObs:
         store, comm = self.store, self.comm
         rc = all_row_coords(local, store)
         cost = self._row_costs(lf, local, rc, X.shape[1])
-        bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else store_bounds(store)
+        bounds = _balance.split_equal_cost(cost, comm.size) if local.balance else self.io_bounds
         a0, a1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
         domains = LocalDomains.by_location(rc[a0:a1]) if local.balance else local.domains_for(a0, a1)
         flt = self._searching(lf)

@@ -12,9 +12,10 @@ No rank ever holds the whole file or the whole H(x).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from enkflow.analysis.geometry import Geometry
 from enkflow.analysis.qc import ACCEPTED, BUDDY, BuddyPool, QualityControl
@@ -24,7 +25,8 @@ from enkflow.obs.hx_exchange import HXExchange
 from enkflow.obs.load import load_for_state, with_kind_arrays
 from enkflow.obs.partition import DomainWindows, owners
 from enkflow.obs.reader import ObsPart, obs_count
-from enkflow.obs.records import ObsRecords, h_width
+from enkflow.obs.fileformat import ObsFile
+from enkflow.obs.records import ObsRecords
 from enkflow.obs.source import ObsFileSource
 from enkflow.obs.space import FileObservations, qc_for, read_given_hx
 from enkflow.parallel import Comm
@@ -67,24 +69,44 @@ def read_share(source: ObsFileSource, comm: Comm) -> ReadShare:
         return n, part, of, hx
 
     n, part, of, hx = raise_together(comm, read)
-    every = comm.allgather_obj((h_width(of, layout.n_rows), of.obs.half_width is not None, of.qc_sigma is not None,
-                                dict(of.kind_names), np.unique(of.obs.kinds).tolist()))
-    of = with_kind_arrays(of, settings, half_width=any(e[1] for e in every), qc_sigma=any(e[2] for e in every))
-    records = ObsRecords.from_file(of, part.start, layout.n_rows, max(e[0] for e in every))
+    H = of.operator_for(layout.n_rows).H
+    every = [ShareFacts(**f) for f in comm.allgather_obj(asdict(ShareFacts.of(of, H)))]
+    of = with_kind_arrays(of, settings, half_width=any(f.half_width for f in every),
+                          qc_sigma=any(f.qc_sigma for f in every))
+    records = ObsRecords.from_file(of, part.start, H, max(f.h_width for f in every))
     return ReadShare(records if hx is None else records.with_hx(hx), n, _kind_names(every), of.lonlat)
 
 
-def _kind_names(every: list[tuple]) -> dict[int, str]:
-    """The whole file's kind names from every rank's (..., names, codes it holds): a code's name as the
-    rank that holds it gives it (the configured one), else as any rank does (the file's)."""
+@dataclass(frozen=True)
+class ShareFacts:
+    """What a rank's share of a file tells the others: ``h_width`` the most entries of one of its H rows;
+    whether it has per-kind ``half_width`` and ``qc_sigma`` arrays; its ``kind_names`` and the kind codes it
+    holds (``kinds_held``)."""
+
+    h_width: int
+    half_width: bool
+    qc_sigma: bool
+    kind_names: dict[int, str]
+    kinds_held: list[int]
+
+    @classmethod
+    def of(cls, of: ObsFile, H: sp.csr_matrix) -> "ShareFacts":
+        """The facts of the share ``of`` whose H is ``H``."""
+        return cls(int(np.diff(H.indptr).max(initial=0)), of.obs.half_width is not None, of.qc_sigma is not None,
+                   dict(of.kind_names), np.unique(of.obs.kinds).tolist())
+
+
+def _kind_names(every: list[ShareFacts]) -> dict[int, str]:
+    """The whole file's kind names from every rank's share: a code's name as a rank that holds it gives it
+    (the configured one), else as any rank does (the file's)."""
     names: dict[int, str] = {}
-    for e in every:
-        for code, name in e[3].items():
+    for f in every:
+        for code, name in f.kind_names.items():
             names.setdefault(code, name)
-    for e in every:
-        for code in e[4]:
-            if code in e[3]:
-                names[code] = e[3][code]
+    for f in every:
+        for code in f.kinds_held:
+            if code in f.kind_names:
+                names[code] = f.kind_names[code]
     return names
 
 

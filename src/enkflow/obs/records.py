@@ -24,12 +24,6 @@ from enkflow.parallel import Comm
 NO_COLUMN = -1
 
 
-def h_width(of: ObsFile, n_rows: int) -> int:
-    """The largest number of entries of one of ``of``'s rows of H (0 without observations)."""
-    H = of.operator_for(n_rows).H
-    return int(np.diff(H.indptr).max(initial=0))
-
-
 @dataclass(frozen=True, eq=False)
 class ObsRecords:
     """``n`` observations of one cycle, every array with ``n`` rows.
@@ -48,10 +42,9 @@ class ObsRecords:
     hx: np.ndarray | None = None
 
     @classmethod
-    def from_file(cls, of: ObsFile, start: int, n_rows: int, width: int) -> "ObsRecords":
-        """The observations of ``of`` (observations ``start, start + 1, ...`` of the file) on a state of
-        ``n_rows`` rows, H padded to ``width`` entries per row."""
-        H = of.operator_for(n_rows).H
+    def from_file(cls, of: ObsFile, start: int, H: sp.csr_matrix, width: int) -> "ObsRecords":
+        """The observations of ``of`` (observations ``start, start + 1, ...`` of the file) whose H is ``H``
+        (n, n_rows; ``of.operator_for(n_rows).H``), padded to ``width`` entries per row."""
         n = of.n_obs
         per_row = np.diff(H.indptr)
         if n and int(per_row.max()) > width:
