@@ -43,7 +43,13 @@ def test_bench_land_ranks_reports_the_balance(mpiexec, subprocess_env, tmp_path,
         assert len(res["rank_peak_rss_mb_replicated"]) == 2 and res["analysis_s_replicated"] > 0
         assert res["analysis_s_ratio"] == res["analysis_s"] / res["analysis_s_replicated"]
         assert any(line.strip().startswith("rank 1, replicated:") for line in lines)
-        assert not list((tmp_path / "d").glob("replicated-*"))  # the copy is gone
+        assert not list((tmp_path / "d").glob("*-*"))  # the copies are gone
+        # The directory kept its forecast: a second run there analyses the same problem.
+        again = subprocess.run(cmd[:-1] + ["--layout", "distributed", "--json"], env=subprocess_env,
+                               capture_output=True, text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        res2 = json.loads(again.stdout.strip().splitlines()[-1])
+        assert (res2["rmse_prior"], res2["rmse_analysis"]) == (res["rmse_prior"], res["rmse_analysis"])
     else:
         assert res["layouts"] == ["distributed"]
         assert all(res[k] is None for k in replicated | set(RATIOS) | {"identical"})

@@ -114,11 +114,15 @@ def _analyse(s: LandBenchSetup, d: Path) -> dict:
 def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False,
         layouts: LayoutRuns = LayoutRuns.BOTH) -> dict:
     """Synthesize (unless ``directory`` already holds the files) and analyse them with each of
-    ``layouts`` in turn (the replicated first, on a copy of the members: both start from the same
-    forecast); the report of :func:`~enkflow.bench.land_layouts.compare_layouts`."""
+    ``layouts`` in turn (the replicated first; both start from the same forecast); the report of
+    :func:`~enkflow.bench.land_layouts.compare_layouts`.
+
+    The analysis updates the members in place, so each layout analyses its own copy of them,
+    except the last one in a directory of our own: a ``directory`` given keeps its forecast, and a
+    second run there analyses the same problem as the first."""
     own = directory is None
     d = Path(tempfile.mkdtemp(prefix="enkflow-land-")) if own else Path(directory)
-    scratch = None
+    copies: list[Path] = []
     try:
         synth_s = 0.0
         if not (d / "obs.nc").exists():
@@ -130,18 +134,20 @@ def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False,
             raise InputError(f"{missing[0]} is missing: the directory holds fewer than {s.members} members", item="members")
         fraction = _file_obs_fraction(s, d / "obs.nc")
         runs = layouts.layouts
-        scratch = scratch_copy(d, paths) if len(runs) > 1 else None
-        reports = {}
-        for layout in runs:  # one after the other: their memory is never held at once
-            where = scratch if scratch is not None and layout is ObsLayout.REPLICATED else d
-            reports[layout] = _analyse(replace(s, observations=layout), where)
-        identical = (None if scratch is None
-                     else same_analysis(scratch, d, [p.name for p in paths] + [MEAN_FILE, SPREAD_FILE]))
+        reports, wheres = {}, []
+        for i, layout in enumerate(runs):  # one after the other: their memory is never held at once
+            in_place = own and i == len(runs) - 1
+            if not in_place:
+                copies.append(scratch_copy(d, paths, layout))
+            wheres.append(d if in_place else copies[-1])
+            reports[layout] = _analyse(replace(s, observations=layout), wheres[-1])
+        identical = (None if len(wheres) < 2
+                     else same_analysis(wheres[0], wheres[1], [p.name for p in paths] + [MEAN_FILE, SPREAD_FILE]))
         res = compare_layouts(reports, identical)
         return res | {"obs_fraction": fraction, "synth_s": synth_s}
     finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        for c in copies:
+            shutil.rmtree(c, ignore_errors=True)
         if own and not keep:
             shutil.rmtree(d, ignore_errors=True)
 

@@ -1,10 +1,9 @@
 """The observation layouts of ``enkflow bench land`` (``[analysis] observations``, issue 23)
 compared in one invocation.
 
-The analysis updates the member files in place, so the replicated layout (the baseline, run
-first) analyses a copy of the members (:func:`scratch_copy`) and the distributed one the files
-themselves: both start from the same forecast, one after the other (their memory is never held
-at once); :func:`same_analysis` checks that their analyses are equal bit for bit and
+The analysis updates the member files in place, so a layout analyses a copy of the members
+(:func:`scratch_copy`): both start from the same forecast, one after the other (their memory is
+never held at once); :func:`same_analysis` checks that their analyses are equal bit for bit and
 :func:`compare_layouts` merges their reports.
 """
 
@@ -48,10 +47,10 @@ class LayoutRuns(str, Enum):
         return (ObsLayout(self.value),)
 
 
-def scratch_copy(d: Path, members: Sequence[Path]) -> Path:
+def scratch_copy(d: Path, members: Sequence[Path], layout: ObsLayout) -> Path:
     """A new directory in ``d`` holding a copy of each of ``members`` (updated in place by the
-    analysis) and links to the problem's :data:`INPUTS` in ``d``; the caller removes it."""
-    scratch = Path(tempfile.mkdtemp(prefix="replicated-", dir=d))
+    analysis with ``layout``) and links to the problem's :data:`INPUTS` in ``d``; the caller removes it."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"{layout.value}-", dir=d))
     for p in members:
         shutil.copyfile(p, scratch / p.name)
     for name in INPUTS:
