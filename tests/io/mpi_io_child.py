@@ -1,6 +1,7 @@
 """Run under mpiexec by test_mpi.py: read (and optionally update) an ensemble with P ranks.
 
-usage: mpi_io_child.py FILES_DIR OUT_NPY N_IO [update-safe|update-unsafe|read]
+usage: mpi_io_child.py FILES_DIR OUT_NPY N_IO [update-safe|update-log|update-unsafe|read]
+(update-safe: the default method, shadow files; update-log: the write-ahead log)
 """
 
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enkflow.io import EnsembleFiles, IOConfig
+from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig, UpdateMethod
 from enkflow.io.generate import land_mask_config
 from enkflow.parallel import get_comm
 from enkflow.state import StateLayout
@@ -25,7 +26,9 @@ def main() -> None:
     paths = sorted(str(p) for p in d.glob("member_*.nc"))
     lay = StateLayout.from_file(paths[0], ["var0", "var1"], mask=land_mask_config())
     mode = "r" if what == "read" else "r+"
-    with EnsembleFiles(paths, lay, mode=mode, comm=comm, config=IOConfig(io_tasks=n_io, chunk_kb=8)) as ef:
+    method = UpdateMethod.LOG if what == "update-log" else UpdateMethod.AUTO
+    cfg = IOConfig(io_tasks=n_io, chunk_kb=8, safe_update=SafeUpdateConfig(method=method))
+    with EnsembleFiles(paths, lay, mode=mode, comm=comm, config=cfg) as ef:
         assert ef.n_io == n_io and comm.size == 2
         X = ef.read()
         full = comm.allgather_rows(X)
@@ -33,7 +36,7 @@ def main() -> None:
             np.save(out, full)
         if what.startswith("update"):
             rows = np.arange(ef.row_start, ef.row_stop)
-            ef.update(new_values(rows, len(paths)), safe=what == "update-safe")
+            ef.update(new_values(rows, len(paths)), safe=what != "update-unsafe")
 
 
 if __name__ == "__main__":

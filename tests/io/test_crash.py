@@ -1,4 +1,5 @@
-"""Fault injection: SIGKILL the updating process at random moments, rerun, compare every byte.
+"""Fault injection: SIGKILL the updating process at random moments, rerun, compare every byte; for
+each method of the crash-safe update (shadow files, the write-ahead log).
 
 Each trial copies pristine files, starts a real process that runs a crash-safe update, kills it
 with SIGKILL after a random delay drawn over the update's duration, then reruns it. The rerun
@@ -28,8 +29,8 @@ CHILD = Path(__file__).with_name("crash_child.py")
 TRIALS = 22
 
 
-def _start(d: Path, log_dir: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(CHILD), str(d), str(log_dir), *extra], stdout=subprocess.PIPE,
+def _start(d: Path, log_dir: Path, method: str, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(CHILD), str(d), str(log_dir), method, *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -44,7 +45,8 @@ def _wait_for(p: subprocess.Popen[str], word: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigkill_at_random_moments(tmp_path, subprocess_env):
+@pytest.mark.parametrize("method", ["shadow", "log"])
+def test_sigkill_at_random_moments(tmp_path, subprocess_env, method):
     rng = random.Random(20200716)
     pristine = {}
     for kind, fmt in (("plain", "nc4"), ("masked", "cdf5")):
@@ -59,7 +61,7 @@ def test_sigkill_at_random_moments(tmp_path, subprocess_env):
     for kind, d in pristine.items():
         ok = tmp_path / f"ok_{kind}"
         shutil.copytree(d, ok)
-        p = _start(ok, tmp_path / "wal", subprocess_env)
+        p = _start(ok, tmp_path / "wal", method, subprocess_env)
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
         secs, log_secs = (float(x) for x in out.split("done")[1].split()[:2])
@@ -75,7 +77,7 @@ def test_sigkill_at_random_moments(tmp_path, subprocess_env):
         # Every fourth kill lands right after the commit marker (the child pauses there): random
         # delays alone can all miss that window on a loaded machine.
         pause = trial % 4 == 3
-        p = _start(d, wal_dir, subprocess_env, *(["pause"] if pause else []))
+        p = _start(d, wal_dir, method, subprocess_env, *(["pause"] if pause else []))
         _wait_for(p, "go")
         t_log, t_all = duration[kind]
         if pause:
@@ -88,7 +90,7 @@ def test_sigkill_at_random_moments(tmp_path, subprocess_env):
         committed = bool(list(d.glob(".enkflow-update-*.json")))
         phases["after-commit" if committed else "before-commit"] += 1
 
-        q = _start(d, wal_dir, subprocess_env)
+        q = _start(d, wal_dir, method, subprocess_env)
         out, err = q.communicate(timeout=60)
         assert q.returncode == 0, err
         state = out.split("state")[1].split()[0]
@@ -98,7 +100,7 @@ def test_sigkill_at_random_moments(tmp_path, subprocess_env):
         got = {f.name: f.read_bytes() for f in d.glob("member_*.nc")}
         diffs = [n for n in expected[kind] if got[n] != expected[kind][n]]
         assert diffs == [], f"trial {trial} ({kind}): {diffs} differ from the fault-free run"
-        assert not list(d.glob(".enkflow-update-*"))
+        assert not list(d.glob(".enkflow-*")) and not list(d.glob(".member_*")), "marker, shadow or spare left behind"
         assert not list(wal_dir.glob("*.log")), "log files left behind"
         shutil.rmtree(d)
     print(f"kills: {phases}")

@@ -1,5 +1,6 @@
 """A committed update killed on one node is finished exactly once by a rerun on another node.
 
+Shadow files (the default method) live beside the member files, as the default log does.
 The rerun runs in a mount namespace with its own empty ``/dev/shm`` (as another node, which does
 not see the first node's memory). With the default log place (beside the member files, on the
 file system every node sees) it completes the update; with ``log_dir = "/dev/shm"`` (the explicit
@@ -36,13 +37,14 @@ def _other_node_works() -> str | None:
     return None if r.returncode == 0 else f"unshare --mount failed: {r.stderr.strip()}"
 
 
-def _child(d: Path, log_dir: str, env: dict[str, str], *extra: str, where: tuple[str, ...] = ()) -> subprocess.Popen[str]:
-    return subprocess.Popen([*where, sys.executable, str(CHILD), str(d), log_dir, *extra], stdout=subprocess.PIPE,
+def _child(d: Path, log_dir: str, env: dict[str, str], *extra: str, where: tuple[str, ...] = (),
+           method: str = "log") -> subprocess.Popen[str]:
+    return subprocess.Popen([*where, sys.executable, str(CHILD), str(d), log_dir, method, *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _kill_after_commit(d: Path, log_dir: str, env: dict[str, str]) -> None:
-    p = _child(d, log_dir, env, "pause")
+def _kill_after_commit(d: Path, log_dir: str, env: dict[str, str], method: str) -> None:
+    p = _child(d, log_dir, env, "pause", method=method)
     assert p.stdout is not None and p.stderr is not None
     try:
         for line in p.stdout:
@@ -70,30 +72,36 @@ def ensembles(tmp_path: Path, subprocess_env) -> tuple[Path, dict[str, bytes]]:
     return pristine, {f.name: f.read_bytes() for f in ok.glob("member_*.nc")}
 
 
-def _killed_copy(tmp_path: Path, pristine: Path, log_dir: str, env: dict[str, str]) -> Path:
-    """A copy of the pristine members whose update was killed after its log commit (skips without
+def _killed_copy(tmp_path: Path, pristine: Path, log_dir: str, env: dict[str, str], method: str = "log") -> Path:
+    """A copy of the pristine members whose update was killed after its commit (skips without
     a second node)."""
     why = _other_node_works()
     if why:
         pytest.skip(why)
     d = tmp_path / "killed"
     shutil.copytree(pristine, d)
-    _kill_after_commit(d, log_dir, env)
+    _kill_after_commit(d, log_dir, env, method)
     return d
 
 
 @pytest.mark.timeout(300)
-def test_default_log_survives_a_rerun_on_another_node(tmp_path, subprocess_env, ensembles):
+@pytest.mark.parametrize("method", ["log", "shadow"])
+def test_the_default_update_survives_a_rerun_on_another_node(tmp_path, subprocess_env, ensembles, method):
+    """The default log, and the shadow files, are beside the member files: another node finishes the update."""
     pristine, expected = ensembles
-    d = _killed_copy(tmp_path, pristine, "default", subprocess_env)
-    assert list((d / ".enkflow-wal").glob("*.log")), "the default log is not beside the member files"
+    d = _killed_copy(tmp_path, pristine, "default", subprocess_env, method)
+    if method == "log":
+        assert list((d / ".enkflow-wal").glob("*.log")), "the default log is not beside the member files"
+    else:
+        assert len(list(d.glob(".member_*.enkflow-new-*"))) == 4, "the shadows are not beside the member files"
 
-    q = _child(d, "default", subprocess_env, where=OTHER_NODE)
+    q = _child(d, "default", subprocess_env, where=OTHER_NODE, method=method)
     out, err = q.communicate(timeout=120)
     assert q.returncode == 0, err
     assert out.split("state")[1].split()[0] == "new", "the committed update was not finished on the other node"
     assert {f.name: f.read_bytes() for f in d.glob("member_*.nc")} == expected
     assert not list(d.glob(".enkflow-update-*")) and not list((d / ".enkflow-wal").glob("*.log"))
+    assert not list(d.glob(".member_*")), "a shadow or spare left behind"
 
 
 @pytest.mark.timeout(300)

@@ -10,7 +10,7 @@ import pytest
 from io_helpers import bytes_outside_state, expected_after_update, netcdf4_X
 
 from enkflow.errors import InputError
-from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig
+from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig, UpdateMethod
 from enkflow.io.generate import land_mask_config
 from enkflow.state import StateLayout
 
@@ -44,9 +44,9 @@ def test_threads_and_request_sizes_give_the_same_X(ensemble, threads, chunk_kb):
     np.testing.assert_array_equal(X, netcdf4_X(paths, lay))
 
 
-@pytest.mark.parametrize("safe", [False, True])
+@pytest.mark.parametrize("method", [None, UpdateMethod.LOG, UpdateMethod.SHADOW])  # None: unsafe
 @pytest.mark.parametrize("fmt,dts,masked", [c for c in CASES if c[0] in ("nc4", "cdf5")])
-def test_update_in_place(ensemble, tmp_path, fmt, dts, masked, safe):
+def test_update_in_place(ensemble, tmp_path, fmt, dts, masked, method):
     import xarray as xr
 
     paths, cfg = ensemble(fmt, dts, n=3)
@@ -56,17 +56,25 @@ def test_update_in_place(ensemble, tmp_path, fmt, dts, masked, safe):
     for p in paths:
         with netCDF4.Dataset(p) as ds:
             attrs.append({n: {k: ds[n].getncattr(k) for k in ds[n].ncattrs()} for n in ds.variables} | {"": {k: ds.getncattr(k) for k in ds.ncattrs()}})
-    inodes = [os.stat(p).st_ino for p in paths]
-    cfg_io = IOConfig(chunk_kb=16, safe_update=SafeUpdateConfig(log_dir=str(tmp_path / "wal")))
+    os.chmod(paths[1], 0o640)
+    stats = [os.stat(p) for p in paths]
+    safe = method is not None
+    cfg_io = IOConfig(chunk_kb=16, safe_update=SafeUpdateConfig(log_dir=str(tmp_path / "wal"),
+                                                                method=method or UpdateMethod.AUTO))
     with EnsembleFiles(paths, lay, mode="r+", config=cfg_io) as ef:
+        assert ef.update_method is (method or UpdateMethod.SHADOW)  # auto: shadow files fit these
         X = ef.read()
         Xn = _new_values(X)
         want = [expected_after_update(p, lay, Xn[:, m]) for m, p in enumerate(paths)]
         st = ef.update(Xn, safe=safe)
         assert st.safe is safe and st.nbytes == ef.state_bytes * 3
-        X2 = ef.read()
+        X2 = ef.read()  # after a shadow update, from the new files
     for m, p in enumerate(paths):
-        assert os.stat(p).st_ino == inodes[m]  # updated in place, never replaced
+        now = os.stat(p)
+        # In place (the log, unsafe) or a new file in its place (shadow), with the file's mode.
+        assert (now.st_ino == stats[m].st_ino) is (method is not UpdateMethod.SHADOW)
+        assert (now.st_mode, now.st_uid, now.st_gid, now.st_size) == (stats[m].st_mode, stats[m].st_uid, stats[m].st_gid,
+                                                                      stats[m].st_size)
         assert bytes_outside_state(p, lay) == before[m]  # auxiliary variables and metadata byte-identical
         with netCDF4.Dataset(p) as ds:
             ds.set_auto_maskandscale(False)
@@ -78,7 +86,7 @@ def test_update_in_place(ensemble, tmp_path, fmt, dts, masked, safe):
             np.testing.assert_array_equal(xds[lay.names[0]].values.astype(want[m][lay.names[0]].dtype), want[m][lay.names[0]])
     np.testing.assert_array_equal(X2, netcdf4_X(paths, lay))
     assert not list((tmp_path / "wal").glob("*.log"))  # the log space is freed on close
-    assert not [f for f in os.listdir(os.path.dirname(paths[0])) if f.startswith(".enkflow-update-")]
+    assert not [f for f in os.listdir(os.path.dirname(paths[0])) if f.startswith(".enkflow-") or ".enkflow-new-" in f]
 
 
 def test_safe_and_unsafe_updates_give_identical_files(ensemble):
@@ -96,6 +104,7 @@ def test_chunked_compressed_variables_use_the_library(ensemble, capfd):
     paths, cfg = ensemble("nc4", ("f8", "f4"), n=3, chunked=True)
     lay = _layout(paths, cfg, True)
     with EnsembleFiles(paths, lay, mode="r+") as ef:
+        assert ef.update_method is UpdateMethod.LOG  # auto: a library write cannot go into a shadow
         X = ef.read()
         np.testing.assert_array_equal(X, netcdf4_X(paths, lay))
         Xn = _new_values(X)

@@ -2,8 +2,9 @@
 the parallel multi-file read/update of :class:`EnsembleFiles`, the crash-safe update, and the
 analysis mean/spread files."""
 
-from enkflow.io.config import IOConfig, LustreConfig, SafeUpdateConfig
-from enkflow.io.ensemble import EnsembleFiles, TransferStats
+from enkflow.io.config import IOConfig, LustreConfig, SafeUpdateConfig, UpdateMethod
+from enkflow.io.ensemble import EnsembleFiles
+from enkflow.io.transfer import TransferStats
 from enkflow.io.formats import read_structure
 from enkflow.io.meanspread import write_mean_spread
 from enkflow.io.storage import FileStructure, VarStorage
@@ -15,6 +16,7 @@ __all__ = [
     "LustreConfig",
     "SafeUpdateConfig",
     "TransferStats",
+    "UpdateMethod",
     "VarStorage",
     "read_structure",
     "write_mean_spread",

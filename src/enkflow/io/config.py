@@ -7,6 +7,7 @@ Example::
     threads = 2             # I/O threads per I/O task; default see IOConfig
     [io.safe_update]
     enabled = true
+    method = "auto"         # "shadow": new copies renamed over the files; "log": a write-ahead log, in place
     log_dir = "/dev/shm"    # default: .enkflow-wal/ beside the member files (every node sees it);
                             # /dev/shm is faster but lost with its node (one-node runs only)
     durable = false         # true: fsync log and files (survives power loss; costs disk time)
@@ -14,16 +15,28 @@ Example::
 
 from __future__ import annotations
 
+from enum import Enum
+
 from pydantic import Field
 
 from enkflow.config import Strict
 
 
+class UpdateMethod(str, Enum):
+    """How a crash-safe update keeps the files whole (docs/io.md "Crash-safe update")."""
+
+    AUTO = "auto"  # SHADOW where every file allows it, else LOG
+    SHADOW = "shadow"  # the new bytes into a copy of each file, renamed over it at the commit: written once
+    LOG = "log"  # the new bytes into a write-ahead log, then in place: written twice, the files keep their inodes
+
+
 class SafeUpdateConfig(Strict):
-    """Crash-safe update (write-ahead log, commit marker, idempotent redo); see docs/io.md."""
+    """Crash-safe update (shadow files or a write-ahead log, a commit marker, idempotent recovery); see docs/io.md."""
 
     enabled: bool = Field(default=True, description="turn off only where another copy of the files exists")
-    log_dir: str | None = Field(default=None, description="directory of the log files; default .enkflow-wal/ beside the "
+    method: UpdateMethod = Field(default=UpdateMethod.AUTO, description="auto: shadow files where the directory is "
+                                 "writable, the files ours, not hard-linked, and every state variable contiguous; else log")
+    log_dir: str | None = Field(default=None, description="method log: directory of the log files; default .enkflow-wal/ beside the "
                                    "member files, seen by every node; /dev/shm is faster but lost with its node")
     durable: bool = Field(default=False, description="fsync logs, marker and files: survive power loss, not only process kills")
 

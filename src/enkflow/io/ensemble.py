@@ -18,40 +18,23 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
 from enkflow.errors import EnkflowError, FileFormatError, InputError, RecoveryError
-from enkflow.io import library, wal
-from enkflow.io.config import IOConfig
-from enkflow.io.logrecord import LogRecord, Slab
-from enkflow.io.rowio import FileSink, RowIO, Scratch, Sink, _spans, pread_full, pwrite_full
+from enkflow.io import shadow, wal
+from enkflow.io.config import IOConfig, UpdateMethod
+from enkflow.io.logrecord import LogRecord
+from enkflow.io.rowio import FileSink, RowIO, Scratch, Sink
+from enkflow.io.log_replay import log_bytes_per_file, replay
 from enkflow.io.storage import FileStructure
+from enkflow.io.transfer import TransferStats
 from enkflow.io.validate import state_nbytes, validate_files
 from enkflow.parallel import Comm, Request, RowBlocks, SerialComm
+from enkflow.parallel.together import raise_together
 from enkflow.state import StateLayout
-
-
-@dataclass(frozen=True)
-class TransferStats:
-    """What one read or update moved. ``nbytes``: state bytes of all N_e files (file dtypes);
-    ``seconds``: wall time on this rank, barrier to barrier. For a safe update ``log_seconds``
-    is the part spent writing the log and committing, ``prepare_seconds`` the log allocation
-    (zero when :meth:`EnsembleFiles.prepare_update` ran before)."""
-
-    nbytes: int
-    seconds: float
-    safe: bool = False
-    log_seconds: float = 0.0
-    prepare_seconds: float = 0.0
-
-    @property
-    def gbps(self) -> float:
-        """Throughput in GB/s (1e9 bytes per second)."""
-        return self.nbytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
 def _cpus() -> int:
@@ -110,9 +93,11 @@ class EnsembleFiles:
         self.blocks = RowBlocks(layout.n_rows, size)
         self.row_start, self.row_stop = self.blocks.bounds(rank)
 
+        self.targets = [os.path.realpath(p) for p in self.paths]  # what a shadow replaces: the file, not a link to it
         self.structures: list[FileStructure]
         self.recovered_bytes: int
-        self.structures, self.recovered_bytes = self._open_checked(recover)
+        self.update_method: UpdateMethod  # SHADOW or LOG: how a safe update goes (LOG for mode "r")
+        self.structures, self.recovered_bytes, self.update_method = self._open_checked(recover)
 
         # I/O groups: consecutive ranks, group g served by its first rank.
         n_io = min(self.config.io_tasks or min(size, self.n_members), size)
@@ -128,6 +113,13 @@ class EnsembleFiles:
         if len(members) > 1:
             self.threads = 1
         self.order = [(self.group + s) % self.n_members for s in range(self.n_members)]
+        # A shadow update keeps the files it replaced as the next one's shadows (their pages exist): named
+        # by this object, removed when it closes.
+        self._spare_id = self.comm.bcast(uuid.uuid4().hex[:12] if rank == 0 else None, root=0)
+        self._mine = [m for m in range(self.n_members) if m % self.n_io == self.group] if self.is_io_task else []
+        self._spares = shadow.Spares()
+        if self.update_method is UpdateMethod.SHADOW and self._mine:
+            weakref.finalize(self, shadow.remove_spares, [self.targets[m] for m in self._mine], self._spare_id)
         self.rowio = RowIO(layout, self.structures, self.config.chunk_kb * 1024)
         self.state_bytes = state_nbytes(self.structures[0], layout)
         self._fds: list[int] = []
@@ -142,14 +134,21 @@ class EnsembleFiles:
         self._wal: wal.WriteAheadLog | None = None
 
     # -- housekeeping -----------------------------------------------------------------
-    def _open_checked(self, recover: bool) -> tuple[list[FileStructure], int]:
-        """Rank 0 finishes interrupted updates, then validates the files; every rank gets
-        ``(structures, bytes recovered)`` or raises rank 0's error. Collective."""
-        outcome: tuple[list[FileStructure], int] | EnkflowError | None = None
+    def _open_checked(self, recover: bool) -> tuple[list[FileStructure], int, UpdateMethod]:
+        """Rank 0 finishes interrupted updates, then validates the files and chooses the update method
+        (``r+``: removing the shadows of an update killed before its commit); every rank gets
+        ``(structures, bytes recovered, method)`` or raises rank 0's error. Collective."""
+        outcome: tuple[list[FileStructure], int, UpdateMethod] | EnkflowError | None = None
         if self.comm.rank == 0:
             try:
                 recovered = self._recover_pending(recover)
-                outcome = (validate_files(self.paths, self.layout, writable=self.mode == "r+"), recovered)
+                structures = validate_files(self.paths, self.layout, writable=self.mode == "r+")
+                method = UpdateMethod.LOG
+                if self.mode == "r+":
+                    shadow.remove_leftovers(self.targets)
+                    contiguous = all(structures[0].variables[v.name].contiguous for v in self.layout.variables)
+                    method = shadow.choose(self.targets, contiguous, self.config.safe_update.method)
+                outcome = (structures, recovered, method)
             except EnkflowError as exc:
                 outcome = exc
         outcome = self.comm.bcast(outcome, root=0)
@@ -181,6 +180,8 @@ class EnsembleFiles:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+        if self.update_method is UpdateMethod.SHADOW:
+            shadow.remove_spares([self.targets[m] for m in self._mine], self._spare_id)
         if self._wal is not None:
             self._wal.close()
             self._wal = None
@@ -312,18 +313,7 @@ class EnsembleFiles:
         if not self.is_io_task:
             return []
         g0, g1 = self.group_rows if len(self.group_ranks) > 1 else (self.row_start, self.row_stop)
-        per_file = 0
-        pad = lambda n: n + (-n % 8)  # noqa: E731 - log records start at multiples of 8 bytes
-        for p in self.layout.pieces(g0, g1, self.rowio.chunk_elems):
-            vs = self.structures[0].variables[p.var.name]
-            isz = vs.dtype.itemsize
-            if not vs.contiguous:
-                inner = int(np.prod(vs.shape[1:], dtype=np.int64)) if len(vs.shape) > 1 else 1
-                per_file += pad((-(-p.elem_stop // inner) - p.elem_start // inner) * inner * isz)
-            elif p.select is None:
-                per_file += pad(p.n_rows * isz)
-            else:
-                per_file += sum(pad(int(p.select[k1 - 1] - p.select[k0] + 1) * isz) for k0, k1 in _spans(p, self.rowio.chunk_elems))
+        per_file = log_bytes_per_file(self.layout, self.structures[0], g0, g1, self.rowio.chunk_elems)
         t = max(1, min(self.threads, self.n_members))
         return [per_file * len(self.order[k::t]) for k in range(t)]
 
@@ -333,6 +323,10 @@ class EnsembleFiles:
         rank. Collective only in that every rank may call it; it does no communication."""
         if self.mode != "r+" or not self.config.safe_update.enabled or not self.is_io_task:
             return 0.0
+        if self.update_method is UpdateMethod.SHADOW:
+            t0 = time.perf_counter()
+            self._spares.make(self.targets, self._mine, self._spare_id)
+            return time.perf_counter() - t0
         return self._prepare_log()[1]
 
     def _prepare_log(self) -> tuple[wal.WriteAheadLog, float]:
@@ -371,9 +365,11 @@ class EnsembleFiles:
         """:meth:`update` without the log: a kill may leave the files half written."""
         self.comm.barrier()
         t0 = time.perf_counter()
+        kept = self._spares.still(self._mine, self._fds)  # state bytes only change: the spares still hold the rest
         fsink = FileSink(self._fds, self.paths)
         self._emit_all(X, lambda k: fsink)
         self.comm.barrier()
+        self._spares.renew(kept, self._fds)
         if self.comm.rank == 0:
             wal.write_completion(completion)
         self.comm.barrier()
@@ -381,6 +377,8 @@ class EnsembleFiles:
 
     def _update_safe(self, X: np.ndarray, completion: dict[str, object] | None) -> TransferStats:
         """:meth:`update` through the write-ahead log: log, commit, write, clear (:mod:`enkflow.io.wal`)."""
+        if self.update_method is UpdateMethod.SHADOW:
+            return self._update_shadow(X, completion)
         self.comm.barrier()
         t0 = time.perf_counter()
         log, prep = self._prepare_log() if self.is_io_task else (None, 0.0)
@@ -395,7 +393,7 @@ class EnsembleFiles:
             fsink = FileSink(self._fds, self.paths)
             self._emit_all(X, lambda k: fsink)
         elif log is not None:
-            self._redo(log, records)
+            replay(log, records, self._fds, self.paths, self.rowio.chunk_elems * 8)
         if durable and log is not None:
             for fd in self._fds:
                 os.fsync(fd)
@@ -407,6 +405,51 @@ class EnsembleFiles:
         if log is not None:
             log.committed = False
         return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0, True, t_log, prep)
+
+    def _update_shadow(self, X: np.ndarray, completion: dict[str, object] | None) -> TransferStats:
+        """:meth:`update` through shadow files: write, commit, replace, clear (:mod:`enkflow.io.shadow`)."""
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        durable, marker = self.config.safe_update.durable, wal.marker_path(self.paths)
+        uid = self.comm.bcast(str(uuid.uuid4()) if self.comm.rank == 0 else None, root=0)
+        if self.comm.rank == 0:
+            shadow.adopt_spares(self.targets, uid, self._spare_id)
+        shadows = raise_together(self.comm, lambda: shadow.ShadowSet.open(self.targets, uid, self._fds, self._mine,
+                                                                          self._spares) if self.is_io_task else None)
+        sinks = [shadow.ShadowSink(shadows.fds) for _ in range(self.threads)] if shadows is not None else []
+        try:
+            self._emit_all(X, lambda k: sinks[k])
+            written = [w for part in self.comm.allgather_obj([w for sk in sinks for w in sk.records]) for w in part]
+            raise_together(self.comm, lambda: shadows.fill(self._fds, written, self._mine, durable, self.threads)
+                           if shadows else None)
+            plan = raise_together(self.comm, lambda: shadow.commit(marker, self.paths, self.targets, uid, self._spare_id,
+                                                                   written, durable, completion) if self.comm.rank == 0 else None)
+        except BaseException:
+            if shadows is not None:
+                shadows.remove(keep=marker.exists())
+            raise
+        if shadows is not None:
+            shadows.close()
+        t_log = time.perf_counter() - t0
+        if plan is not None:  # committed: a kill from here on is finished by recovery
+            plan.replace(list(range(self.n_members)), keep_spares=True)
+            wal.write_completion(completion)
+            wal.clear(marker, durable)
+        self.comm.barrier()
+        self._reopen()
+        return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0, True, t_log, 0.0)
+
+    def _reopen(self) -> None:
+        """Open the member files again (a shadow update replaced them: the old descriptors hold the old files,
+        now the spares, which hold the new files' unwritten bytes)."""
+        if not self._fds:
+            return
+        old = self._fds
+        self._fds = [os.open(p, os.O_RDWR) for p in self.paths]
+        for m in self._mine:
+            self._spares.note(m, self._fds[m], old[m])
+        for fd in old:
+            os.close(fd)
 
     def _log(self, X: np.ndarray, log: wal.WriteAheadLog | None, uid: str) -> list[LogRecord]:
         """Write the final bytes of ``X`` into this task's log (``log``: None on a rank that is no
@@ -443,24 +486,6 @@ class EnsembleFiles:
         if log is not None:
             log.committed = True
         return marker
-
-    def _redo(self, log: wal.WriteAheadLog, records: list[LogRecord]) -> None:
-        """Write this task's committed log records into the files (group mode)."""
-        buf = np.empty(self.rowio.chunk_elems * 8, dtype=np.uint8)
-        for r in records:
-            lfd, lpath = log.fds[r.log], log.paths[r.log]
-            if isinstance(r.dest, Slab):
-                sl = r.dest
-                vals = np.empty(r.nbytes, dtype=np.uint8)
-                pread_full(lfd, vals, r.log_offset, lpath, sl.var)
-                library.write_slab(self.paths[r.member], sl.var, sl.i0, sl.i1, vals.view(np.dtype(sl.dtype)))
-                continue
-            done = 0
-            while done < r.nbytes:
-                k = min(buf.size, r.nbytes - done)
-                pread_full(lfd, buf[:k], r.log_offset + done, lpath, None)
-                pwrite_full(self._fds[r.member], buf[:k], r.dest + done)
-                done += k
 
 
 __all__ = ["EnsembleFiles", "Scratch", "TransferStats"]

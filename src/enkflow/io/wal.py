@@ -37,7 +37,7 @@ import numpy as np
 
 from enkflow.errors import RecoveryError
 from enkflow.fsutil import fsync_dir, pid_alive, write_bytes_atomic, write_json_atomic
-from enkflow.io import library
+from enkflow.io import library, shadow_plan
 from enkflow.io.logrecord import LogRecord, Slab
 from enkflow.io.lustre import filesystem_type
 from enkflow.io.rowio import Scratch, pread_full, pwrite_full
@@ -319,11 +319,24 @@ def clear(marker: Path, durable: bool) -> None:
 
 def discard(marker: Path) -> None:
     """Drop a committed update without finishing it (the member files are being restored from
-    elsewhere): delete its logs, then its marker."""
+    elsewhere): delete its logs or shadows, then its marker."""
     body = json.loads(marker.read_text())
     for log in body.get("logs", []):
         Path(log).unlink(missing_ok=True)
+    shadow_plan.discard_shadows(body)
     marker.unlink()
+
+
+def _read_marker(marker: Path) -> dict[str, object]:
+    """The JSON object of commit marker ``marker``; :class:`RecoveryError` naming it when unreadable."""
+    try:
+        with open(marker) as fh:
+            body = json.load(fh)
+    except (OSError, ValueError):
+        raise RecoveryError("unreadable commit marker of an interrupted update", path=str(marker)) from None
+    if not isinstance(body, dict):
+        raise RecoveryError("commit marker of an interrupted update is not a JSON object", path=str(marker))
+    return body
 
 
 def pending_markers(files: list[str]) -> list[Path]:
@@ -333,11 +346,7 @@ def pending_markers(files: list[str]) -> list[Path]:
     for d in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
         _remove_stale_tmp(d)
         for m in sorted(glob.glob(os.path.join(glob.escape(d), MARKER_PREFIX + "*.json"))):
-            try:
-                with open(m) as fh:
-                    body = json.load(fh)
-            except (OSError, ValueError):
-                raise RecoveryError("unreadable commit marker of an interrupted update", path=m) from None
+            body = _read_marker(Path(m))
             marker_log_format(body, m)  # a damaged marker is refused here: its file list may no longer name ours
             if mine & set(body.get("files", [])):
                 found.append(Path(m))
@@ -359,14 +368,7 @@ class _Pending:
     log_format: LogFormat
 
     @classmethod
-    def read(cls, marker: Path) -> _Pending:
-        try:
-            with open(marker) as fh:
-                body = json.load(fh)
-        except (OSError, ValueError):
-            raise RecoveryError("unreadable commit marker of an interrupted update", path=str(marker)) from None
-        if not isinstance(body, dict):
-            raise RecoveryError("commit marker of an interrupted update is not a JSON object", path=str(marker))
+    def read(cls, marker: Path, body: dict[str, object]) -> _Pending:
         fmt = marker_log_format(body, str(marker))
         try:
             records = [LogRecord.decode(r, str(marker)) for r in body["records"]]
@@ -467,7 +469,14 @@ def recover(marker: Path) -> int:
 
     Raises :class:`RecoveryError` naming the log or file when a log is unreachable (for example
     on another node's ``/dev/shm``) or damaged; nothing is written then."""
-    update = _Pending.read(marker)
+    body = _read_marker(marker)
+    if shadow_plan.is_shadow_marker(body):
+        plan = shadow_plan.ShadowPlan.read(marker, body)
+        written = plan.recover()
+        write_completion(plan.completion)
+        clear(marker, plan.durable)
+        return written
+    update = _Pending.read(marker, body)
     lfds = update.open_logs()
     try:
         _verify(update, lfds)  # everything before writing anything

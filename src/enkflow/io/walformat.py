@@ -32,6 +32,7 @@ HEADER = 64  # bytes at the start of every log file
 _ID_END = 56  # format 3: the update id ends here at the latest; the header's checksum follows
 _MAGIC_PREFIX = b"ENKWAL"
 MARKER_VERSION = 2  # the commit marker's "version" written now (1: format-2 logs, no marker checksum)
+SHADOW_MARKER_VERSION = 3  # the marker of a shadow-file update (enkflow.io.shadow): no log, the same checksums
 
 
 class LogFormat(IntEnum):
@@ -123,9 +124,9 @@ def _unreadable(magic: bytes, marker: str) -> str:
             f"{marker} cannot be finished: restore the member files from another copy and delete the marker")
 
 
-def seal_marker(body: dict[str, object]) -> bytes:
-    """The commit marker's JSON for ``body``, with its log format and its own checksum added last."""
-    sealed = {**body, "version": MARKER_VERSION, "log_format": int(CURRENT)}
+def seal_marker(body: dict[str, object], version: int = MARKER_VERSION) -> bytes:
+    """The commit marker's JSON for ``body``, with its ``version``, log format and its own checksum added last."""
+    sealed = {**body, "version": version, "log_format": int(CURRENT)}
     sealed["checksum"] = checksum(_canonical(sealed))
     return _canonical(sealed)
 
@@ -136,8 +137,9 @@ def marker_log_format(body: dict[str, object], path: str) -> LogFormat:
     version = body.get("version")
     if version == 1:  # written before format 3: no checksum of its own, format-2 logs
         return LogFormat.CRC32
-    if version != MARKER_VERSION:
-        raise RecoveryError(f"commit marker version {version!r} is not one this enkflow release reads (1, {MARKER_VERSION}): "
+    if version not in (MARKER_VERSION, SHADOW_MARKER_VERSION):
+        raise RecoveryError(f"commit marker version {version!r} is not one this enkflow release reads "
+                            f"(1, {MARKER_VERSION}, {SHADOW_MARKER_VERSION}): "
                             "finish the interrupted update with the release that wrote it", path=path)
     rest = dict(body)
     stored = rest.pop("checksum", None)
