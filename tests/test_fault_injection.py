@@ -4,7 +4,8 @@ A short version of ``benchmarks/fault_trials.py`` (which kills the analysis at e
 write/rename/unlink/fsync family of one cycle and at >= 20 random moments). Here: strace
 SIGKILLs the analysis task (first attempt only; the job scheme retries it) on entering
 
-* a member restart write after the write-ahead log's commit,
+* the replacement of a member restart by its shadow file after the update's commit (with the
+  write-ahead log: a member restart write after the commit),
 * the removal of the commit marker,
 * a write of the analysis mean file,
 * its last call of the family before it exits,
@@ -56,10 +57,13 @@ def _choose(tr: faults.Trace, point: str) -> faults.Call:
     """The call of the count run at which ``point`` kills."""
     calls = tr.calls
     commits = [c for c in calls if c.name.startswith("rename") and re.search(r"-> members/\.enkflow-update-<key>\.json #", c.desc)]
-    assert commits, "the traced analysis never committed its write-ahead log:\n" + "\n".join(c.desc for c in calls)
+    assert commits, "the traced analysis never committed its update:\n" + "\n".join(c.desc for c in calls)
     commit = commits[0].index
-    if point == "member write after commit":
-        found = [c for c in calls[commit + 1:] if c.name in WRITES and any(re.search(r"/members/member_\d+\.nc$", p) for p in c.paths)]
+    if point == "member replaced after commit":
+        # Shadow files: the second member's replacement (the first is replaced already); the log: a member write.
+        member = [c for c in calls[commit + 1:] if any(re.search(r"/members/member_\d+\.nc$", p) for p in c.paths)]
+        links = [c for c in member if c.name in ("link", "linkat")]
+        found = links[1:] if links else [c for c in member if c.name in WRITES]
     elif point == "marker unlink":
         found = [c for c in calls if c.name.startswith("unlink") and c.desc.startswith("unlink members/.enkflow-update-<key>.json #")]
     elif point == "diagnostics write":
@@ -75,7 +79,7 @@ def _choose(tr: faults.Trace, point: str) -> faults.Call:
     return found[0]
 
 
-@pytest.mark.parametrize("point", ["member write after commit", "marker unlink", "diagnostics write", "last call before exit"])
+@pytest.mark.parametrize("point", ["member replaced after commit", "marker unlink", "diagnostics write", "last call before exit"])
 def test_kill_analysis_at_syscall(harness: faults.FaultHarness, traced, point: str) -> None:
     tr, plan = traced
     target = _choose(tr, point)

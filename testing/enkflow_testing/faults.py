@@ -68,8 +68,8 @@ from pathlib import Path
 #: the analysis task is a kill point. ``execve`` is traced as well (not injected) to mark where the
 #: wrapper became the analysis.
 FAMILY = (
-    "write", "pwrite64", "writev", "pwritev", "pwritev2",
-    "rename", "renameat", "renameat2", "unlink", "unlinkat",
+    "write", "pwrite64", "writev", "pwritev", "pwritev2", "copy_file_range",
+    "rename", "renameat", "renameat2", "unlink", "unlinkat", "link", "linkat",
     "fsync", "fdatasync", "sync_file_range", "msync",
     "ftruncate", "truncate", "fallocate",
 )
@@ -79,8 +79,11 @@ PID_TOKEN = "%PID%"
 
 _FD_CALLS = {"write", "pwrite64", "writev", "pwritev", "pwritev2", "fsync", "fdatasync", "sync_file_range",
              "ftruncate", "fallocate"}
-_PATH_CALLS = {"rename", "unlink", "truncate"}
-_AT_CALLS = {"renameat", "renameat2", "unlinkat"}
+_PATH_CALLS = {"rename", "unlink", "truncate", "link"}
+_AT_CALLS = {"renameat", "renameat2", "unlinkat", "linkat"}
+#: Names made of one update's or one object's random id (a shadow-file update's shadows and spares):
+#: named alike in every trial, never a ``-P`` path (another trial names them otherwise).
+_RANDOM_NAME = re.compile(r"(\.enkflow-(?:new|old)-)[0-9a-f-]+")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +255,8 @@ def _unescape(s: str) -> str:
 
 
 def _call_paths(name: str, args: str) -> tuple[str, ...]:
+    if name == "copy_file_range":  # from one descriptor into another: both
+        return tuple(m.group(1) for m in re.finditer(r"-?\d+<([^>]*)>", args))
     if name in _FD_CALLS:
         m = _FD.match(args)
         return (m.group(2),) if m else ()
@@ -378,6 +383,7 @@ def normalize(path: str, *, root: str | Path | None, pid: int | None, key: str |
     if pid:
         s = _sub_pid(s, pid, "<pid>")
     s = re.sub(r"(pipe|socket|anon_inode):\[\d+\]", r"\1", s)
+    s = _RANDOM_NAME.sub(r"\1<id>", s)
     s = re.sub(r"\d{9,}", "<n>", s)
     return s
 
@@ -450,7 +456,7 @@ def predict(calls: Sequence[Call], name: str, path: str | None, when: int, child
 
 
 def _stable(path: str) -> bool:
-    return path.startswith("/") and not re.search(r"\d{9,}", path)
+    return path.startswith("/") and not re.search(r"\d{9,}", path) and not _RANDOM_NAME.search(path)
 
 
 def plan_injections(trace: Trace) -> list[Injection]:
