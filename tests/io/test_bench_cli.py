@@ -22,10 +22,11 @@ RATIOS = {"read_over_pread", "read_over_pread_threads", "read_over_netcdf4", "up
           "update_over_pwrite_threads", "safe_time_over_unsafe"}
 
 
-def test_bench_io_json(tmp_path, subprocess_env):
+@pytest.mark.parametrize("method", ["auto", "log"])
+def test_bench_io_json(tmp_path, subprocess_env, method):
     r = subprocess.run(
         [sys.executable, "-m", "enkflow", "bench", "io", "--members", "3", "--mb-per-file", "0.5", "--repeat", "1",
-         "--no-cold", "--format", "cdf5", "--threads", "2", "--dir", str(tmp_path), "--json"],
+         "--no-cold", "--format", "cdf5", "--threads", "2", "--dir", str(tmp_path), "--safe-method", method, "--json"],
         capture_output=True, text=True, env=subprocess_env, timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -33,6 +34,8 @@ def test_bench_io_json(tmp_path, subprocess_env):
     assert GBPS <= res.keys()
     assert all(isinstance(res[k], float) and res[k] > 0 for k in GBPS)
     assert res["threads"] == 2
+    assert res["safe_update_method"] == {"auto": "shadow", "log": "log"}[method]
+    assert f"({res['safe_update_method']}: {'shadows' if method == 'auto' else 'log'}+commit" in r.stdout
     assert RATIOS <= res["ratios"].keys()
     assert all(isinstance(v, float) and v > 0 for v in res["ratios"].values())
     assert res["ratios"]["read_over_pread_threads"] == pytest.approx(res["read_gbps"] / res["pread_threads_gbps"])

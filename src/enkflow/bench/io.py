@@ -30,6 +30,7 @@ import tempfile
 from typing import Any
 
 from enkflow.bench.io_runs import IOBench
+from enkflow.io.config import UpdateMethod
 from enkflow.parallel import get_comm
 
 
@@ -46,7 +47,9 @@ def add_parser(bench_subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--threads", type=int, default=None, help="I/O threads per I/O task")
     p.add_argument("--format", choices=["nc4", "cdf2", "cdf5"], default="nc4")
     p.add_argument("--dir", default=None, help="where to create the files (default: a temporary directory under the current one)")
-    p.add_argument("--log-dir", default=None, help="crash-safe update log directory (default .enkflow-wal/ beside the files)")
+    p.add_argument("--safe-method", choices=[m.value for m in UpdateMethod], default=UpdateMethod.AUTO.value,
+                   help="[io.safe_update] method of the safe update (default auto: shadow files where the files allow)")
+    p.add_argument("--log-dir", default=None, help="method log: the log directory (default .enkflow-wal/ beside the files)")
     p.add_argument("--repeat", type=int, default=3, help="warm-cache repetitions (median reported)")
     p.add_argument("--no-cold", action="store_true", help="skip the cold-cache measurements")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -97,8 +100,10 @@ def _print_table(res: dict[str, Any], gb: float) -> None:
     print(f"  netCDF4 loop read   {f(res['netcdf4_read_gbps'])}   xarray loop read  {f(res['xarray_read_gbps'])}")
     print(f"  enkflow update      {f(res['update_gbps'])}   pwrite reference  {f(res['pwrite_gbps'])}   "
           f"pwrite, {res['threads']} thread(s) {f(res['pwrite_threads_gbps'])}")
-    print(f"  safe update         {f(res['safe_update_gbps'])}   (log+commit {res['safe_update_log_s']:.2f} s; "
-          f"log space allocated beforehand in {res['wal_prepare_s']:.2f} s; first update without it {f(res['safe_update_first_gbps'])})")
+    what = "shadows" if res["safe_update_method"] == UpdateMethod.SHADOW.value else "log"
+    print(f"  safe update         {f(res['safe_update_gbps'])}   ({res['safe_update_method']}: {what}+commit "
+          f"{res['safe_update_log_s']:.2f} s; {'spares' if what == 'shadows' else 'log space'} made beforehand in "
+          f"{res['wal_prepare_s']:.2f} s; first update without them {f(res['safe_update_first_gbps'])})")
     if "cold" in res:
         c = res["cold"]
         print(f"cold cache ({res['cold_method']}), GB/s: " + ", ".join(f"{k[:-5]} {v:.2f}" for k, v in c.items()))

@@ -15,7 +15,7 @@ import numpy as np
 
 from enkflow.bench.io_refs import (digest, drop_caches, peak_rss_mb, references, reset_peak_rss, unchanged,
                                    verify)
-from enkflow.io.config import IOConfig, SafeUpdateConfig
+from enkflow.io.config import IOConfig, SafeUpdateConfig, UpdateMethod
 from enkflow.io.ensemble import EnsembleFiles
 from enkflow.io.generate import make_ensemble
 from enkflow.parallel import Comm, get_comm
@@ -41,7 +41,7 @@ class IOBench:
         self.paths, scfg = comm.bcast((paths, scfg), root=0)
         self.layout = StateLayout.from_config(self.paths[0], scfg)
         self.cfg = IOConfig(io_tasks=args.io_tasks, threads=args.threads,
-                            safe_update=SafeUpdateConfig(log_dir=args.log_dir))
+                            safe_update=SafeUpdateConfig(log_dir=args.log_dir, method=UpdateMethod(args.safe_method)))
         self.ef = EnsembleFiles(self.paths, self.layout, mode="r+", comm=comm, config=self.cfg)
         self.gb = self.ef.state_bytes * self.ef.n_members / 1e9
         self.X = np.empty((self.ef.n_local_rows, self.ef.n_members), order="F")
@@ -83,7 +83,7 @@ class IOBench:
             res[f"{k}_gbps"] = g(t.get(k))
         res["netcdf4_read_gbps"] = g(t.get("netcdf4"))
         res["xarray_read_gbps"] = g(t.get("xarray"))
-        res.update(safe_update_log_s=statistics.median(logs), safe_update_s=t["safe_update"], update_s=t["update"],
+        res.update(safe_update_method=self.ef.update_method.value, safe_update_log_s=statistics.median(logs), safe_update_s=t["safe_update"], update_s=t["update"],
                    wal_prepare_s=max(warm["prep"]), safe_update_first_gbps=first.gbps,
                    safe_update_first_s=first.seconds)
         if not args.no_cold:
