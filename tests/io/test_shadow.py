@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from io_helpers import netcdf4_X
 
-from enkflow.errors import FileFormatError, RecoveryError
+from enkflow.errors import FileFormatError, RecoveryError, StorageError
 from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig, UpdateMethod, shadow, shadow_plan
 from enkflow.io import read_structure
 from enkflow.io.generate import land_mask_config
@@ -209,3 +209,29 @@ def test_successive_updates_of_one_object_write_what_one_update_writes(ensemble,
         ef.update(np.asfortranarray(ef.read() + 2.0))
     assert _files(pa) == _files(pb)
     assert not [f for f in os.listdir(Path(pa[0]).parent) if f.startswith(".")]  # the spares went at close
+
+
+def test_shadows_that_do_not_fit_are_refused_before_any_is_written(ensemble, monkeypatch):
+    pa, _ = ensemble("cdf5", ("f8", "f4"), n=3)
+    before = _files(pa)
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, path: str):
+            st = real(path)
+            self.f_frsize, self.f_bavail = st.f_frsize, 1
+
+    monkeypatch.setattr(shadow.os, "statvfs", Full)
+    with pytest.raises(StorageError, match="shadow files need .* GB beside the member files") as ei:
+        _update(pa, UpdateMethod.SHADOW)
+    assert ei.value.path == str(Path(pa[0]).parent.resolve())
+    assert _files(pa) == before
+    assert not [f for f in os.listdir(Path(pa[0]).parent) if f.startswith(".")]
+
+
+def test_two_paths_of_one_file_keep_the_log(ensemble, tmp_path):
+    pa, _ = ensemble("nc4", ("f8", "f8"), n=2)
+    (tmp_path / "again.nc").symlink_to(pa[1])
+    paths = [pa[0], pa[1], str(tmp_path / "again.nc")]
+    with EnsembleFiles(paths, _layout(paths), mode="r+", config=_cfg(UpdateMethod.AUTO)) as ef:
+        assert ef.update_method is UpdateMethod.LOG

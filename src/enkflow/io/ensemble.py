@@ -412,6 +412,7 @@ class EnsembleFiles:
         t0 = time.perf_counter()
         durable, marker = self.config.safe_update.durable, wal.marker_path(self.paths)
         uid = self.comm.bcast(str(uuid.uuid4()) if self.comm.rank == 0 else None, root=0)
+        raise_together(self.comm, lambda: shadow.check_space(self.targets, self._spare_id) if self.comm.rank == 0 else None)
         if self.comm.rank == 0:
             shadow.adopt_spares(self.targets, uid, self._spare_id)
         shadows = raise_together(self.comm, lambda: shadow.ShadowSet.open(self.targets, uid, self._fds, self._mine,

@@ -111,7 +111,8 @@ class Spares:
 
     def make(self, targets: list[str], members: list[int], spare_id: str) -> None:
         """Give ``members`` a spare now, a copy of the file (``copy_file_range``), so that their first update
-        writes into pages that exist and copies nothing else."""
+        writes into pages that exist and copies nothing else. Spares only save time: where one cannot be
+        made (a full disk), it is not, and the update itself says whether the shadows fit."""
         for m in members:
             p = spare_path(targets[m], spare_id)
             if os.path.exists(p):
@@ -124,10 +125,31 @@ class Spares:
                     self.note(m, src, dst)
                 finally:
                     os.close(dst)
-            except OSError as exc:
-                raise StorageError.from_os_error(exc, path=p) from None
+            except OSError:
+                Path(p).unlink(missing_ok=True)
+                return
             finally:
                 os.close(src)
+
+
+def check_space(targets: list[str], spare_id: str) -> None:
+    """Refuse an update whose new shadows (the files without a spare) do not fit beside the files, before
+    any is written: a :class:`StorageError` naming the directory, the bytes needed and free."""
+    need: dict[int, tuple[str, int]] = {}
+    for t in targets:
+        if os.path.exists(spare_path(t, spare_id)):
+            continue
+        d = os.path.dirname(t)
+        dev = os.stat(d).st_dev
+        where, n = need.get(dev, (d, 0))
+        need[dev] = (where, n + os.stat(t).st_size)
+    for d, n in need.values():
+        st = os.statvfs(d)
+        free = st.f_bavail * st.f_frsize
+        if n > free:
+            raise StorageError(f"the crash-safe update's shadow files need {n / 1e9:.2f} GB beside the member files, "
+                               f"{free / 1e9:.2f} GB are free: free space, or set [io.safe_update] method = \"log\" "
+                               "(its log holds the state bytes only)", path=d)
 
 
 def adopt_spares(targets: list[str], update_id: str, spare_id: str) -> None:
@@ -171,6 +193,9 @@ def choose(targets: list[str], contiguous: bool, requested: UpdateMethod) -> Upd
         return UpdateMethod.LOG
     why = [(t, shadow_fits(t)) for t in targets]
     bad = [(t, w) for t, w in why if w is not None]
+    twice = [t for k, t in enumerate(targets) if t in targets[:k]]
+    if twice:
+        bad.insert(0, (twice[0], "two member paths name this one file"))
     if not contiguous:
         bad.insert(0, (targets[0], "a state variable is on the NetCDF-library path (not contiguous)"))
     if not bad:
