@@ -4,8 +4,8 @@ Claim under test (docs/io.md, docs/jobs.md): after a SIGKILL at any moment (of t
 a pilot worker, the driver, or all of them) and a rerun of ``enkflow run``, the member restarts
 are bitwise equal to those of the fault-free run.
 
-1. A fault-free reference run (tiny synthetic land problem, 4 members, 2 pilots, LETKF through
-   the write-ahead-logged in-place update), then a traced fault-free run: every call of the
+1. A fault-free reference run (tiny synthetic land problem, 4 members, 2 pilots, LETKF with
+   the crash-safe update through shadow files, the default), then a traced fault-free run: every call of the
    write/rename/unlink/fsync family (``enkflow_testing.faults.FAMILY``) that one cycle's analysis
    task makes, in order.
 2. One trial per such call: the analysis is SIGKILLed by strace on entering that call (first
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     strace_v = subprocess.run(["strace", "-V"], capture_output=True, text=True).stdout.splitlines()[0] if not reason else "-"
     print(f"code under test: {src} ({version}); {strace_v}; work dir {work}")
     print(f"experiment: tiny synthetic land problem, {a.members} members, {a.cycles} cycles, {a.workers} pilots, "
-          f"built-in LETKF analysis (write-ahead-logged in-place update)")
+          f"built-in LETKF analysis (crash-safe update: shadow files)")
     h = faults.FaultHarness(work, members=a.members, cycles=a.cycles, workers=a.workers, env=env, say=print)
     t0 = time.perf_counter()
     ref = h.reference()

@@ -90,6 +90,7 @@ def test_kill_analysis_at_syscall(harness: faults.FaultHarness, traced, point: s
     assert r.exact, f"the kill did not land on the planned call ({info})"
     assert r.attempts.get(1, 0) >= 2, f"the analysis was not retried ({info})"
     assert r.outcome == "equal", f"{r.outcome}: {r.detail} ({info})"
+    assert " left" not in r.detail, f"{r.detail} ({info})"  # no process, log, shadow or spare outlives the study
 
 
 @pytest.mark.parametrize("moment", ["time", "analysis"])
@@ -99,6 +100,7 @@ def test_kill_process_tree_and_resume(harness: faults.FaultHarness, moment: str)
     info = f"{r.where}; {r.hit}; enkflow runs {r.runs}; analysis attempts {r.attempts}; omb_rms ok: {r.omb_ok}"
     assert "processes killed" in r.hit, info
     assert r.outcome == "equal", f"{r.outcome}: {r.detail} ({info})"
+    assert " left" not in r.detail, f"{r.detail} ({info})"  # no process, log, shadow or spare outlives the study
 
 
 def test_trace_parser_counts_per_thread() -> None:

@@ -368,6 +368,11 @@ def wal_logs(paths: Sequence[str | Path]) -> list[Path]:
     return sorted(p for d in places for p in d.glob(f"enkflow-wal-{key}-*"))
 
 
+def shadow_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The shadows and spares of a shadow-file update of the member files ``paths`` (beside each)."""
+    return sorted(q for p in map(Path, paths) for q in p.parent.glob(f".{p.name}.enkflow-[no][el][wd]-*"))
+
+
 def _sub_pid(s: str, pid: int, token: str) -> str:
     return re.sub(rf"(?<!\d){pid}(?!\d)", token, s)
 
@@ -777,9 +782,11 @@ class FaultHarness:
             res.outcome, res.detail = self._compare(root)
         if left:
             res.detail = (res.detail + "; " if res.detail else "") + f"{len(left)} processes left running"
-        logs = self._wal_logs(root)
-        if logs:  # a finished experiment should leave no write-ahead log behind (tier space)
-            res.detail = (res.detail + "; " if res.detail else "") + f"{len(logs)} WAL logs left: {logs[0]}"
+        from enkflow_testing.experiments import restart_paths
+
+        logs = self._wal_logs(root) + shadow_files(restart_paths(root, self.members))
+        if logs:  # a finished experiment leaves no write-ahead log, shadow or spare behind (disk and tier space)
+            res.detail = (res.detail + "; " if res.detail else "") + f"{len(logs)} logs or shadows left: {logs[0]}"
         res.seconds = time.perf_counter() - t0
         if res.outcome != "equal" and self.keep_failed:
             dest = self.work / "failed" / f"{res.n:03d}-{res.kind}"
