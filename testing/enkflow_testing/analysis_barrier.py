@@ -1,13 +1,15 @@
-"""Hold a running offline analysis right after its write-ahead-log commit, so that a trial can lose its node there.
+"""Hold a running offline analysis right after its update's commit, so that a trial can lose its node there.
 
-The commit is the ``rename`` of the commit marker into place (:func:`enkflow.io.wal.commit`, the marker
-beside the first member file, named from the member paths: :func:`enkflow.io.wal.marker_path`), made by
-rank 0; only then are the member files written. :class:`AnalysisBarrier` finds the ranks of one cycle's
-analysis (``python -m enkflow.experiment.analysis_task EXPDIR CYCLE``, rank from ``PMI_RANK``) and
-attaches strace to rank 0, which sends it SIGSTOP at its first write into a member file (``-P`` on the
-member files: strace 6.1 matches only the first path of a ``rename``, and the marker's temporary name
-holds a thread id, so the rename itself cannot be picked out). The cluster's nodes share the machine's
-PID namespace, so the harness traces from outside. :func:`phase` says where an update stands.
+The commit is the ``rename`` of the commit marker into place (the marker beside the first member file,
+named from the member paths: :func:`enkflow.io.wal.marker_path`), made by rank 0; only then are the
+member files touched: replaced by their shadows (``link`` of each member file to its spare, then the
+``rename`` of the shadow over it; :mod:`enkflow.io.shadow`, the default) or written in place (the
+write-ahead log). :class:`AnalysisBarrier` finds the ranks of one cycle's analysis (``python -m
+enkflow.experiment.analysis_task EXPDIR CYCLE``, rank from ``PMI_RANK``) and attaches strace to rank 0,
+which sends it SIGSTOP at its first ``link`` or write of a member file (``-P`` on the member files:
+strace 6.1 matches only the first path of a ``rename``, and the marker's temporary name holds a thread
+id, so the rename itself cannot be picked out). The cluster's nodes share the machine's PID namespace,
+so the harness traces from outside. :func:`phase` says where an update stands.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from enkflow_testing.faults import strace_path
 if TYPE_CHECKING:
     from enkflow_testing.cluster import Cluster
 
-WRITES = "write,pwrite64,writev,pwritev,pwritev2"
+WRITES = "write,pwrite64,writev,pwritev,pwritev2,link,linkat"  # a member file's first change after the commit
 MODULE = "enkflow.experiment.analysis_task"
 
 

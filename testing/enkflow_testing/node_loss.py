@@ -86,7 +86,7 @@ class TrialResult:
     equal: bool = False
     left_processes: dict[str, list[str]] = field(default_factory=dict)
     left_shm: dict[str, list[str]] = field(default_factory=dict)
-    left_wal: list[str] = field(default_factory=list)  # write-ahead logs, commit markers beside the members
+    left_wal: list[str] = field(default_factory=list)  # write-ahead logs, shadows, spares, commit markers beside the members
     gone_after_s: float = 0.0  # how long the study's leftovers took to go (0: none at the run's end)
     recomputed: int = 0
     in_flight: int = 0
@@ -228,7 +228,7 @@ class NodeLossTrials:
 
     def _leftovers(self, r: TrialResult) -> None:
         """What the study left: processes on the live nodes (waiting up to ``grace_s`` for them to go), then
-        the live nodes' ``/dev/shm`` names, and write-ahead logs or commit markers beside the members."""
+        the live nodes' ``/dev/shm`` names, and write-ahead logs, shadows, spares or commit markers beside the members."""
         t0 = time.monotonic()
         while (procs := study_processes(self.c, self.study)) and time.monotonic() - t0 < self.grace_s:
             time.sleep(0.5)
@@ -236,7 +236,9 @@ class NodeLossTrials:
         r.left_shm = shm_segments(self.c)
         members = self.study / "members"
         r.left_wal = sorted(str(p.relative_to(members)) for p in [*members.glob(".enkflow-update-*"),
-                                                                   *members.glob(".enkflow-wal/*")])
+                                                                   *members.glob(".enkflow-wal/*"),
+                                                                   *members.glob(".member_*.enkflow-new-*"),
+                                                                   *members.glob(".member_*.enkflow-old-*")])
 
     def _cleanup(self, killed: set[str]) -> None:
         """Kill what the study left, cancel every job, clear every /dev/shm, revive the lost nodes."""
