@@ -13,7 +13,7 @@ online-server-node     the node of a server rank lost
 online-runner-node     a node of runners lost
 online-launcher-node   l1 (``enkflow run``) lost, then ``enkflow run`` again from l2
 online-kill-run        ``kill -9`` of ``enkflow run`` alone, then a rerun
-offline-analysis-node-before-commit  rank 0's node of an analysis lost before its write-ahead-log commit
+offline-analysis-node-before-commit  rank 0's node of an analysis lost before its update's commit
 offline-analysis-node-after-commit   a node of an analysis lost right after the commit (rank 0 held there)
 offline-pilot-node     the node of a running pilot lost
 offline-kill-run       ``kill -9`` of ``enkflow run`` alone, then a rerun
