@@ -274,7 +274,8 @@ def land(ctx: Ctx) -> dict:
         argv = enkflow("bench", "land", "--size", "small", "--members", "20", "--cutoff-km", "1500", "--dir", str(d),
                        "--ranks", str(p), "--json")
         res = last_json(run(ctx, argv, ctx.work / "logs" / f"land_{p}.log"))
-        out[f"ranks{p}"] = {**fingerprints(d, ctx.work, ("member_*.nc",)), "stdout.json": scores(res)}
+        # The bench keeps the forecast in d and leaves its analysis in d/analysed.
+        out[f"ranks{p}"] = {**fingerprints(d / "analysed", ctx.work, ("member_*.nc",)), "stdout.json": scores(res)}
     return out
 
 

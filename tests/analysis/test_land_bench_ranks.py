@@ -43,7 +43,9 @@ def test_bench_land_ranks_reports_the_balance(mpiexec, subprocess_env, tmp_path,
         assert len(res["rank_peak_rss_mb_replicated"]) == 2 and res["analysis_s_replicated"] > 0
         assert res["analysis_s_ratio"] == res["analysis_s"] / res["analysis_s_replicated"]
         assert any(line.strip().startswith("rank 1, replicated:") for line in lines)
-        assert not list((tmp_path / "d").glob("*-*"))  # the copies are gone
+        assert not list((tmp_path / "d").glob("*-*"))  # the copies are gone; the last one's analysis is kept
+        analysed = tmp_path / "d" / "analysed"
+        assert {"member_0001.nc", "analysis_mean.nc", "analysis_spread.nc"} <= {f.name for f in analysed.iterdir()}
         # The directory kept its forecast: a second run there analyses the same problem.
         again = subprocess.run(cmd[:-1] + ["--layout", "distributed", "--json"], env=subprocess_env,
                                capture_output=True, text=True, timeout=300)

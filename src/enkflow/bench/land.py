@@ -49,6 +49,7 @@ from enkflow.state import StateConfig
 
 STATE_VAR = "soil_moisture"
 MEAN_FILE, SPREAD_FILE = "analysis_mean.nc", "analysis_spread.nc"
+ANALYSED = "analysed"  # in a --dir given: the last layout's analysed members, mean and spread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,8 +119,9 @@ def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False,
     :func:`~enkflow.bench.land_layouts.compare_layouts`.
 
     The analysis updates the members in place, so each layout analyses its own copy of them,
-    except the last one in a directory of our own: a ``directory`` given keeps its forecast, and a
-    second run there analyses the same problem as the first."""
+    except the last one in a directory of our own: a ``directory`` given keeps its forecast (a
+    second run there analyses the same problem as the first), and the last layout's analysis
+    (members, mean and spread) is left in its :data:`ANALYSED` directory."""
     own = directory is None
     d = Path(tempfile.mkdtemp(prefix="enkflow-land-")) if own else Path(directory)
     copies: list[Path] = []
@@ -144,6 +146,9 @@ def run(s: LandBenchSetup, directory: Path | None = None, keep: bool = False,
         identical = (None if len(wheres) < 2
                      else same_analysis(wheres[0], wheres[1], [p.name for p in paths] + [MEAN_FILE, SPREAD_FILE]))
         res = compare_layouts(reports, identical)
+        if not own:
+            shutil.rmtree(d / ANALYSED, ignore_errors=True)
+            copies.pop().rename(d / ANALYSED)
         return res | {"obs_fraction": fraction, "synth_s": synth_s}
     finally:
         for c in copies:
