@@ -235,3 +235,17 @@ def test_two_paths_of_one_file_keep_the_log(ensemble, tmp_path):
     paths = [pa[0], pa[1], str(tmp_path / "again.nc")]
     with EnsembleFiles(paths, _layout(paths), mode="r+", config=_cfg(UpdateMethod.AUTO)) as ef:
         assert ef.update_method is UpdateMethod.LOG
+
+
+def test_a_byte_changed_in_the_commit_marker_is_caught(ensemble, monkeypatch):
+    pa, _ = ensemble("cdf5", ("f8", "f4"), n=2)
+    before = _files(pa)
+    marker = _committed_then_killed(pa, monkeypatch)
+    raw = bytearray(marker.read_bytes())
+    at = raw.index(b'"written"') + 14  # inside the table of written ranges and their checksums
+    raw[at] = ord("7") if raw[at] != ord("7") else ord("8")
+    marker.write_bytes(bytes(raw))
+    with pytest.raises(RecoveryError, match="fails its checksum") as ei:
+        EnsembleFiles(pa, _layout(pa), mode="r")
+    assert ei.value.path == str(marker)
+    assert _files(pa) == before
