@@ -118,8 +118,11 @@ class EnsembleFiles:
         self._spare_id = self.comm.bcast(uuid.uuid4().hex[:12] if rank == 0 else None, root=0)
         self._mine = [m for m in range(self.n_members) if m % self.n_io == self.group] if self.is_io_task else []
         self._spares = shadow.Spares()
-        if self.update_method is UpdateMethod.SHADOW and self._mine:
-            weakref.finalize(self, shadow.remove_spares, [self.targets[m] for m in self._mine], self._spare_id)
+        # Removes the spares once: at close(), else at garbage collection or interpreter exit.
+        self._drop_spares = weakref.finalize(self, shadow.remove_spares, [self.targets[m] for m in self._mine],
+                                             self._spare_id)
+        if self.update_method is not UpdateMethod.SHADOW:
+            self._drop_spares.detach()
         self.rowio = RowIO(layout, self.structures, self.config.chunk_kb * 1024)
         self.state_bytes = state_nbytes(self.structures[0], layout)
         self._fds: list[int] = []
@@ -180,8 +183,8 @@ class EnsembleFiles:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
-        if self.update_method is UpdateMethod.SHADOW:
-            shadow.remove_spares([self.targets[m] for m in self._mine], self._spare_id)
+        if hasattr(self, "_drop_spares"):  # absent when the constructor failed before it
+            self._drop_spares()
         if self._wal is not None:
             self._wal.close()
             self._wal = None
