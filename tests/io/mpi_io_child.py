@@ -1,15 +1,17 @@
 """Run under mpiexec by test_mpi.py: read (and optionally update) an ensemble with P ranks.
 
-usage: mpi_io_child.py FILES_DIR OUT_NPY N_IO [update-safe|update-log|update-unsafe|read]
-(update-safe: the default method, shadow files; update-log: the write-ahead log)
+usage: mpi_io_child.py FILES_DIR OUT_NPY N_IO [update-safe|update-spares|update-log|update-unsafe|read]
+(update-safe: the default method, shadow files; update-spares: the same after prepare_update, rank 0 slow to
+adopt the spares; update-log: the write-ahead log)
 """
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig, UpdateMethod
+from enkflow.io import EnsembleFiles, IOConfig, SafeUpdateConfig, UpdateMethod, shadow
 from enkflow.io.generate import land_mask_config
 from enkflow.parallel import get_comm
 from enkflow.state import StateLayout
@@ -36,6 +38,15 @@ def main() -> None:
             np.save(out, full)
         if what.startswith("update"):
             rows = np.arange(ef.row_start, ef.row_stop)
+            if what == "update-spares":  # the spares exist, and rank 0 is slow to make them the shadows
+                ef.prepare_update()
+                adopt = shadow.adopt_spares
+
+                def slow(*a):
+                    time.sleep(0.5)
+                    adopt(*a)
+
+                shadow.adopt_spares = slow
             ef.update(new_values(rows, len(paths)), safe=what != "update-unsafe")
 
 

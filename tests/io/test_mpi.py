@@ -42,7 +42,8 @@ def test_two_ranks_read_and_update_like_one(ensemble, tmp_path, mpiexec, subproc
         ef.update(new_values(np.arange(lay.n_rows), len(sp)))
     want = [open(p, "rb").read() for p in sp]
 
-    cases = [(1, "update-safe"), (2, "update-safe"), (1, "update-log"), (2, "update-log"), (1, "update-unsafe"), (2, "read")]
+    cases = [(1, "update-safe"), (2, "update-safe"), (2, "update-spares"), (1, "update-log"), (2, "update-log"),
+             (1, "update-unsafe"), (2, "read")]
     for n_io, what in cases:
         d = tmp_path / f"run_{n_io}_{what}"
         shutil.copytree(src, d)

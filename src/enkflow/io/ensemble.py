@@ -415,9 +415,9 @@ class EnsembleFiles:
         t0 = time.perf_counter()
         durable, marker = self.config.safe_update.durable, wal.marker_path(self.paths)
         uid = self.comm.bcast(str(uuid.uuid4()) if self.comm.rank == 0 else None, root=0)
-        raise_together(self.comm, lambda: shadow.check_space(self.targets, self._spare_id) if self.comm.rank == 0 else None)
-        if self.comm.rank == 0:
-            shadow.adopt_spares(self.targets, uid, self._spare_id)
+        # Rank 0 makes the spares the shadows before any task opens one (a task that came first would create
+        # a file the rename then unlinks, and write into it).
+        raise_together(self.comm, lambda: self._adopt_spares(uid) if self.comm.rank == 0 else None)
         shadows = raise_together(self.comm, lambda: shadow.ShadowSet.open(self.targets, uid, self._fds, self._mine,
                                                                           self._spares) if self.is_io_task else None)
         sinks = [shadow.ShadowSink(shadows.fds) for _ in range(self.threads)] if shadows is not None else []
@@ -442,6 +442,10 @@ class EnsembleFiles:
         self.comm.barrier()
         self._reopen()
         return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0, True, t_log, 0.0)
+
+    def _adopt_spares(self, uid: str) -> None:
+        shadow.check_space(self.targets, self._spare_id)
+        shadow.adopt_spares(self.targets, uid, self._spare_id)
 
     def _reopen(self) -> None:
         """Open the member files again (a shadow update replaced them: the old descriptors hold the old files,
