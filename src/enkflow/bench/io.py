@@ -110,5 +110,5 @@ def _print_table(res: dict[str, Any], gb: float) -> None:
     ra = res["ratios"]
     print("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in ra.items() if v is not None))
     print(f"peak RSS {res['peak_rss_mb']:.0f} MB = {res['peak_rss_over_x']:.2f} x X ({res['x_mb']:.0f} MB) for read and update"
-          f", {res['peak_rss_safe_update_mb']:.0f} MB with the safe update's mapped log"
+          f", {res['peak_rss_safe_update_mb']:.0f} MB with the safe update (a log on tmpfs is mapped: it counts)"
           f"; X equals netCDF4's values: {res['verified_against_netcdf4']}; files unchanged: {res['files_unchanged']}")
