@@ -379,7 +379,8 @@ class EnsembleFiles:
         return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0)
 
     def _update_safe(self, X: np.ndarray, completion: dict[str, object] | None) -> TransferStats:
-        """:meth:`update` through the write-ahead log: log, commit, write, clear (:mod:`enkflow.io.wal`)."""
+        """:meth:`update` with a commit: through shadow files (:meth:`_update_shadow`), else through the
+        write-ahead log: log, commit, write, clear (:mod:`enkflow.io.wal`)."""
         if self.update_method is UpdateMethod.SHADOW:
             return self._update_shadow(X, completion)
         self.comm.barrier()
@@ -417,12 +418,14 @@ class EnsembleFiles:
         uid = self.comm.bcast(str(uuid.uuid4()) if self.comm.rank == 0 else None, root=0)
         # Rank 0 makes the spares the shadows before any task opens one (a task that came first would create
         # a file the rename then unlinks, and write into it).
-        raise_together(self.comm, lambda: self._adopt_spares(uid) if self.comm.rank == 0 else None)
+        raise_together(self.comm, lambda: shadow.adopt_spares(self.targets, uid, self._spare_id) if self.comm.rank == 0
+                       else None)
         shadows = raise_together(self.comm, lambda: shadow.ShadowSet.open(self.targets, uid, self._fds, self._mine,
                                                                           self._spares) if self.is_io_task else None)
         sinks = [shadow.ShadowSink(shadows.fds) for _ in range(self.threads)] if shadows is not None else []
         try:
-            self._emit_all(X, lambda k: sinks[k])
+            # A write that fails on one task (the disk filled up after the check) reaches every rank.
+            raise_together(self.comm, lambda: self._emit_all(X, lambda k: sinks[k]))
             written = [w for part in self.comm.allgather_obj([w for sk in sinks for w in sk.records]) for w in part]
             raise_together(self.comm, lambda: shadows.fill(self._fds, written, self._mine, durable, self.threads)
                            if shadows else None)
@@ -442,10 +445,6 @@ class EnsembleFiles:
         self.comm.barrier()
         self._reopen()
         return TransferStats(self.state_bytes * self.n_members, time.perf_counter() - t0, True, t_log, 0.0)
-
-    def _adopt_spares(self, uid: str) -> None:
-        shadow.check_space(self.targets, self._spare_id)
-        shadow.adopt_spares(self.targets, uid, self._spare_id)
 
     def _reopen(self) -> None:
         """Open the member files again (a shadow update replaced them: the old descriptors hold the old files,

@@ -153,7 +153,9 @@ def check_space(targets: list[str], spare_id: str) -> None:
 
 
 def adopt_spares(targets: list[str], update_id: str, spare_id: str) -> None:
-    """Make each target's spare, where there is one, the shadow of update ``update_id``."""
+    """Make each target's spare, where there is one, the shadow of update ``update_id``, once the shadows
+    of the others are known to fit (:func:`check_space`)."""
+    check_space(targets, spare_id)
     for t in targets:
         try:
             os.rename(spare_path(t, spare_id), shadow_path(t, update_id))
