@@ -7,7 +7,8 @@ Protocol of one update (docs/io.md "Crash-safe update"):
    member file NAME (the file's size; mode and group of the file), each piece checksummed (XXH3-64)
    just before its ``pwrite`` while in cache (:class:`ShadowSink`). Then one task per file copies the
    byte ranges no task wrote (metadata, other variables, points outside a mask) from the file into
-   the shadow with ``copy_file_range`` (in the kernel; :func:`fill_gaps`).
+   the shadow with ``copy_file_range`` (in the kernel; :meth:`ShadowSet.fill`), unless the shadow is a
+   spare that holds them already (below).
 2. *commit*: a marker listing every shadow (path, inode, size) and every written range with its
    checksum is written atomically beside the first member file, as the log's marker.
 3. *replace*: each shadow is renamed over its file (atomic per file).
@@ -21,8 +22,13 @@ known by its inode at the file's name. Renaming again what is left is idempotent
 itself be killed and rerun. With ``durable`` the shadows are fsynced before the commit and the
 directories after the renames.
 
+Each replaced file stays as its member's *spare* while the ``EnsembleFiles`` object lives, and the
+object's next update renames it in as its shadow: it writes into pages that exist (allocating those of
+new files, and freeing the old ones, costs more than the copy), and a spare known to hold its file's
+unwritten bytes (:class:`Spares`) needs no copy of them.
+
 Against the write-ahead log (:mod:`enkflow.io.wal`) it writes the state once instead of twice, but a
-member file becomes a new inode: see :func:`shadow_fits` for when it is chosen.
+member file becomes a new inode: see :func:`shadow_fits` and :func:`choose` for when it is chosen.
 """
 
 from __future__ import annotations
