@@ -24,18 +24,32 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Self
 
 from enkflow_testing.cluster_mpi import MPIEXEC, mpiexec_prefix, write_launcher
-from enkflow_testing.cluster_node import HEAD, IFACE, Node, NodeSpec, boot, make_switch, private_shared
+from enkflow_testing.cluster_node import HEAD, IFACE, PRIVATE, Node, NodeSpec, boot, make_switch, private_shared
 from enkflow_testing.cluster_ns import NETNS_DIR, PREFIX, STATE_ROOT, ClusterFailed, ClusterUnavailable, delete_netns, missing_reason, sweep_stale
 from enkflow_testing.cluster_slurm import ClusterSlurm
 
 _HEAD_INDEX = 254
 _LOGIN_INDEX = 200
 _SEQUENCE = itertools.count()
+
+
+def _own_folders() -> list[Path]:
+    """The checkout and the interpreter's prefix (its virtual environment) where a node's private ``/tmp`` or
+    ``/dev/shm`` would hide them: a clone under ``/tmp`` runs on the nodes too."""
+    out: list[Path] = []
+    for p in (Path(__file__).resolve().parents[2], Path(sys.prefix).resolve()):
+        if any(p == q or q in p.parents for q in PRIVATE) and not any(o == p or o in p.parents for o in out):
+            out.append(p)
+    return out
+
+
+_SELF = _own_folders()
 
 
 class Cluster:
@@ -66,7 +80,9 @@ class Cluster:
         self.specs = {name: NodeSpec(name=name, netns=f"{self.prefix}-{name}", index=k, address=f"{subnet}.{k}")
                       for k, name in indices}
         self.switch = f"{self.prefix}-switch"
-        self.shared = [Path(p).resolve() for p in shared or []]
+        # The checkout and its interpreter must be seen by every node too (a clone under /tmp, say).
+        given = [Path(p).resolve() for p in shared or []]
+        self.shared = given + [p for p in _SELF if p not in given]
         self.tmp_mb = tmp_mb
         self.state = STATE_ROOT / f"{self.prefix}-state"
         self.nodes: dict[str, Node] = {}
