@@ -45,17 +45,16 @@ def test_tmp_and_shm_are_private_the_shared_root_is_not(cluster: Cluster, cluste
     for private in ("/tmp", "/dev/shm"):
         _out(cluster, "n1", ["touch", f"{private}/only-on-n1"])
         assert not Path(private, "only-on-n1").exists()  # not on the machine's own
-        assert _out(cluster, "n2", ["ls", private]).split() == _visible(private, cluster_shared)
+        assert _out(cluster, "n2", ["ls", private]).split() == _visible(private, cluster.shared)
     _out(cluster, "n1", ["sh", "-c", f"echo from-n1 > {cluster_shared}/note"])
     assert _out(cluster, "n3", ["cat", f"{cluster_shared}/note"]) == "from-n1\n"
     assert (cluster_shared / "note").read_text() == "from-n1\n"
 
 
-def _visible(private: str, shared: Path) -> list[str]:
-    """What a fresh node shows in ``private``: only the top folder of the shared root bound through it."""
-    if Path(private) in shared.parents:
-        return [shared.relative_to(private).parts[0]]
-    return []
+def _visible(private: str, shared: list[Path]) -> list[str]:
+    """What a fresh node shows in ``private``: only the top folders of the shared folders bound through it (the
+    test's shared root; the checkout and its interpreter where they lie under it)."""
+    return sorted({p.relative_to(private).parts[0] for p in shared if Path(private) in p.parents})
 
 
 _SERVE = textwrap.dedent("""
