@@ -422,13 +422,13 @@ class EnsembleFiles:
                        else None)
         shadows = raise_together(self.comm, lambda: shadow.ShadowSet.open(self.targets, uid, self._fds, self._mine,
                                                                           self._spares) if self.is_io_task else None)
-        sinks = [shadow.ShadowSink(shadows.fds) for _ in range(self.threads)] if shadows is not None else []
+        sinks = [shadow.ShadowSink(shadows) for _ in range(self.threads)] if shadows is not None else []
         try:
             # A write that fails on one task (the disk filled up after the check) reaches every rank.
             raise_together(self.comm, lambda: self._emit_all(X, lambda k: sinks[k]))
             written = [w for part in self.comm.allgather_obj([w for sk in sinks for w in sk.records]) for w in part]
             raise_together(self.comm, lambda: shadows.fill(self._fds, written, self._mine, durable, self.threads)
-                           if shadows else None)
+                           if shadows is not None else None)
             plan = raise_together(self.comm, lambda: shadow.commit(marker, self.paths, self.targets, uid, self._spare_id,
                                                                    written, durable, completion) if self.comm.rank == 0 else None)
         except BaseException:

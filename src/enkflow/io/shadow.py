@@ -34,7 +34,6 @@ member file becomes a new inode: see :func:`shadow_fits` and :func:`choose` for 
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import socket
 import time
@@ -123,19 +122,24 @@ class Spares:
             p = spare_path(targets[m], spare_id)
             if os.path.exists(p):
                 continue
-            src = os.open(targets[m], os.O_RDONLY)
             try:
-                dst = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                try:
-                    _copy_range(src, dst, 0, os.fstat(src).st_size)
-                    self.note(m, src, dst)
-                finally:
-                    os.close(dst)
+                self._copy_noted(m, targets[m], p)
             except OSError:
                 Path(p).unlink(missing_ok=True)
                 return
+
+    def _copy_noted(self, m: int, target: str, spare: str) -> None:
+        """Copy ``target`` into a new ``spare`` and note both as member ``m``'s."""
+        src = os.open(target, os.O_RDONLY)
+        try:
+            dst = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                _copy_range(src, dst, 0, os.fstat(src).st_size)
+                self.note(m, src, dst)
             finally:
-                os.close(src)
+                os.close(dst)
+        finally:
+            os.close(src)
 
 
 def check_space(targets: list[str], spare_id: str) -> None:
@@ -216,11 +220,12 @@ def choose(targets: list[str], contiguous: bool, requested: UpdateMethod) -> Upd
 
 
 class ShadowSink:
-    """Writes the final bytes of the state into the shadows (``fds[member]``), one sink per I/O thread;
+    """Writes the final bytes of the state into the shadows of ``shadows``, one sink per I/O thread;
     ``records`` lists what it wrote, with checksums."""
 
-    def __init__(self, fds: list[int]):
-        self.fds = fds
+    def __init__(self, shadows: ShadowSet):
+        self.fds = shadows.fds
+        self.targets = shadows.targets
         self.records: list[Written] = []
 
     def staging(self, dtype: np.dtype, count: int, scratch: Scratch) -> np.ndarray:
@@ -237,7 +242,8 @@ class ShadowSink:
 
     def put_slab(self, member: int, var: str, i0: int, i1: int, values: np.ndarray) -> None:
         raise FileFormatError("a variable on the NetCDF-library path cannot be updated through a shadow file "
-                              "(internal error: the log method is chosen for such files)", path=str(member), variable=var)
+                              "(internal error: the log method is chosen for such files)", path=self.targets[member],
+                              variable=var)
 
 
 def _copy_range(src: int, dst: int, offset: int, nbytes: int) -> None:
@@ -355,12 +361,14 @@ def commit(marker: Path, files: list[str], targets: list[str], update_id: str, s
 def remove_leftovers(targets: list[str]) -> None:
     """Delete the shadows of ``targets`` that an update left before its commit (a committed one's
     marker was finished when the files were opened; two updates of the same files at once are not allowed),
-    and the spares of objects that ended without closing."""
+    and the spares of objects that ended without closing. Each directory is listed once."""
+    names: dict[str, set[str]] = {}
     for t in targets:
         d, name = os.path.split(t)
-        for infix in (INFIX, SPARE_INFIX):
-            for p in glob.glob(os.path.join(glob.escape(d), glob.escape(f".{name}{infix}") + "*")):
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
+        names.setdefault(d, set()).add(name)
+    for d, mine in names.items():
+        with os.scandir(d) as entries:
+            for e in entries:
+                owner = next((e.name[1:e.name.index(i)] for i in (INFIX, SPARE_INFIX) if i in e.name), None)
+                if e.name.startswith(".") and owner in mine:
+                    Path(e.path).unlink(missing_ok=True)
