@@ -50,8 +50,8 @@ from enkflow.io.rowio import Scratch, pwrite_full
 from enkflow.io.shadow_plan import COMPARE, INFIX, METHOD, SPARE_INFIX, ShadowEntry, ShadowPlan, Written, gaps
 from enkflow.io.walformat import SHADOW_MARKER_VERSION, Digest, seal_marker
 
-# Bytes checksummed, then written, at a time: 4 MiB measured best here (256 KiB and 1 MiB slower), as
-# for the log's pwrite (enkflow.io.wal.WRITE_PIECE).
+# Bytes checksummed, then written, at a time: the piece the log's pwrite was measured best with
+# (enkflow.io.wal.WRITE_PIECE).
 PIECE = 1 << 22
 
 
