@@ -25,7 +25,7 @@ from enkflow.config import ObsLayout
 # run's under NAME_replicated. Bytes and RSS of the largest rank; rank_* one entry per rank.
 PER_LAYOUT = ("analysis_s", "total_s", "obs_bytes_max", "hx_bytes_max", "peak_rss_mb", "rank_peak_rss_mb",
               "rank_obs_held", "rank_obs_owned", "rank_obs_bytes", "rank_hx_bytes", "rank_analysis_s", "rank_cpu_s",
-              "cpu_s_total")
+              "rank_search_s", "rank_kernel_s", "rank_window_s", "cpu_s_total")
 # Distributed / replicated, by the figure they divide.
 # cpu_s_total: the local filter's CPU seconds summed over the ranks, the work whatever the ranks' share of
 # the cores (with more ranks than cores, wall seconds also measure the scheduler).

@@ -52,11 +52,14 @@ class ObsLayoutReport:
     rank_obs_owned: list[float]  # observations the rank computed H(x), QC and statistics for
     rank_obs_bytes: list[float]  # the largest observation-space arrays the rank held at once, bytes
     rank_hx_bytes: list[float]  # bytes the rank sent and received to assemble H(x) of the forecast
+    # Seconds of the local analysis spent on the windows' observations: waiting for the other ranks
+    # to reach each window, then exchanging (0 where every rank held every observation).
+    rank_window_s: list[float]
 
     def per_rank(self) -> dict[str, float | list[float]]:
         return {"obs_distributed": float(self.distributed), "rank_obs_held": self.rank_obs_held,
                 "rank_obs_owned": self.rank_obs_owned, "rank_obs_bytes": self.rank_obs_bytes,
-                "rank_hx_bytes": self.rank_hx_bytes}
+                "rank_hx_bytes": self.rank_hx_bytes, "rank_window_s": self.rank_window_s}
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class DistributedObs:
                                        store.n_rows, source)
         self._bytes = 0.0
         self._held = 0
+        self._window_s = 0.0
 
     def observe(self, X: np.ndarray) -> CycleDiagnostics:
         """H of the forecast rows ``X`` for the owned observations, their quality control and the
@@ -84,7 +85,12 @@ class DistributedObs:
 
         def analyse(Xb: np.ndarray, fb: np.ndarray | None, b0: int, b1: int) -> np.ndarray:
             for w, (s, e) in enumerate(mine):
+                t = time.perf_counter()
+                # The ranks reach a window at different times: they wait here, where waiting gives
+                # the core back, not spinning in the exchange's first collective.
+                self.comm.barrier()
                 held = self.owned.held(self.keep, self.HX, windows, loc.support, w)
+                self._window_s += time.perf_counter() - t
                 self._held = max(self._held, held.n)
                 # The owned H(x), this window's (its perturbations made in place), both sets' own arrays.
                 self._note_bytes(self.HX.nbytes + held.hx.nbytes + held.nbytes + self.owned.records.nbytes)
@@ -148,9 +154,8 @@ class DistributedObs:
 
     def report(self) -> ObsLayoutReport:
         every = np.array(self.comm.allgather_obj((float(self._held), float(self.owned.records.n), self._bytes,
-                                                  self.hx_bytes)), dtype=np.float64).reshape(-1, 4)
-        return ObsLayoutReport(True, every[:, 0].tolist(), every[:, 1].tolist(), every[:, 2].tolist(),
-                               every[:, 3].tolist())
+                                                  self.hx_bytes, self._window_s)), dtype=np.float64).reshape(-1, 5)
+        return ObsLayoutReport(True, *(every[:, k].tolist() for k in range(5)))
 
 
 def distributes(lf: LocalFilter | None, local: LocalGeometry | None) -> bool:

@@ -67,7 +67,8 @@ class ReplicatedObs:
         n, N = self.HX_all.shape
         hx = 8.0 * n * N
         arrays = (3.0 if self.keep is not None else 2.0) * hx + _obs_bytes(self.y_all)
-        return ObsLayoutReport(False, [float(n)] * P, [float(n)] * P, [arrays] * P, [4.0 * (P - 1) / P * hx] * P)
+        return ObsLayoutReport(False, [float(n)] * P, [float(n)] * P, [arrays] * P, [4.0 * (P - 1) / P * hx] * P,
+                               [0.0] * P)
 
     def write_diagnostics(self, writer: ObsDiagnosticsWriter, Xa: np.ndarray) -> float:
         """The cycle's observation-space diagnostics of every observation (QC-rejected ones included)
