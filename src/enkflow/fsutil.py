@@ -10,11 +10,13 @@ leaves the old content in place.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,53 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pwrite_full(fd: int, buf, offset: int) -> None:
+    """Write every byte of ``buf`` (any contiguous buffer) at byte ``offset`` of ``fd`` (pwrite may write less)."""
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    mv = mv.cast("B")
+    done = 0
+    while done < len(mv):
+        done += os.pwrite(fd, mv[done:], offset + done)
+
+
+class CopyWay(str, Enum):
+    """How :func:`copy_range` moved the bytes."""
+
+    KERNEL = "copy_file_range"  # the file system copied them (server-side on NFS 4.2 and Lustre)
+    PROCESS = "copy"  # read into this process and written from it, for all or part of the range
+
+
+_PROCESS_COPY_BYTES = 16 << 20  # the buffer of a copy through this process
+# copy_file_range's ways of saying "not between these files": then this process copies.
+_NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
+
+
+def copy_range(src: int, dst: int, offset: int, nbytes: int) -> CopyWay:
+    """Bytes ``[offset, offset + nbytes)`` of the open file ``src`` to the same place of ``dst``: by
+    ``copy_file_range`` (no byte passes through this process) where the file systems allow it, else
+    through a buffer of 16 MiB. A ``src`` that ends before ``offset + nbytes`` raises ``OSError(EIO)``."""
+    done, way, buf = 0, CopyWay.KERNEL, None
+    while done < nbytes:
+        k = 0
+        if way is CopyWay.KERNEL:
+            try:
+                k = os.copy_file_range(src, dst, nbytes - done, offset + done, offset + done)
+            except OSError as exc:
+                if exc.errno not in _NO_KERNEL_COPY:
+                    raise
+        if k == 0:  # no kernel copy between these files (or src ends here): through this process
+            way = CopyWay.PROCESS
+            if buf is None:
+                buf = bytearray(min(nbytes - done, _PROCESS_COPY_BYTES))
+            view = memoryview(buf)[: min(nbytes - done, len(buf))]
+            k = os.preadv(src, [view], offset + done)
+            if k <= 0:
+                raise OSError(errno.EIO, f"the file ends at byte {offset + done}, before byte {offset + nbytes}")
+            pwrite_full(dst, view[:k], offset + done)
+        done += k
+    return way
 
 
 @contextmanager

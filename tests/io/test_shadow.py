@@ -137,7 +137,7 @@ def test_a_failure_before_the_commit_removes_the_shadows_and_leaves_the_files(en
     def full(*a: object, **k: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shadow, "_copy_range", full)
+    monkeypatch.setattr(shadow, "copy_range", full)
     with pytest.raises(Exception, match="no space left"):
         _update(pa, UpdateMethod.SHADOW)
     assert _files(pa) == before

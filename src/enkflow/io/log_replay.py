@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from enkflow.fsutil import pwrite_full
 from enkflow.io import library
 from enkflow.io.logrecord import LogRecord, Slab
-from enkflow.io.rowio import _spans, pread_full, pwrite_full
+from enkflow.io.rowio import _spans, pread_full
 from enkflow.io.storage import FileStructure
 from enkflow.io.wal import WriteAheadLog
 from enkflow.state import StateLayout

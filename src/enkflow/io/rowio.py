@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from enkflow.errors import FileFormatError
+from enkflow.fsutil import pwrite_full
 from enkflow.io import library
 from enkflow.io.byteswap import swap8_copy, swap8_inplace
 from enkflow.io.storage import FileStructure, VarStorage
@@ -53,14 +54,6 @@ def pread_full(fd: int, buf: np.ndarray, offset: int, path: str, var: str | None
                 path=path, variable=var,
             )
         done += k
-
-
-def pwrite_full(fd: int, buf: np.ndarray | memoryview, offset: int) -> None:
-    mv = memoryview(buf).cast("B") if not isinstance(buf, memoryview) else buf
-    n = len(mv)
-    done = 0
-    while done < n:
-        done += os.pwrite(fd, mv[done:], offset + done)
 
 
 class Sink(Protocol):

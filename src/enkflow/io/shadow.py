@@ -33,7 +33,6 @@ member file becomes a new inode: see :func:`shadow_fits` and :func:`choose` for 
 
 from __future__ import annotations
 
-import errno
 import os
 import socket
 import time
@@ -44,10 +43,10 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import FileFormatError, StorageError
-from enkflow.fsutil import write_bytes_atomic
+from enkflow.fsutil import copy_range, pwrite_full, write_bytes_atomic
 from enkflow.io.config import UpdateMethod
-from enkflow.io.rowio import Scratch, pwrite_full
-from enkflow.io.shadow_plan import COMPARE, INFIX, METHOD, SPARE_INFIX, ShadowEntry, ShadowPlan, Written, gaps
+from enkflow.io.rowio import Scratch
+from enkflow.io.shadow_plan import INFIX, METHOD, SPARE_INFIX, ShadowEntry, ShadowPlan, Written, gaps
 from enkflow.io.walformat import SHADOW_MARKER_VERSION, Digest, seal_marker
 
 # Bytes checksummed, then written, at a time: the piece the log's pwrite was measured best with
@@ -134,7 +133,7 @@ class Spares:
         try:
             dst = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
-                _copy_range(src, dst, 0, os.fstat(src).st_size)
+                copy_range(src, dst, 0, os.fstat(src).st_size)
                 self.note(m, src, dst)
             finally:
                 os.close(dst)
@@ -246,25 +245,6 @@ class ShadowSink:
                               variable=var)
 
 
-def _copy_range(src: int, dst: int, offset: int, nbytes: int) -> None:
-    """Bytes ``[offset, offset + nbytes)`` of ``src`` to the same place of ``dst``, in the kernel where it can."""
-    done = 0
-    while done < nbytes:
-        try:
-            k = os.copy_file_range(src, dst, nbytes - done, offset + done, offset + done)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            k = 0
-        if k == 0:  # not supported here (or a short file): copy through this process
-            buf = np.empty(min(nbytes - done, COMPARE), dtype=np.uint8)
-            k = os.preadv(src, [buf], offset + done)
-            if k <= 0:
-                raise OSError(errno.EIO, "member file shorter than its recorded size")
-            pwrite_full(dst, buf[:k], offset + done)
-        done += k
-
-
 @dataclass
 class ShadowSet:
     """This I/O task's open shadows of one update: ``fds[m]`` is member ``m``'s (real path ``targets[m]``)."""
@@ -314,7 +294,7 @@ class ShadowSet:
             try:
                 if m not in self.holds:
                     for off, n in gaps(ranges[m], st.st_size):
-                        _copy_range(old_fds[m], self.fds[m], off, n)
+                        copy_range(old_fds[m], self.fds[m], off, n)
                 os.fchmod(self.fds[m], st.st_mode & 0o7777)
                 if os.fstat(self.fds[m]).st_gid != st.st_gid:
                     os.fchown(self.fds[m], -1, st.st_gid)

@@ -18,7 +18,7 @@ from enkflow.io.walformat import SHADOW_MARKER_VERSION, Digest
 INFIX = ".enkflow-new-"  # a shadow: .NAME.enkflow-new-UPDATE
 SPARE_INFIX = ".enkflow-old-"  # a spare: .NAME.enkflow-old-OBJECT
 METHOD = "shadow"  # the marker's "method"
-COMPARE = 1 << 22  # bytes compared (recovery) or copied through this process at a time
+COMPARE = 1 << 22  # bytes compared at a time (recovery)
 
 
 @dataclass(frozen=True)

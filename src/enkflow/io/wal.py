@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 
 from enkflow.errors import RecoveryError
-from enkflow.fsutil import fsync_dir, pid_alive, write_bytes_atomic, write_json_atomic
+from enkflow.fsutil import fsync_dir, pid_alive, pwrite_full, write_bytes_atomic, write_json_atomic
 from enkflow.io import library, shadow_plan
 from enkflow.io.logrecord import LogRecord, Slab
 from enkflow.io.lustre import filesystem_type
-from enkflow.io.rowio import Scratch, pread_full, pwrite_full
+from enkflow.io.rowio import Scratch, pread_full
 from enkflow.io.walformat import HEADER, Digest, LogFormat, log_header, marker_log_format, padding, read_header, seal_marker
 
 MARKER_PREFIX = ".enkflow-update-"

@@ -25,7 +25,6 @@ How the copy is made depends on how the model writes (``model.restart_write``):
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import glob
 import os
@@ -33,7 +32,7 @@ import shutil
 from pathlib import Path
 
 from enkflow.errors import StorageError
-from enkflow.fsutil import fsync_dir
+from enkflow.fsutil import copy_range, fsync_dir
 from enkflow.jobs.files import fingerprint
 from enkflow.jobs.tasks import RestartWrite
 
@@ -57,26 +56,7 @@ def clone_file(src: Path, dst: Path) -> str:
             fcntl.ioctl(fo.fileno(), _FICLONE, fi.fileno())
             how = "reflink"
         except OSError:
-            how = "copy_file_range"
-            try:
-                size = os.fstat(fi.fileno()).st_size
-                off = 0
-                while off < size:
-                    n = os.copy_file_range(fi.fileno(), fo.fileno(), size - off, off, off)
-                    if n == 0:
-                        break
-                    off += n
-                if off != size:
-                    raise OSError(errno.EIO, "short copy")
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EIO):
-                    raise
-                fi.seek(0)
-                fo.seek(0)
-                fo.truncate()
-                shutil.copyfileobj(fi, fo, 16 << 20)
-                how = "copy"
-        fo.flush()
+            how = copy_range(fi.fileno(), fo.fileno(), 0, os.fstat(fi.fileno()).st_size).value
         os.fsync(fo.fileno())
     shutil.copystat(src, dst)
     return how
