@@ -18,6 +18,7 @@ import scipy.sparse as sp
 from enkflow.parallel import Comm
 
 _ENTRY = np.dtype([("piece", np.int64), ("col", np.int64), ("w", np.float64)])
+_OWN_BLOCK = 1 << 16  # own pieces multiplied at a time (with 40 members: 20 MB of products)
 
 
 class HXExchange:
@@ -58,8 +59,17 @@ class HXExchange:
         n_pieces = int(self._pieces_from.sum())
         indptr = np.concatenate(([0], np.cumsum(np.bincount(row_of, minlength=n_pieces)))).astype(np.int64)
         n_local = int(bounds[comm.rank + 1] - bounds[comm.rank])
-        self._pieces = sp.csr_matrix((got["w"], got["col"], indptr), shape=(n_pieces, n_local))
+        pieces = sp.csr_matrix((got["w"], got["col"], indptr), shape=(n_pieces, n_local))
         me = comm.rank
+        # This rank's own pieces (most of them: an observation's owner holds its H row's first state row)
+        # are multiplied where they are added, not sent to itself: no copy of them crosses the exchange.
+        own0 = int(self._pieces_from[:me].sum())
+        own1 = own0 + int(self._pieces_from[me])
+        self._own = pieces[own0:own1]
+        self._others = sp.vstack([pieces[:own0], pieces[own1:]], format="csr") if n_pieces > own1 - own0 else \
+            sp.csr_matrix((0, n_local))
+        self._others_from = self._pieces_from.copy()
+        self._others_from[me] = 0
         self.bytes_moved = int(entries.nbytes - sent_entries[me] * _ENTRY.itemsize
                                + got.nbytes - got_counts[me] * _ENTRY.itemsize)
 
@@ -74,23 +84,36 @@ class HXExchange:
         return out
 
     def pieces_bytes(self, k: int) -> int:
-        """Bytes of the partial products an :meth:`apply` of ``k`` columns holds at once (made and received)."""
-        return int(8 * k * (self._pieces.shape[0] + self._rows.size))
+        """Bytes of the partial products an :meth:`apply` of ``k`` columns holds at once: those made for
+        and received from the other ranks, and one block of this rank's own."""
+        n_other = self._others.shape[0] + int(self._pieces_to.sum() - self._pieces_to[self.comm.rank])
+        return int(8 * k * (n_other + min(_OWN_BLOCK, self._own.shape[0])))
 
     def apply(self, X_local: np.ndarray) -> np.ndarray:
         """H X of the owned observations, (n_own, k) float64 C-order, from this rank's rows ``X_local``
         (n_local_rows, k) of its I/O block (F-order keeps each column contiguous); collective."""
         k = X_local.shape[1]
-        partial = np.empty((self._pieces.shape[0], k))
-        for j in range(k):
-            partial[:, j] = self._pieces @ X_local[:, j]
-        back, _ = self.comm.alltoallv(partial, self._pieces_from)
+        back, _ = self.comm.alltoallv(_products(self._others, X_local), self._others_from)
         me = self.comm.rank
         row_bytes = 8 * k
-        self.bytes_moved += int((partial.shape[0] - self._pieces_from[me]) * row_bytes
-                                + (back.shape[0] - self._pieces_to[me]) * row_bytes)
+        self.bytes_moved += int((self._others.shape[0] + back.shape[0]) * row_bytes)
         out = np.zeros((self.n_own, k))
         end = np.cumsum(self._pieces_to)
-        for a, b in zip(end - self._pieces_to, end):
-            out[self._rows[a:b]] += back[a:b]
+        others = np.concatenate(([0], np.cumsum(np.where(np.arange(self.comm.size) == me, 0, self._pieces_to))))
+        for q, (a, b) in enumerate(zip(end - self._pieces_to, end)):
+            if q != me:
+                out[self._rows[a:b]] += back[others[q]:others[q + 1]]
+                continue
+            for c in range(0, b - a, _OWN_BLOCK):
+                d = min(c + _OWN_BLOCK, b - a)
+                out[self._rows[a + c:a + d]] += _products(self._own[c:d], X_local)
         return out
+
+
+def _products(pieces: sp.csr_matrix, X_local: np.ndarray) -> np.ndarray:
+    """``pieces @ X_local`` (n_pieces, k) C-order, one column at a time: each value the sum of its row's
+    entries in CSR order, whichever rows the matrix holds (so the same bits for a block of rows)."""
+    out = np.empty((pieces.shape[0], X_local.shape[1]))
+    for j in range(X_local.shape[1]):
+        out[:, j] = pieces @ X_local[:, j]
+    return out
