@@ -273,7 +273,9 @@ _LONGEST_NAP_S = 2e-3  # the most a barrier adds once the last rank arrives
 
 def _wait_politely(req: Any) -> None:
     """Complete the MPI request ``req`` by testing it between naps that double from 20 us to 2 ms,
-    so a rank that waits long costs its node almost no CPU and learns of the end within 2 ms."""
+    so a rank that waits long costs its node almost no CPU and learns of the end within 2 ms. Only for
+    a request that moves no data (a barrier): a large message moves in pieces, each needing the
+    progress engine that a test runs, and naps between them would slow it."""
     nap = _FIRST_NAP_S
     while not req.Test():
         time.sleep(nap)
