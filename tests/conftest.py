@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,21 @@ def subprocess_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return env
+
+
+@pytest.fixture
+def mpi_script(mpiexec: str, subprocess_env: dict[str, str], tmp_path: Path) -> Callable[[Path, int], str]:
+    """Run a test's MPI script ``script`` on ``n`` ranks (its first argument: a file it writes when every
+    check passed); fails with its output if it exits non-zero, else returns what it wrote."""
+
+    def run(script: Path, n: int) -> str:
+        out = tmp_path / f"ok-{script.stem}-{n}.txt"
+        proc = subprocess.run([mpiexec, "-n", str(n), sys.executable, str(script), str(out)], env=subprocess_env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return out.read_text()
+
+    return run
 
 
 @pytest.fixture(scope="session")

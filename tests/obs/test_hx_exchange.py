@@ -3,8 +3,6 @@ to the replicated layout's Allreduce where an H row spans at most two ranks' blo
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +12,5 @@ HERE = Path(__file__).parent
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_owned_hx_equals_the_allreduce_bitwise(mpiexec, subprocess_env, tmp_path, n):
-    out = tmp_path / "ok.txt"
-    proc = subprocess.run([mpiexec, "-n", str(n), sys.executable, str(HERE / "mpi_hx_exchange.py"), str(out)],
-                          env=subprocess_env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert out.read_text() == f"ok {n}"
+def test_owned_hx_equals_the_allreduce_bitwise(mpi_script, n):
+    assert mpi_script(HERE / "mpi_hx_exchange.py", n) == f"ok {n}"
