@@ -240,6 +240,12 @@ class Runner:
                 self._join()
                 if arrays is None:  # a restarted server (on another node?) may no longer be in reach of memory
                     self._check_in_place()
+            except ServerError as exc:
+                if SLOT_GONE not in str(exc):
+                    raise
+                # The server retired the task's slot between its SLOT reply and this runner's mapping of it
+                # (the task went stale, or the server is stopping): forgotten, as a stale PUT is; ask again.
+                self._set_task(0, 0, 0, 0)
 
     def fail(self, error: str) -> None:
         """Report that the model failed on the member it holds (the server gives it to another runner)."""
