@@ -11,7 +11,7 @@ it) with ``PYTHONPATH=SRC`` and one BLAS/OpenMP thread. Another commit: ``git wo
 ``W/src/enkflow/analysis/``. ``check`` compares with ``tests/data/bitwise_reference.json`` (recorded at
 7d0a604; recorded again, each time after a compare showed every earlier key unchanged, once issue 24 added
 files and variables, issue 23 per-rank figures and issue 27 ``enkflow bench io``'s ``safe_update_method`` and
-``enkflow bench land``'s CPU keys, then its window seconds and both layouts' search and kernel seconds), keeping its work directory on a difference; ``compare`` compares the groups in both files, names the
+``enkflow bench land``'s CPU keys, then its window seconds and both layouts' search and kernel seconds, and the smaller observation-space bytes once an owner multiplied its own pieces of H in place), keeping its work directory on a difference; ``compare`` compares the groups in both files, names the
 others, and notes a variable that only changed its name.
 
 Groups (each alone with ``--only``; every run in a fresh directory under ``--work``):
