@@ -130,6 +130,25 @@ def test_leftovers_of_an_update_killed_before_its_commit_go_at_the_next_update_o
     assert not left.exists()
 
 
+def test_a_leftover_that_cannot_be_removed_stays_and_the_update_opens(ensemble, monkeypatch):
+    """Leftovers cost only space: an error removing one must not stop the open (nor, under MPI, leave the
+    other ranks waiting for rank 0's verdict)."""
+    pa, _ = ensemble("nc4", ("f8", "f8"), n=2)
+    left = Path(shadow.shadow_path(os.path.realpath(pa[0]), "dead-update"))
+    left.write_bytes(b"half a file")
+
+    unlink = os.unlink
+
+    def refused(path: str, *a: object, **k: object) -> None:
+        if os.path.basename(path) == left.name:
+            raise PermissionError(1, "Operation not permitted", path)
+        unlink(path, *a, **k)
+
+    monkeypatch.setattr(os, "unlink", refused)
+    EnsembleFiles(pa, _layout(pa), mode="r+").close()
+    assert left.exists()
+
+
 def test_a_failure_before_the_commit_removes_the_shadows_and_leaves_the_files(ensemble, monkeypatch):
     pa, _ = ensemble("cdf5", ("f8", "f4"), n=3)
     before = _files(pa)

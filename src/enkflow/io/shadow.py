@@ -33,6 +33,7 @@ member file becomes a new inode: see :func:`shadow_fits` and :func:`choose` for 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -341,14 +342,17 @@ def commit(marker: Path, files: list[str], targets: list[str], update_id: str, s
 def remove_leftovers(targets: list[str]) -> None:
     """Delete the shadows of ``targets`` that an update left before its commit (a committed one's
     marker was finished when the files were opened; two updates of the same files at once are not allowed),
-    and the spares of objects that ended without closing. Each directory is listed once."""
+    and the spares of objects that ended without closing. Each directory is listed once. Best effort, as
+    leftovers cost only space: one that cannot be listed or removed stays (raising here, on rank 0 only,
+    would leave the other ranks waiting for its verdict)."""
     names: dict[str, set[str]] = {}
     for t in targets:
         d, name = os.path.split(t)
         names.setdefault(d, set()).add(name)
     for d, mine in names.items():
-        with os.scandir(d) as entries:
+        with contextlib.suppress(OSError), os.scandir(d) as entries:
             for e in entries:
                 owner = next((e.name[1:e.name.index(i)] for i in (INFIX, SPARE_INFIX) if i in e.name), None)
                 if e.name.startswith(".") and owner in mine:
-                    Path(e.path).unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):
+                        os.unlink(e.path)
