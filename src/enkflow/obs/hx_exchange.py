@@ -66,10 +66,10 @@ class HXExchange:
         own0 = int(self._pieces_from[:me].sum())
         own1 = own0 + int(self._pieces_from[me])
         self._own = pieces[own0:own1]
-        self._others = sp.vstack([pieces[:own0], pieces[own1:]], format="csr") if n_pieces > own1 - own0 else \
-            sp.csr_matrix((0, n_local))
-        self._others_from = self._pieces_from.copy()
-        self._others_from[me] = 0
+        self._others = pieces[np.r_[0:own0, own1:n_pieces]]  # row indexing keeps each row's entry order
+        self._others_from = np.where(np.arange(comm.size) == me, 0, self._pieces_from)
+        # Where each rank's products start in what the exchange returns (none from this rank itself).
+        self._back_at = np.concatenate(([0], np.cumsum(np.where(np.arange(comm.size) == me, 0, self._pieces_to))))
         self.bytes_moved = int(entries.nbytes - sent_entries[me] * _ENTRY.itemsize
                                + got.nbytes - got_counts[me] * _ENTRY.itemsize)
 
@@ -86,7 +86,7 @@ class HXExchange:
     def pieces_bytes(self, k: int) -> int:
         """Bytes of the partial products an :meth:`apply` of ``k`` columns holds at once: those made for
         and received from the other ranks, and one block of this rank's own."""
-        n_other = self._others.shape[0] + int(self._pieces_to.sum() - self._pieces_to[self.comm.rank])
+        n_other = self._others.shape[0] + int(self._back_at[-1])
         return int(8 * k * (n_other + min(_OWN_BLOCK, self._own.shape[0])))
 
     def apply(self, X_local: np.ndarray) -> np.ndarray:
@@ -99,10 +99,9 @@ class HXExchange:
         self.bytes_moved += int((self._others.shape[0] + back.shape[0]) * row_bytes)
         out = np.zeros((self.n_own, k))
         end = np.cumsum(self._pieces_to)
-        others = np.concatenate(([0], np.cumsum(np.where(np.arange(self.comm.size) == me, 0, self._pieces_to))))
         for q, (a, b) in enumerate(zip(end - self._pieces_to, end)):
             if q != me:
-                out[self._rows[a:b]] += back[others[q]:others[q + 1]]
+                out[self._rows[a:b]] += back[self._back_at[q]:self._back_at[q + 1]]
                 continue
             for c in range(0, b - a, _OWN_BLOCK):
                 d = min(c + _OWN_BLOCK, b - a)
