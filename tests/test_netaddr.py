@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from enkflow.netaddr import Interface, advertised, choose, interface_address, is_loopback, node_address, probe_host, reaching_other_nodes, route_source
+from enkflow.netaddr import Interface, advertised, choose, interface_address, is_loopback, node_address, reaching_other_nodes, route_source
 
 
 def test_a_wildcard_endpoint_is_advertised_with_the_node_address_and_others_unchanged():
@@ -18,12 +18,11 @@ def test_a_wildcard_endpoint_is_advertised_with_the_node_address_and_others_unch
     assert advertised("tcp://10.1.2.3:7") == "tcp://10.1.2.3:7"
 
 
-def test_interfaces_loopback_and_the_port_probe_host():
+def test_interfaces_and_loopback():
     assert interface_address("lo") == "127.0.0.1"
     assert interface_address("no-such-interface") is None
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("lo")
     assert not is_loopback("*") and not is_loopback("0.0.0.0") and not is_loopback("eth0")
-    assert probe_host("127.0.0.1") == "127.0.0.1" and probe_host("*") == "" and probe_host("eth0") == ""
 
 
 def test_the_choice_skips_bridges_link_local_and_interfaces_without_carrier():

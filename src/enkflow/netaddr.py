@@ -112,11 +112,3 @@ def reaching_other_nodes(bind: str) -> str:
     unless it is loopback (the default, for a study on one node), then every interface."""
     return "0.0.0.0" if is_loopback(bind) else bind
 
-
-def probe_host(bind: str) -> str:
-    """The host to try a port on before ZeroMQ binds ``bind`` there (an address as itself; an
-    interface name or a wildcard: every interface, "")."""
-    try:
-        return str(ipaddress.ip_address(bind))
-    except ValueError:
-        return ""

@@ -115,6 +115,7 @@ class OnlineTrialResult:
     injected: bool = True  # the fault happened as planned (strace fired, the victim existed)
     clean_leave: bool | None = None  # join-leave: the SIGTERMed runner said BYE
     segments_left: list = field(default_factory=list)  # the run's online shared-memory segments left behind
+    addresses: list = field(default_factory=list)  # the distinct addresses the server's starts listened at
 
     @property
     def expected(self) -> int:
@@ -755,6 +756,7 @@ class _Trial:
         assert h.ref is not None
         r.recomputed = r.tasks - h.ref.tasks
         r.server_restarts = sum(e.get("event") == "server_crash" for e in evs)
+        r.addresses = sorted({e.get("address") for e in evs if e.get("event") == "online_start"})
         for e in evs:
             if e.get("event") == "task_requeue":
                 r.requeues[e.get("reason")] = r.requeues.get(e.get("reason"), 0) + 1

@@ -66,6 +66,7 @@ def test_server_kill_in_propagation(harness: OnlineFaultHarness, scenario: str, 
     res = harness.trial(1, scenario, random.Random(3), **kw)
     _check(res)
     assert res.server_restarts == 1, res.row()
+    assert len(res.addresses) == 1, res.row()  # the restart listens where the runners look for it
     assert res.redone_checkpointed == [], res.row()  # checkpointed before the kill: not recomputed
     if scenario == "server-before-ckpt":
         assert res.checkpointed == 0 and res.recovered == 0, res.row()

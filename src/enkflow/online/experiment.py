@@ -189,12 +189,14 @@ def write_final_restarts(cfg: ExperimentConfig, layout: StateLayout, store: Memo
 
 
 def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progress=None) -> dict[int, dict[str, float]]:
-    """Run the server of ``cfg`` (every rank calls it); the launcher wrote the token and the port."""
+    """Run the server of ``cfg`` (every rank calls it); the launcher wrote the token. The first start binds
+    ``[online] port`` or any free port and records it in ``online/launch.json`` for the restarts."""
     comm = comm or get_comm()
     online = cfg.dir.online
     odir = online.path
     token = online.token.read_text().strip()
-    port = int((read_json(online.launch) or {}).get("port", cfg.online.port))
+    # The port an earlier start of this server bound: runners that outlived it reconnect there.
+    port = int((read_json(online.launch) or {}).get("port") or cfg.online.port)
     curve = online.curve_secret.read_text().strip() if cfg.online.curve else None
     events = EventLog(cfg.dir.events)
     layout = StateLayout.from_config(cfg.restart_path(1), cfg.state)
@@ -220,6 +222,9 @@ def serve_experiment(cfg: ExperimentConfig, *, comm: Comm | None = None, progres
             server = Server(problem, server_config(cfg, token, port, curve), comm=comm, events=events, progress=progress)
         except BindError as exc:
             raise exc.of_experiment(str(cfg.expdir)) from None
+        if comm.rank == 0 and port == 0:
+            # Bound here, not probed by the launcher and released: nothing can take it in between.
+            write_json_atomic(online.launch, {"port": server.port})
         diag = server.run(cfg.cycle_numbers)
         sink.wait()  # the last cycle's mean and spread files
         if isinstance(sink, ArchivingOutput):

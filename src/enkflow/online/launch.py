@@ -20,7 +20,6 @@ from __future__ import annotations
 import secrets
 import shlex
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from enkflow.jobs.events import EventLog
 from enkflow.jobs.launcher import JobSpec, JobState, Launcher
 from enkflow.jobs.launchers import LAUNCHERS
 from enkflow.jobs.protect import place
-from enkflow.netaddr import probe_host, reaching_other_nodes
+from enkflow.netaddr import reaching_other_nodes
 from enkflow.online.checkpoint import analysis_path
 from enkflow.online.contact import CONTACT_ENV, contacts
 from enkflow.online.experiment import ServerStatus, experiment_fields
@@ -55,17 +54,6 @@ from enkflow.output.service import OutputService
 from enkflow.parallel.program import find_program
 from enkflow.state import StateLayout
 from enkflow.tokens import secret_file
-
-
-def _free_port(bind: str) -> int:
-    """A port free at ``bind`` on this host; 0 (the server picks one) where ``bind`` is not an address
-    of this host: the server runs on another node, which says whether it can listen there."""
-    with socket.socket() as s:
-        try:
-            s.bind((probe_host(bind), 0))
-        except OSError:
-            return 0
-        return int(s.getsockname()[1])
 
 
 def copy_initial(cfg: ExperimentConfig) -> None:
@@ -144,9 +132,6 @@ class OnlineExperiment:
             write_json_atomic(self.xdir.config, cfg.to_json())
             self.token_file = make_secrets(self.odir.path, curve=self.o.curve)
             copy_initial(cfg)
-            launch = read_json(self.odir.launch) or {}
-            port = int(launch.get("port") or self.o.port or _free_port(self.o.bind))
-            write_json_atomic(self.odir.launch, {"port": port})
             status = read_json(self.odir.status)
             if status and status.get("state") == ServerStatus.DONE:
                 self._say("the study is already complete")

@@ -212,6 +212,11 @@ class Server:
         self.address = self.comm.bcast(address, root=0)
         self.comm.barrier()
 
+    @property
+    def port(self) -> int:
+        """The control port bound (of :attr:`address`, ``tcp://HOST:PORT``)."""
+        return int(self.address.rsplit(":", 1)[1])
+
     def close(self) -> None:
         # Time for the last replies (STOP, the ERROR that ended a study) to leave on a loaded machine;
         # a ROUTER drops what is queued for a peer that is gone, so this waits only for live, slow peers.
