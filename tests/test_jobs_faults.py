@@ -158,12 +158,18 @@ def test_sigterm_requeues_the_running_member_at_the_front(tmp_path: Path, synth:
     assert not _find("model", tmp_path)
 
 
-def test_time_limit_requeues_and_a_new_pilot_finishes(tmp_path: Path, synth: Path) -> None:
-    """Pilots with a 2 s limit cannot finish a 1.5 s member after their first one: requeue, resubmit, done."""
-    cfg = load_experiment(make_experiment(tmp_path, synth, model_sleep=1.5, cycles=1, workers=2, time_limit=2.5))
+@pytest.mark.parametrize("pilots, reason", [("cycle", "time-limit"), ("study", "time-ahead")])
+def test_time_limit_requeues_and_a_new_pilot_finishes(tmp_path: Path, synth: Path, pilots: str, reason: str) -> None:
+    """Pilots with a 2.5 s limit cannot finish a 1.5 s member after their first one: requeue, resubmit, done.
+    A pilot of one cycle is stopped at its limit inside the member; one that spans cycles knows
+    how long a member takes and puts the member back before it starts it."""
+    cfg = load_experiment(make_experiment(tmp_path, synth, model_sleep=1.5, cycles=1, workers=2, time_limit=2.5,
+                                          pilots=pilots))
     Experiment(cfg).run()
     ev = list(iter_events(cfg.expdir / "events.jsonl"))
-    assert any(e["event"] == "task_requeue" and e.get("reason") == "time-limit" for e in ev)
+    assert any(e["event"] == "task_requeue" and e.get("reason") == reason for e in ev)
+    if pilots == "study":  # no member was cut short
+        assert not any(e["event"] == "task_requeue" and e.get("reason") == "time-limit" for e in ev)
     assert sum(e["event"] == "job_submit" for e in ev) > 2
     ends = [(e["cycle"], e["task"]) for e in ev if e["event"] == "task_end"]
     assert sorted(ends) == [(1, t) for t in range(1, N + 2)]

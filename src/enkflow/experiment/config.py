@@ -24,7 +24,7 @@ from enkflow.experiment.directory import ExperimentDir
 from enkflow.experiment.verification import VerificationSection
 from enkflow.io.config import IOConfig
 from enkflow.jobs.config import LauncherSection
-from enkflow.jobs.strategies import Resources, Strategy
+from enkflow.jobs.strategies import PilotSpan, Resources, Strategy
 from enkflow.jobs.tasks import RestartWrite, Unchanged
 from enkflow.obs.config import ObsSettingsConfig
 from enkflow.output.config import OutputConfig
@@ -258,6 +258,13 @@ class JobsSection(Strict):
     lease: float = Field(default=30.0, gt=0, description="a claim whose worker on another host has not beaten for this long is requeued, s")
     poll: float = Field(default=0.2, gt=0, description="polling period of driver and waiting workers, s")
     max_resubmits: int = Field(default=20, ge=0, description="rounds of resubmission per cycle (jobs for tasks no live job covers), at most")
+    pilots: PilotSpan = Field(default=PilotSpan.STUDY, description="dynamic: pilots that span cycles (study) or leave "
+                              "when their cycle's list is empty (cycle)")
+    idle_timeout: float = Field(default=120.0, gt=0, description="dynamic, pilots = study: a pilot idle this long "
+                                "between cycles leaves, s")
+    submit_ahead: float = Field(default=0.0, ge=0, description="dynamic, pilots = study: the next cycle's pilots are "
+                                "submitted this long before the cycle is expected to be released (at the latest when "
+                                "its analysis starts), s")
 
     @model_validator(mode="after")
     def _lease(self) -> "JobsSection":
@@ -408,7 +415,8 @@ class ExperimentConfig(Strict):
     def resources(self, cpu_count: int) -> Resources:
         workers = self.jobs.workers or max(1, min(self.experiment.members, cpu_count))
         return Resources(workers=workers, cpus_per_job=self.jobs.cpus_per_job, analysis_cpus=self.jobs.analysis_cpus,
-                         time_limit_s=self.jobs.time_limit, nodes=self.launcher.nodes)
+                         time_limit_s=self.jobs.time_limit, nodes=self.launcher.nodes, pilots=self.jobs.pilots,
+                         idle_timeout_s=self.jobs.idle_timeout)
 
     def digests(self) -> dict[str, str]:
         """Hashes of the settings each kind of step depends on (see :mod:`enkflow.experiment.state`),

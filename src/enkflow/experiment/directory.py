@@ -5,7 +5,7 @@ layout of the directory a run keeps its state in. Layers below the experiment ge
 it (a cycle directory, a checkpoint directory), never the configuration::
 
     EXPDIR/
-      config.json  state.json  events.jsonl  restarts.txt  driver.lock
+      config.json  state.json  events.jsonl  restarts.txt  driver.lock  board.json
       restarts/NNNN/<restart>          experiment.initial = "copy"
       cycles/NNNN/                     one cycle (CycleDir): the job scheme's files, the analysis's
       output_service/                  the offline study's output service (address, token)
@@ -162,6 +162,11 @@ class ExperimentDir:
     def lease(self) -> Path:
         """The launcher's lease and its processes' records (:mod:`enkflow.jobs.lease`)."""
         return self.root / "lease"
+
+    @property
+    def board(self) -> Path:
+        """The cycle whose tasks pilots that span cycles work on (:mod:`enkflow.jobs.pilot`)."""
+        return self.root / "board.json"
 
     @property
     def lock(self) -> Path:

@@ -46,7 +46,8 @@ from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, log_tail, newest, read_json, write_json_atomic
 from enkflow.jobs.protect import place
 from enkflow.jobs.launcher import JobState, Launcher
-from enkflow.jobs.strategies import JobRole, PlannedJob, Resources, plan
+from enkflow.jobs.pilot import Board
+from enkflow.jobs.strategies import JobRole, PilotSpan, PlannedJob, Resources, Strategy, plan
 from enkflow.jobs.tasks import RestartWrite, Step, StepKind, Task, TaskTable, logs_dir
 from enkflow.jobs.todo import TodoList, remaining
 from enkflow.jobs.worker import requeue_stale
@@ -141,6 +142,8 @@ class _Cycle:
     serial: int = 0  # rounds of submissions
     last_msg: str = ""
     snap: dict | None = None  # the snapshot the last watch stopped on: the next one starts from it
+    next_cycle: int | None = None  # the study's next cycle (pilots that span cycles are submitted for it ahead)
+    ahead_at: float | None = None  # when the next cycle's pilots are due (None: once the analysis may start)
     # Tasks an earlier run recorded as failed for good (a rerun without --retry-failed stops at them).
     failed_before: frozenset[int] = frozenset()
 
@@ -154,11 +157,14 @@ class Experiment:
     launcher: Launcher | None = None
     progress: Callable[[str], None] | None = None
     on_cycle_end: Callable[[int], None] | None = None
-    jobs: list[_Job] = field(default_factory=list, init=False)
+    jobs: list[_Job] = field(default_factory=list, init=False)  # the cycle's jobs
+    pilots: list[_Job] = field(default_factory=list, init=False)  # pilots that span cycles (jobs.pilots = "study")
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _retry_failed: bool = field(default=False, init=False, repr=False)
     _output: StudyOutput | None = field(default=None, init=False, repr=False)  # while the cycles run
     _lease: RunLease | None = field(default=None, init=False, repr=False)  # the jobs' lease, while run() runs
+    _cycles: list[int] = field(default_factory=list, init=False, repr=False)  # the cycles this run runs
+    _last_length: float | None = field(default=None, init=False, repr=False)  # the last cycle's seconds, start to end
 
     def __post_init__(self) -> None:
         self.dir = self.cfg.dir
@@ -221,8 +227,11 @@ class Experiment:
         write_json_atomic(self.dir.config, cfg.to_json())
         # For external analysis programs: the restarts the cycles advance, one path per line, member 1 first.
         write_bytes_atomic(self.dir.restarts_list, "".join(f"{cfg.restart_path(m)}\n" for m in members).encode())
+        if resumed:
+            self._cancel_earlier_jobs()
         self.events.emit("resume" if resumed else "experiment_start", cycles=todo_cycles, members=cfg.experiment.members,
                          strategy=cfg.jobs.strategy.value, launcher=cfg.launcher.kind.value, accept_restarts=accept_restarts)
+        self._cycles = todo_cycles
 
         archiver = background_archiver(cfg, self.events, self.progress)
         if archiver is not None:
@@ -252,6 +261,7 @@ class Experiment:
             out.lose(str(exc))
             raise
         finally:
+            self._end_pilots()
             out.close()  # after a failure: what can still be written is
             self.launcher.close()
             if archiver is not None:
@@ -323,8 +333,14 @@ class Experiment:
             for task in todo.reset_failed():
                 self.events.emit("task_reset", cycle=cycle, task=task, member=task if task <= n else None)
         self.jobs = []
-        self._cycle = _Cycle(cycle, cdir, table, todo, cfg.resources(os.cpu_count() or 1),
-                             failed_before=frozenset(int(k) for k in todo.snapshot()["failed"]))
+        following = self._cycles[self._cycles.index(cycle) + 1:] if cycle in self._cycles else []
+        self._cycle = c = _Cycle(cycle, cdir, table, todo, cfg.resources(os.cpu_count() or 1),
+                                 failed_before=frozenset(int(k) for k in todo.snapshot()["failed"]),
+                                 next_cycle=following[0] if following else None)
+        if self._last_length is not None:
+            c.ahead_at = c.t0 + self._last_length - cfg.jobs.submit_ahead
+        if self._study_pilots:
+            Board(cycle, str(cdir), str(self.events.path)).write(self.dir.board)
         members = set(range(1, n + 1))
         self._watch(lambda snap: n + 1 in snap["done"] or members <= set(snap["done"]))
 
@@ -334,6 +350,7 @@ class Experiment:
         self._watch(lambda snap: n + 1 in snap["done"])
         c = self._cycle
         self._cancel_active(cycle)
+        self._last_length = time.time() - c.t0
         self.events.emit("cycle_end", cycle=cycle)
         self._say(f"cycle {cycle}: analysis done ({time.time() - c.t0:.1f} s)")
         return {}
@@ -358,14 +375,14 @@ class Experiment:
                 if self._output is not None:
                     self._output.check()
                 self._refresh()
-                uncovered = self._uncovered(snap)
+                uncovered = self._balance_pilots(snap) if self._study_pilots else self._uncovered(snap)
                 if uncovered:
                     if c.submitted > 0 and c.serial > cfg.jobs.max_resubmits:
                         raise EnkflowError(f"cycle {c.number}: more than {cfg.jobs.max_resubmits} resubmissions "
                                            f"(jobs.max_resubmits): jobs kept ending with tasks "
                                            f"{', '.join(map(str, uncovered))} left undone{_last_job_log(c.cdir)}")
                     planned = plan(cfg.jobs.strategy, cycle=c.number, cycle_dir=c.cdir, n_members=n, todo=uncovered,
-                                   res=c.res, serial=c.serial, python=cfg.launcher.python)
+                                   res=c.res, serial=c.serial, python=cfg.launcher.python, board=self.dir.board)
                     self._submit(c.number, planned)
                     c.submitted += len(planned)
                     c.serial += 1
@@ -380,8 +397,75 @@ class Experiment:
             self._cancel_active(c.number)
             raise
 
+    @property
+    def _study_pilots(self) -> bool:
+        """Whether pilots span cycles (the dynamic strategy with ``jobs.pilots = "study"``)."""
+        return self.cfg.jobs.strategy is Strategy.DYNAMIC and self.cfg.jobs.pilots is PilotSpan.STUDY
+
+    def _balance_pilots(self, snap: dict) -> list[int]:
+        """Pilots that span cycles, as many as the work left needs: a task ID per pilot to add
+        (for :func:`plan`); queued pilots beyond the need are cancelled, newest first.
+
+        The need is the members still to forecast (at least 1 while the analysis is not done), and
+        once the next cycle's pilots are due (:attr:`_Cycle.ahead_at`, or the analysis may start)
+        every member of the next cycle too; never more than ``workers`` pilots."""
+        c, n = self._cycle, self.cfg.experiment.members
+        left = remaining(snap)
+        members_left = [t for t in left if t <= n]
+        need = max(len(members_left), 1 if left else 0)
+        due = c.ahead_at is not None and time.time() >= c.ahead_at
+        if c.next_cycle is not None and (due or not members_left):
+            need += n
+        want = min(c.res.workers, need)
+        live = [j for j in self.pilots if j.state is not JobState.FINISHED]
+        queued = [j for j in live if j.state is JobState.PENDING]
+        extra = queued[::-1][:max(0, len(live) - want)]
+        if extra:
+            self.launcher.cancel([j.id for j in extra])
+            for j in extra:
+                j.state = JobState.FINISHED
+                self.events.emit("job_cancel", cycle=c.number, job=j.id, role=j.role.value, state=JobState.PENDING.value,
+                                 reason="unneeded")
+        return list(range(1, want - len(live) + 1)) if want > len(live) else []
+
+    def _end_pilots(self) -> None:
+        """The study's end (or failure): the board says so, the pilots that wait on it leave, and
+        any still queued or running a moment later are cancelled."""
+        if not self._study_pilots or not self.pilots:
+            return
+        Board(end=True).write(self.dir.board)
+        deadline = time.time() + 10 * self.cfg.jobs.poll
+        while time.time() < deadline:
+            self._refresh()
+            if all(j.state is JobState.FINISHED for j in self.pilots):
+                return
+            time.sleep(self.cfg.jobs.poll)
+        live = [j for j in self.pilots if j.state is not JobState.FINISHED]
+        self.launcher.cancel([j.id for j in live])
+        for j in live:
+            self.events.emit("job_cancel", cycle=self._cycle.number if self._cycle else None, job=j.id, role=j.role.value,
+                             state=j.state.value, reason="study-end")
+
+    def _cancel_earlier_jobs(self) -> None:
+        """Cancel the jobs an earlier run of this study submitted and the launcher still holds (a
+        killed driver leaves its queued pilots behind; they would start later and wait for nothing)."""
+        earlier: list[str] = []
+        for e in self.events.read():
+            if e.get("event") in ("experiment_start", "resume"):
+                earlier = []
+            elif e.get("event") == "job_submit" and e.get("job"):
+                earlier.append(str(e["job"]))
+        if not earlier:
+            return
+        st = self.launcher.states(earlier)
+        left = [j for j in earlier if st.get(j, JobState.FINISHED) is not JobState.FINISHED]
+        if left:
+            self.launcher.cancel(left)
+            self.events.emit("earlier_jobs_cancelled", jobs=left)
+            self._say(f"cancelled {len(left)} job(s) of the earlier run still queued or running")
+
     def _refresh(self) -> None:
-        active = [j for j in self.jobs if j.state is not JobState.FINISHED]
+        active = [j for j in self.jobs + self.pilots if j.state is not JobState.FINISHED]
         if active:
             st = self.launcher.states([j.id for j in active])
             for j in active:
@@ -389,7 +473,7 @@ class Experiment:
 
     def _uncovered(self, snap: dict) -> list[int]:
         """Pending tasks that no pending or running job may run."""
-        active = [j for j in self.jobs if j.state is not JobState.FINISHED]
+        active = [j for j in self.jobs + self.pilots if j.state is not JobState.FINISHED]
         if any(j.covers is None for j in active):
             return []
         covered: set[int] = set()
@@ -410,7 +494,7 @@ class Experiment:
             jid = self.launcher.submit(spec)
             if pj.role is JobRole.MEMBER:
                 member_ids.append(jid)
-            self.jobs.append(_Job(jid, pj.role, pj.covers, t))
+            (self.pilots if self._study_pilots else self.jobs).append(_Job(jid, pj.role, pj.covers, t))
             self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role.value, strategy=self.cfg.jobs.strategy.value,
                              cpus=spec.cpus, t_submit=t)
 

@@ -31,6 +31,13 @@ class Strategy(str, Enum):
     SINGLE = "single"
 
 
+class PilotSpan(StrEnum):
+    """How long a pilot of the dynamic strategy stays (``[jobs] pilots``)."""
+
+    CYCLE = "cycle"  # it leaves once its cycle's list is empty (Zheng et al.)
+    STUDY = "study"  # it waits between cycles on the study's board (enkflow.jobs.pilot) until idle too long
+
+
 class JobRole(StrEnum):
     """What a planned job is for (the ``role`` of its ``job_submit`` event)."""
 
@@ -55,7 +62,9 @@ class Resources:
 
     ``workers``: N_j pilots (dynamic); ``cpus_per_job``: CPUs of a pilot or a
     member job; ``analysis_cpus``: CPUs of the per-member strategy's analysis
-    job; ``time_limit_s``: wall-clock limit of every job, seconds.
+    job; ``time_limit_s``: wall-clock limit of every job, seconds; ``pilots``:
+    how long a pilot stays, ``idle_timeout_s`` (seconds) how long one waits
+    between cycles.
     """
 
     workers: int
@@ -63,6 +72,8 @@ class Resources:
     analysis_cpus: int = 1
     time_limit_s: float = 3600.0
     nodes: int = 1
+    pilots: PilotSpan = PilotSpan.CYCLE
+    idle_timeout_s: float = 120.0
 
 
 def worker_argv(cycle_dir: Path, *, time_limit_s: float, threads: int = 1, only: int | None = None,
@@ -76,11 +87,18 @@ def worker_argv(cycle_dir: Path, *, time_limit_s: float, threads: int = 1, only:
     return argv
 
 
+def pilot_argv(board: Path, *, time_limit_s: float, idle_timeout_s: float, python: str | None = None) -> list[str]:
+    """Command line of a pilot that spans cycles, on the study's ``board`` (:mod:`enkflow.jobs.pilot`)."""
+    return [python or sys.executable, "-m", "enkflow.jobs", "--board", str(board), "--time-limit", f"{time_limit_s:g}",
+            "--idle-timeout", f"{idle_timeout_s:g}"]
+
+
 def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, todo: list[int], res: Resources,
-         serial: int = 0, python: str | None = None) -> list[PlannedJob]:
+         serial: int = 0, python: str | None = None, board: Path | None = None) -> list[PlannedJob]:
     """Jobs that together can run the task IDs ``todo`` of one cycle.
 
     ``serial`` numbers the job names so that resubmissions are told apart.
+    ``board``: where pilots that span cycles (``res.pilots`` STUDY) look for their next cycle.
     Member and analysis jobs of the per-member strategy are returned in
     submission order; the analysis job's ``after`` is filled in by the
     driver with the IDs the member jobs got.
@@ -102,7 +120,10 @@ def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, tod
     if strategy is Strategy.DYNAMIC:
         n = max(1, min(res.workers, len(members)))
         for j in range(n):
-            argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, python=python)
+            if res.pilots is PilotSpan.STUDY and board is not None:
+                argv = pilot_argv(board, time_limit_s=res.time_limit_s, idle_timeout_s=res.idle_timeout_s, python=python)
+            else:
+                argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, python=python)
             jobs.append(PlannedJob(spec(f"pilot{serial}.{j}", argv, res.cpus_per_job), JobRole.PILOT, None))
     elif strategy is Strategy.PER_MEMBER:
         for m in members:

@@ -22,7 +22,6 @@ GMD 2020, fig. 3). It
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import signal
@@ -38,6 +37,7 @@ from typing import Any
 import psutil
 
 from enkflow.errors import EnkflowError
+from enkflow.jobs.durations import TaskDurations
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import fingerprint, hostname, read_json, write_json_atomic
 from enkflow.jobs.launchers import JOB_ID_VARIABLES
@@ -150,10 +150,13 @@ class StopReason(StrEnum):
     ``task_requeue`` events)."""
 
     TIME_LIMIT = "time-limit"
+    TIME_AHEAD = "time-ahead"  # its next task would not end before its time limit: left to another pilot
     SIGTERM = "sigterm"
     SIGINT = "sigint"
     LEASE = "lease"  # its launcher's lease lapsed (enkflow.jobs.lease)
     STOPPED = "stopped"  # the stop was set without a reason (at the run's end)
+    IDLE = "idle"  # a pilot that spans cycles waited longer than its idle timeout (enkflow.jobs.pilot)
+    STUDY_END = "study-end"  # the driver's board says the study has ended
 
 
 class _Stop(Exception):
@@ -170,7 +173,10 @@ class Worker:
     N for the strategy that runs a whole cycle in one allocation).
 
     ``only`` restricts the worker to one task ID (one-job-per-member strategy).
-    ``time_limit_s`` counts from construction; None means no limit.
+    ``time_limit_s`` counts from construction; None means no limit. ``durations``: how long
+    tasks take (learnt from the tasks run); a task claimed with less time left than it is
+    expected to take is put back and the worker stops (a pilot that spans cycles,
+    :mod:`enkflow.jobs.pilot`).
     """
 
     cycle_dir: Path
@@ -179,6 +185,7 @@ class Worker:
     threads: int = 1
     only: int | None = None
     time_limit_s: float | None = None
+    durations: TaskDurations | None = None
     table: TaskTable = field(init=False)
     todo: TodoList = field(init=False)
     events: EventLog = field(init=False)
@@ -201,6 +208,7 @@ class Worker:
         self.claimant_base = (hostname(), os.getpid(), me.create_time())
         self.aborted = False
         self.failed = False  # a write of the scheme's own files failed
+        self.claimed = 0  # tasks this worker took from the list
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -214,7 +222,27 @@ class Worker:
         """Work until the list is empty; 0 on a clean exit, 3 when the experiment must stop."""
         remove_dead_segments()  # a pilot is the study's process on its node: what killed steps left there goes
         self.events.emit("job_start", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id, threads=self.threads)
-        hb = threading.Thread(target=self._heartbeat, daemon=True)
+        try:
+            self.work()
+        finally:
+            self.stop.set()
+            try:
+                self.events.emit("job_end", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id,
+                                 reason=self.stop_reason or ("error" if self.failed else "empty"))
+            except EnkflowError as exc:
+                print(f"enkflow worker {self.worker_id}: error: {exc}", file=sys.stderr, flush=True)
+                self.failed = True
+            self.sweep_node()
+        return self.exit_status()
+
+    def exit_status(self) -> int:
+        """0 after a clean end, 3 when the experiment must stop, 4 when the scheme's own files failed."""
+        return 3 if self.aborted else 4 if self.failed else 0
+
+    def work(self) -> None:
+        """Run the claim loops until the list is empty (or a stop), with the heartbeat meanwhile."""
+        over = threading.Event()
+        hb = threading.Thread(target=self._heartbeat, args=(over,), daemon=True)
         hb.start()
         loops = [threading.Thread(target=self._loop, args=(n,), daemon=True) for n in range(self.threads)]
         for t in loops:
@@ -226,21 +254,14 @@ class Worker:
                 if self.deadline is not None and time.time() >= self.deadline:
                     self.request_stop(StopReason.TIME_LIMIT)
         finally:
-            self.stop.set()
-            try:
-                self.events.emit("job_end", cycle=self.table.cycle, job=self.job_id, worker=self.worker_id,
-                                 reason=self.stop_reason or ("error" if self.failed else "empty"))
-            except EnkflowError as exc:
-                print(f"enkflow worker {self.worker_id}: error: {exc}", file=sys.stderr, flush=True)
-                self.failed = True
+            over.set()
+            hb.join(timeout=self.table.heartbeat_s + 5.0)
             try:
                 (self.hb_dir / f"{self.worker_id}.json").unlink()
             except FileNotFoundError:
                 pass
-            self._sweep_node()
-        return 3 if self.aborted else 4 if self.failed else 0
 
-    def _sweep_node(self) -> None:
+    def sweep_node(self) -> None:
         """Remove the names of this node's segments whose maker is dead, once the makers that are
         processes of this pilot's steps are gone (at most ``STEP_EXIT_WAIT_S``): the ranks of a stopped
         parallel analysis run under SLURM's step daemon, which ends them a moment after the pilot's kill."""
@@ -250,7 +271,7 @@ class Worker:
             time.sleep(0.1)
         remove_dead_segments()
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, over: threading.Event) -> None:
         path = self.hb_dir / f"{self.worker_id}.json"
         while True:
             with self._clock:
@@ -260,7 +281,7 @@ class Worker:
                                   durable=False)
             except EnkflowError:
                 pass  # a missed beat is harmless; the claim loop reports a full disk
-            if self.stop.wait(self.table.heartbeat_s) and not children:
+            if over.wait(self.table.heartbeat_s) and not children:
                 return
 
     def _claimant(self, n: int) -> Claimant:
@@ -283,6 +304,13 @@ class Worker:
                 self.stop.wait(self.table.poll_s)
                 continue
             task = self.table.tasks[got]
+            self.claimed += 1
+            if self._too_late(task):
+                self.todo.requeue(task.id, reason=StopReason.TIME_AHEAD)
+                self.events.emit("task_requeue", cycle=self.table.cycle, task=task.id, member=task.member,
+                                 reason=StopReason.TIME_AHEAD, worker=who.worker)
+                self.request_stop(StopReason.TIME_AHEAD)
+                return
             try:
                 self._run_task(task, who)
             except EnkflowError as exc:
@@ -298,6 +326,13 @@ class Worker:
                 return
             if self.only is not None:
                 return
+
+    def _too_late(self, task: Task) -> bool:
+        """Whether ``task`` is expected to outlast this worker's time limit."""
+        if self.deadline is None or self.durations is None:
+            return False
+        need = self.durations.expected(task)
+        return need is not None and time.time() + need > self.deadline
 
     # -- one task -----------------------------------------------------------------
 
@@ -365,6 +400,8 @@ class Worker:
         }
         write_json_atomic(marker, rec)
         self.todo.complete(task.id, who)
+        if self.durations is not None:
+            self.durations.note(task, run_s)
         if prot is not None:
             discard(prot)
         self.events.emit("task_end", **rec)
@@ -474,22 +511,3 @@ def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = Non
     # A lapsed lease stops the pilot as SLURM's time limit does: its task is put back, resumable.
     watch_from_environment(f"pilot {wid}", on_lapse=lambda reason: w.request_stop(StopReason.LEASE))
     return w.run()
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The worker's command-line options (shared by ``enkflow worker`` and ``python -m enkflow.jobs``)."""
-    p.add_argument("cycle_dir", help="the cycle directory (EXPDIR/cycles/NNNN) holding tasks.json and todo.json")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="stop after S seconds, putting the running task back at the front of the list")
-    p.add_argument("--threads", type=int, default=1, metavar="N", help="run N tasks side by side (one big job)")
-    p.add_argument("--task", type=int, default=None, metavar="ID", help="run only this task ID (one job per member)")
-    p.add_argument("--worker-id", default=None, help="name in claims and events (default host-pid)")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m enkflow.jobs``: what launchers start (lighter than the full CLI)."""
-    p = argparse.ArgumentParser(prog="enkflow worker", description="pilot worker of the dynamic running job scheme")
-    add_arguments(p)
-    a = p.parse_args(argv)
-    return run_worker(a.cycle_dir, worker_id=a.worker_id, threads=a.threads, only=a.task, time_limit_s=a.time_limit)
-

@@ -84,6 +84,9 @@ def render_report(rep: Report, *, members: bool = False) -> str:
     for name, label in (("total", "total"), ("queuing", "queuing"), ("running", "running"), ("io", "I/O"), ("overhead", "overhead")):
         f = s[name]
         lines.append(f"{label:10} {_sec(f['mean'], 11)} +- {_sec(f['std'], 6)} {f['pct_mean']:8.1f} +- {f['pct_std']:4.1f}")
+    idle = [c.pilot_idle for c in rep.cycles]
+    if any(idle):
+        lines.append(f"pilots idle between cycles (pilot-seconds, held CPUs): mean {sum(idle) / len(idle):.2f} per cycle")
     return "\n".join(lines)
 
 

@@ -4,14 +4,19 @@ Per cycle (seconds, from ``events.jsonl``):
 
 ``total``     cycle start (before the first job is submitted) to cycle end
               (the driver saw the analysis confirmed and cancelled leftover jobs).
-``queuing``   time within the cycle when none of the cycle's jobs was running:
-              the experiment was waiting for the batch queue.
+``queuing``   time within the cycle when none of the study's jobs was running:
+              the experiment was waiting for the batch queue (a pilot that spans
+              cycles counts as running in every cycle it lives through).
 ``running``   time when a member forecast (including the model's own restart
               I/O) or the analysis computation was running.
 ``io``        the analysis task's restart I/O: reading the ensemble, writing the
               updated restarts and the mean/spread output (``read_s + write_s +
               update_s + output_s`` reported by the analysis).
-``overhead``  the rest: job start-up, polling, scheduler latency.
+``overhead``  the rest: job start-up, polling, scheduler latency, pilots waiting.
+
+``pilot_idle`` (pilot-seconds, not a share of the total) is the time pilots that span
+cycles held their CPUs idle waiting for the cycle's release (``pilot_wait`` events:
+mostly the previous cycle's analysis), or waited before leaving idle.
 
 ``member_io`` (sum over members of the model's own read and write time) and
 ``analysis_compute`` are reported beside them. The summary gives mean +- std
@@ -90,6 +95,7 @@ class CycleTiming:
     requeues: int
     members: dict[int, dict[str, Any]] = field(default_factory=dict)
     analysis: dict[str, Any] = field(default_factory=dict)  # seconds, ratios; per-rank lists
+    pilot_idle: float = 0.0  # pilot-seconds
 
 
 @dataclass
@@ -164,24 +170,27 @@ def _by_cycle(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
 def cycle_timings(events: list[dict[str, Any]]) -> list[CycleTiming]:
     """The figures of every cycle that has a ``cycle_end`` event."""
     by_cycle = _by_cycle(events)
-    result = []
+    bounds: dict[int, tuple[float, float]] = {}
     for k in sorted(by_cycle):
         ev = by_cycle[k]
         starts = [e["t"] for e in ev if e["event"] in ("cycle_start", "cycle_resume")]
         ends = [e["t"] for e in ev if e["event"] == "cycle_end"]
-        if not starts or not ends:
-            continue
-        lo, hi = min(starts), max(ends)
-        result.append(_one_cycle(k, ev, lo, hi))
-    return result
+        if starts and ends:
+            bounds[k] = (min(starts), max(ends))
+    job_iv = _job_intervals(events, bounds)
+    return [_one_cycle(k, by_cycle[k], lo, hi, job_iv) for k, (lo, hi) in bounds.items()]
 
 
-def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleTiming:
-    # Job running intervals: job_start .. job_end, or .. the moment its death was noticed.
+def _job_intervals(events: list[dict[str, Any]], bounds: dict[int, tuple[float, float]]) -> list[tuple[float, float]]:
+    """Every job's running interval: job_start .. job_end, or .. the moment its death was noticed,
+    or else .. the end of the last cycle it was seen in (a job may span cycles)."""
     job_start: dict[str, float] = {}
     job_end: dict[str, float] = {}
-    for e in ev:
+    last_cycle: dict[str, int] = {}
+    for e in events:
         job = str(e.get("job", ""))
+        if job and isinstance(e.get("cycle"), int):
+            last_cycle[job] = e["cycle"]
         if e["event"] == "job_start" and job:
             job_start.setdefault(job, e["t"])
         elif e["event"] == "job_end" and job:
@@ -190,7 +199,16 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
             j = str((e.get("claim") or {}).get("job", ""))
             if j:
                 job_end.setdefault(j, e["t"])
-    job_iv = [(t, job_end.get(j, hi)) for j, t in job_start.items()]
+    out = []
+    for j, t in job_start.items():
+        end = job_end.get(j)
+        if end is None:
+            end = bounds.get(last_cycle.get(j, -1), (t, t))[1]
+        out.append((t, end))
+    return out
+
+
+def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float, job_iv: list[tuple[float, float]]) -> CycleTiming:
     busy = _union_length(job_iv, lo, hi)
 
     # Task intervals: task_start .. the same worker's next end, failure or requeue of that task.
@@ -239,6 +257,7 @@ def _one_cycle(k: int, ev: list[dict[str, Any]], lo: float, hi: float) -> CycleT
         analysis_compute=(sum(analysis.get(x, 0.0) for x in COMPUTE_KEYS) if any(x in analysis for x in COMPUTE_KEYS)
                           else max(0.0, analysis.get("run_s", 0.0) - io)),
         jobs=n_jobs, failures=failures, requeues=requeues, members=members, analysis=analysis,
+        pilot_idle=sum(float(e.get("idle_s", 0.0)) for e in ev if e["event"] == "pilot_wait"),
     )
 
 
