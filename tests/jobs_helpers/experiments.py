@@ -30,7 +30,8 @@ def make_experiment(root: Path, synth: Path, *, members: int = 4, cycles: int = 
                     model_sleep: float = 0.2, analysis_sleep: float = 0.0, strategy: str = "dynamic",
                     launcher: str = "local", extra: str = "", model_command: str | None = None,
                     max_attempts: int = 3, obs_cycles: int | None = None, time_limit: float = 600.0,
-                    launcher_cpus: int = 0, model_extra: str = "", pilots: str = "study") -> Path:
+                    launcher_cpus: int = 0, model_extra: str = "", pilots: str = "study",
+                    jobs_extra: str = "") -> Path:
     """Copy the member restarts to ``root/members`` and write ``root/exp.toml``; returns its path."""
     stage_inputs(root, synth, members=members, cycles=cycles if obs_cycles is None else obs_cycles)
     py = sys.executable
@@ -61,6 +62,7 @@ strategy = "{strategy}"
 workers = {workers}
 time_limit = {time_limit}
 pilots = "{pilots}"
+{jobs_extra}
 poll = 0.1
 heartbeat = 0.5
 lease = 5.0
