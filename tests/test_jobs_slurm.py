@@ -182,3 +182,57 @@ def test_table2_short(slurm: LocalSlurm, tmp_path: Path, synth: Path) -> None:
         assert all(np.array_equal(a, b) for a, b in zip(states[strategy], states["dynamic"]))
     print(f"short Table 2 (1 cycle, N_e = {N}, 8-CPU node under load): "
           + ", ".join(f"{k} {v:.1f} s" for k, v in totals.items()))
+
+
+def test_a_driver_killed_while_the_next_cycles_pilots_queue_is_resumed_bitwise_leaving_no_job(
+        slurm: LocalSlurm, tmp_path: Path, synth: Path, reference: list[np.ndarray]) -> None:
+    """Pilots that span cycles: the next cycle's pilots are submitted while the analysis runs; the
+    node is full of other jobs, so they queue. ``kill -9`` of the driver then leaves them in the
+    queue: the rerun cancels them (they would start later and wait for nothing), finishes the study
+    bitwise, and at its end ``squeue`` holds no job of the study."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    toml = make_experiment(tmp_path, synth, cycles=2, model_sleep=0.0, analysis_sleep=4.0, launcher="slurm", workers=N,
+                           jobs_extra="idle_timeout = 1.0")  # the pilots that do not run the analysis leave
+    events = tmp_path / "exp" / "events.jsonl"
+    with BackgroundLoad(jobs=slurm.cpus + 4, duration_s=(6.0, 10.0), seed=5) as load:
+        t0 = time.time()
+        while load._count() < slurm.cpus + 4 and time.time() - t0 < 20:
+            time.sleep(0.2)
+        code = "import sys; from enkflow.experiment import Experiment, load_experiment; Experiment(load_experiment(sys.argv[1])).run()"
+        driver = subprocess.Popen([sys.executable, "-c", code, str(toml)], env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+                                  start_new_session=True)
+        queued: list[str] = []
+        deadline = time.time() + 240
+        try:
+            while time.time() < deadline and not queued and driver.poll() is None:
+                ev = list(iter_events(events)) if events.exists() else []
+                ana = [e["t"] for e in ev if e["event"] == "task_start" and e.get("cycle") == 1 and e["task"] == N + 1]
+                ahead = [e["job"] for e in ev if e["event"] == "job_submit" and ana and e["t"] >= ana[0]]
+                if ahead:
+                    pending = subprocess.run(["squeue", "--me", "-h", "-t", "PENDING", "-o", "%i"], capture_output=True,
+                                             text=True).stdout.split()
+                    queued = [j for j in ahead if j in pending]
+                time.sleep(0.1)
+        finally:
+            os.kill(driver.pid, signal.SIGKILL)
+            driver.wait()
+        assert queued, "no pilot of the next cycle was seen queued while the analysis ran"
+        Experiment(load_experiment(toml)).run()
+    for a, b in zip(restarts(tmp_path, N), reference):
+        assert np.array_equal(a, b)
+    ev = list(iter_events(events))
+    cancelled = [j for e in ev if e["event"] == "earlier_jobs_cancelled" for j in e["jobs"]]
+    assert set(queued) <= set(cancelled)
+    ours = {e["job"] for e in ev if e["event"] == "job_submit"}
+    left = subprocess.run(["squeue", "--me", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert not ours & set(left)
+    ends = {}
+    for e in ev:
+        if e["event"] == "task_end":
+            ends[(e["cycle"], e["task"])] = ends.get((e["cycle"], e["task"]), 0) + 1
+    assert sorted(ends) == [(c, t) for c in (1, 2) for t in range(1, N + 2)] and set(ends.values()) == {1}
