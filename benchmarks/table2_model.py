@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 from enkflow_testing.localslurm import BackgroundLoad  # noqa: E402
 
 DT = 0.1  # time step, s
-STRATEGIES = ("dynamic", "per-member", "single")
+STRATEGIES = ("dynamic", "dynamic-cycle", "per-member", "single")
 
 
 class Job:
@@ -47,10 +47,10 @@ class Job:
 
 
 class Node:
-    """One node under FIFO + EASY backfill, advanced in steps of DT."""
+    """One node under FIFO + EASY backfill, advanced in steps of ``dt`` seconds."""
 
-    def __init__(self, cpus: int):
-        self.cpus = cpus
+    def __init__(self, cpus: int, dt: float = DT):
+        self.cpus, self.dt = cpus, dt
         self.t = 0.0
         self.queue: list[Job] = []
         self.running: list[Job] = []
@@ -94,7 +94,7 @@ class Node:
                 lst.remove(job)
 
     def step(self) -> list[Job]:
-        self.t += DT
+        self.t += self.dt
         done = [j for j in self.running if self.t - j.start >= j.duration]
         for j in done:
             self.running.remove(j)
@@ -114,70 +114,112 @@ class Load:
             self.node.submit("load", 1, secs, 60.0 * limit_min)
 
 
-def run_cycle(node: Node, load: Load, strategy: str, *, members: int, member_s: float, analysis_s: float,
-              single_s: float, limit_s: float = 600.0) -> float:
-    """One cycle of ``strategy``; returns its total, s."""
-    t0 = node.t
+class Study:
+    """One strategy's study on the node, cycle after cycle (the pilots of ``dynamic`` outlive a cycle)."""
 
-    def tick() -> list[Job]:
-        load.top_up()
-        node.schedule()
-        return node.step()
+    def __init__(self, node: Node, load: Load, strategy: str, *, members: int, member_s: float, analysis_s: float,
+                 single_s: float, idle_timeout_s: float, limit_s: float = 600.0):
+        self.node, self.load, self.strategy = node, load, strategy
+        self.members, self.member_s, self.analysis_s, self.single_s = members, member_s, analysis_s, single_s
+        self.idle_timeout_s, self.limit_s = idle_timeout_s, limit_s
+        self.pilots: list[Job] = []  # live pilots (queued or running)
+        self.idle_since: dict[Job, float] = {}
+        self.pilot_idle = 0.0  # pilot-seconds held idle
 
-    if strategy == "single":
-        job = node.submit("exp", members, single_s, limit_s)
-        while job not in tick():
-            pass
-        return node.t - t0
-    if strategy == "per-member":
-        pending = {node.submit("exp", 1, member_s, limit_s) for _ in range(members)}
-        while pending:
-            pending -= set(tick())
-        job = node.submit("exp", 1, analysis_s, limit_s)  # dependent job: ranks from now
-        while job not in tick():
-            pass
-        return node.t - t0
-    # dynamic: pilots pull members from the to-do list; a running pilot takes the analysis last.
-    pilots = [node.submit("pilot", 1, math.inf, limit_s) for _ in range(members)]
-    todo, done, busy_until = members, 0, {}
-    while done < members:
-        tick()
-        for p in pilots:
-            if p.start is None:
-                continue
-            if p in busy_until and node.t >= busy_until[p]:
-                del busy_until[p]
-                done += 1
-            if p not in busy_until and todo:
-                todo -= 1
-                busy_until[p] = node.t + member_s
-    analysis_end = node.t + analysis_s
-    while node.t < analysis_end:
-        tick()
-    for p in pilots:  # queued pilots are cancelled, idle running ones leave
-        node.cancel(p)
-    return node.t - t0
+    def tick(self) -> list[Job]:
+        self.load.top_up()
+        self.node.schedule()
+        return self.node.step()
+
+    def cycle(self, last: bool) -> float:
+        """One cycle; returns its total, s."""
+        t0 = self.node.t
+        if self.strategy == "single":
+            job = self.node.submit("exp", self.members, self.single_s, self.limit_s)
+            while job not in self.tick():
+                pass
+        elif self.strategy == "per-member":
+            pending = {self.node.submit("exp", 1, self.member_s, self.limit_s) for _ in range(self.members)}
+            while pending:
+                pending -= set(self.tick())
+            job = self.node.submit("exp", 1, self.analysis_s, self.limit_s)  # dependent job: ranks from now
+            while job not in self.tick():
+                pass
+        else:
+            self._pilots_cycle(spans=self.strategy == "dynamic", last=last)
+        return self.node.t - t0
+
+    def _top_up(self, n: int) -> None:
+        self.pilots += [self.node.submit("pilot", 1, math.inf, self.limit_s) for _ in range(n - len(self.pilots))]
+
+    def _pilots_cycle(self, *, spans: bool, last: bool) -> None:
+        """Pilots pull members from the to-do list; a running pilot takes the analysis last. Pilots of
+        one cycle (``dynamic-cycle``) leave at its end; pilots that span cycles wait (leaving once idle
+        longer than the timeout), and the next cycle's missing pilots are submitted when the analysis starts."""
+        self._top_up(self.members)
+        todo, done, busy_until = self.members, 0, {}
+        while done < self.members:
+            self.tick()
+            for p in list(self.pilots):
+                if p.start is None:
+                    continue
+                if p in busy_until and self.node.t >= busy_until[p]:
+                    del busy_until[p]
+                    done += 1
+                    self.idle_since[p] = self.node.t
+                if p not in busy_until and todo:
+                    todo -= 1
+                    busy_until[p] = self.node.t + self.member_s
+                    self.pilot_idle += self.node.t - self.idle_since.pop(p, self.node.t)
+                elif p not in busy_until:
+                    self._leave_if_idle(p)
+        if spans and not last:
+            self._top_up(self.members)  # submitted ahead: they queue while the analysis runs
+        analysis_end = self.node.t + self.analysis_s
+        while self.node.t < analysis_end:
+            self.tick()
+            for p in list(self.pilots):
+                if p.start is not None:
+                    self._leave_if_idle(p)
+        if not spans or last:
+            for p in self.pilots:  # queued pilots are cancelled, idle running ones leave
+                if p.start is not None:
+                    self.pilot_idle += self.node.t - self.idle_since.pop(p, p.start)
+                self.node.cancel(p)
+            self.pilots = []
+
+    def _leave_if_idle(self, p: Job) -> None:
+        since = self.idle_since.setdefault(p, p.start)
+        if self.node.t - since > self.idle_timeout_s:
+            self.pilot_idle += self.node.t - since
+            self.node.cancel(p)
+            self.pilots.remove(p)
+            del self.idle_since[p]
 
 
 def simulate(*, cycles: int, node_cpus: int, load_jobs: int, seconds: tuple[float, float], law: str, seed: int,
-             members: int = 8, member_s: float = 6.4, analysis_s: float = 1.6, single_s: float = 9.0) -> dict[str, list[float]]:
+             members: int = 8, member_s: float = 6.4, analysis_s: float = 1.6, single_s: float = 9.0,
+             idle_timeout_s: float = 120.0, dt: float = DT) -> dict[str, dict]:
+    """Every strategy's study of ``cycles`` cycles, one after another on one node under the load: per
+    strategy the cycles' totals (s) and the pilots' idle pilot-seconds per cycle."""
     rng = random.Random(seed)
-    node = Node(node_cpus)
+    node = Node(node_cpus, dt)
     load = Load(node, load_jobs, seconds, law, rng)
     while node.t < max(seconds):  # steady state first, as table2.py waits
         load.top_up()
         node.schedule()
         node.step()
-    totals: dict[str, list[float]] = {s: [] for s in STRATEGIES}
-    for k in range(cycles):
-        r = k % len(STRATEGIES)
-        for strategy in STRATEGIES[r:] + STRATEGIES[:r]:
-            totals[strategy].append(run_cycle(node, load, strategy, members=members, member_s=member_s,
-                                              analysis_s=analysis_s, single_s=single_s))
-    return totals
+    out: dict[str, dict] = {}
+    for strategy in STRATEGIES:
+        study = Study(node, load, strategy, members=members, member_s=member_s, analysis_s=analysis_s,
+                      single_s=single_s, idle_timeout_s=idle_timeout_s)
+        totals = [study.cycle(last=k == cycles - 1) for k in range(cycles)]
+        out[strategy] = {"totals": totals, "pilot_idle": study.pilot_idle / cycles}
+    return out
 
 
-def describe(totals: dict[str, list[float]]) -> str:
+def describe(result: dict[str, dict]) -> str:
+    totals = {s: r["totals"] for s, r in result.items()}
     m = {s: statistics.mean(v) for s, v in totals.items()}
     sd = {s: statistics.stdev(v) for s, v in totals.items()}
     n = len(totals["dynamic"])
@@ -188,28 +230,34 @@ def describe(totals: dict[str, list[float]]) -> str:
         return f"{r:.2f} +- {se:.2f}"
 
     cells = ", ".join(f"{s} {m[s]:6.1f} +- {sd[s]:5.1f}" for s in STRATEGIES)
-    return f"{cells} s | dynamic/per-member {ratio('dynamic', 'per-member')}, dynamic/single {ratio('dynamic', 'single')}"
+    return (f"{cells} s | dynamic/single {ratio('dynamic', 'single')}, dynamic/per-member "
+            f"{ratio('dynamic', 'per-member')}, dynamic/previous {ratio('dynamic', 'dynamic-cycle')}; pilots idle "
+            f"{result['dynamic']['pilot_idle']:.1f} pilot-s per cycle")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=300, help="cycles per strategy (default 300)")
-    ap.add_argument("--node-cpus", type=int, default=8)
-    ap.add_argument("--load-jobs", type=int, default=14)
-    ap.add_argument("--load-seconds", type=float, nargs=2, default=(10.0, 120.0))
+    ap.add_argument("--members", type=int, default=8, help="N_e (default 8, as table2.py)")
+    ap.add_argument("--node-cpus", type=int, default=16, help="CPUs of the node (or of the cluster, as one pool)")
+    ap.add_argument("--load-jobs", type=int, default=24)
+    ap.add_argument("--load-seconds", type=float, nargs=2, default=(5.0, 300.0))
     ap.add_argument("--load-distribution", choices=["loguniform", "uniform"], default="loguniform")
+    ap.add_argument("--idle-timeout", type=float, default=120.0, help="[jobs] idle_timeout of the pilots, s")
+    ap.add_argument("--dt", type=float, default=DT, help=f"time step, s (default {DT}; 1 for thousands of jobs)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--sweep", action="store_true", help="the load laws compared in the closing note of issue 4")
     args = ap.parse_args()
     cases = [(args.load_distribution, tuple(args.load_seconds), args.load_jobs)]
     if args.sweep:
-        cases = [("uniform", (20.0, 60.0), 12), ("uniform", (20.0, 60.0), 14), ("uniform", (10.0, 90.0), 14),
-                 ("loguniform", (10.0, 120.0), 12), ("loguniform", (10.0, 120.0), 14)]
+        cases = [("loguniform", (5.0, 300.0), args.load_jobs), ("uniform", (30.0, 600.0), args.load_jobs),
+                 ("loguniform", (10.0, 120.0), args.load_jobs), ("uniform", (20.0, 60.0), args.load_jobs)]
     print(f"(+- after a mean: std of one cycle; after a ratio: standard error over {args.cycles} cycles)")
     for law, seconds, jobs in cases:
-        totals = simulate(cycles=args.cycles, node_cpus=args.node_cpus, load_jobs=jobs, seconds=seconds, law=law,
-                          seed=args.seed)
-        print(f"{law:10} {seconds[0]:g}-{seconds[1]:g} s, {jobs} jobs: {describe(totals)}", flush=True)
+        result = simulate(cycles=args.cycles, node_cpus=args.node_cpus, load_jobs=jobs, seconds=seconds, law=law,
+                          seed=args.seed, members=args.members, idle_timeout_s=args.idle_timeout,
+                          single_s=9.0 * args.members / 8, dt=args.dt)
+        print(f"{law:10} {seconds[0]:g}-{seconds[1]:g} s, {jobs} jobs: {describe(result)}", flush=True)
     return 0
 
 
