@@ -122,3 +122,25 @@ def _task_end_counts(ev: list[dict]) -> dict[tuple[int, int], int]:
         if e["event"] == "task_end":
             counts[(e["cycle"], e["task"])] = counts.get((e["cycle"], e["task"]), 0) + 1
     return counts
+
+
+@pytest.mark.parametrize("pilots", ["study", "cycle"])
+def test_a_parallel_analysis_runs_only_in_a_pilot_that_holds_its_cpus(tmp_path: Path, synth: Path, pilots: str,
+                                                                       per_cycle: list[np.ndarray]) -> None:
+    cfg = load_experiment(make_experiment(tmp_path, synth, cycles=3, workers=3, pilots=pilots,
+                                          jobs_extra="analysis_cpus = 2"))
+    Experiment(cfg).run()
+    for a, b in zip(restarts(tmp_path, N), per_cycle):
+        assert np.array_equal(a, b)
+    ev = _events(cfg)
+    cpus = {e["job"]: e["cpus"] for e in ev if e["event"] == "job_submit"}
+    threads = {e["job"]: e["threads"] for e in ev if e["event"] == "job_start"}
+    ana = [e for e in ev if e["event"] == "task_start" and e.get("member") is None]
+    assert len(ana) == 3 and all(cpus[e["job"]] == 2 and threads[e["job"]] == 2 for e in ana)
+    # The large pilot, submitted first, counts as two of the three workers: one small one beside it.
+    first = [e["cpus"] for e in ev if e["event"] == "job_submit" and e["cycle"] == 1]
+    assert first[:2] == [2, 1], first
+    if pilots == "study":  # the next cycles' pilots were kept, not cancelled and submitted again
+        assert not any(e["event"] == "job_cancel" and e.get("reason") == "unneeded" and e["cycle"] < 3 for e in ev)
+    members_in_large = [e for e in ev if e["event"] == "task_start" and e.get("member") and cpus[e["job"]] == 2]
+    assert members_in_large  # it ran members too while the analysis was not due

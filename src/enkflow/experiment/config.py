@@ -252,7 +252,8 @@ class JobsSection(Strict):
     strategy: Strategy = Strategy.DYNAMIC
     workers: int | None = Field(default=None, ge=1, description="N_j pilot jobs (dynamic); default min(N_e, CPUs)")
     cpus_per_job: int = Field(default=1, ge=1)
-    analysis_cpus: int = Field(default=1, ge=1, description="CPUs of the analysis job (per-member strategy)")
+    analysis_cpus: int = Field(default=1, ge=1, description="CPUs the analysis needs: the per-member strategy's analysis "
+                               "job; dynamic: only a pilot this large takes it")
     time_limit: float = Field(default=3600.0, gt=0, description="wall-clock limit of each job, s")
     heartbeat: float = Field(default=2.0, gt=0, description="worker heartbeat period, s")
     lease: float = Field(default=30.0, gt=0, description="a claim whose worker on another host has not beaten for this long is requeued, s")

@@ -104,7 +104,7 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
                               commit={"from": str(op_tmp), "to": str(final)} if final is not None and "{output}" in cfg.observations.operator else None))
         tasks[m] = Task(m, m, steps, restart=str(restart),
                         restart_write=RestartWrite.RENAME if uses_output else cfg.model.restart_write,
-                        unchanged=cfg.model.unchanged)
+                        unchanged=cfg.model.unchanged, cpus=cfg.jobs.cpus_per_job)
     at = cfg.analysis_task
     prefix = shlex.split(at.launcher) if at.launcher.strip() else []
     if at.command is not None:
@@ -113,7 +113,8 @@ def build_tasks(cfg: ExperimentConfig, cycle: int, events: Path) -> TaskTable:
     else:
         argv = prefix + [cfg.launcher.python or sys.executable, "-m", "enkflow.experiment.analysis_task", str(cfg.expdir), str(cycle)]
     fatal = None if at.command is not None else DETERMINISTIC_ERROR_RC
-    tasks[n + 1] = Task(n + 1, None, [Step(StepKind.ANALYSIS, argv, fatal_rc=fatal)], max_attempts=at.max_attempts)
+    tasks[n + 1] = Task(n + 1, None, [Step(StepKind.ANALYSIS, argv, fatal_rc=fatal)], max_attempts=at.max_attempts,
+                        cpus=cfg.jobs.analysis_cpus)
     return TaskTable(cycle=cycle, n_members=n, tasks=tasks, events=str(events),
                      max_attempts=cfg.model.max_attempts, heartbeat_s=cfg.jobs.heartbeat, lease_s=cfg.jobs.lease,
                      poll_s=cfg.jobs.poll, env=dict(cfg.model.env))
@@ -125,6 +126,7 @@ class _Job:
     role: JobRole
     covers: frozenset[int] | None
     t_submit: float
+    cpus: int = 1
     state: JobState = JobState.PENDING
 
 
@@ -382,7 +384,8 @@ class Experiment:
                                            f"(jobs.max_resubmits): jobs kept ending with tasks "
                                            f"{', '.join(map(str, uncovered))} left undone{_last_job_log(c.cdir)}")
                     planned = plan(cfg.jobs.strategy, cycle=c.number, cycle_dir=c.cdir, n_members=n, todo=uncovered,
-                                   res=c.res, serial=c.serial, python=cfg.launcher.python, board=self.dir.board)
+                                   res=c.res, serial=c.serial, python=cfg.launcher.python, board=self.dir.board,
+                                   analysis_pilot=self._needs_analysis_pilot(snap))
                     self._submit(c.number, planned)
                     c.submitted += len(planned)
                     c.serial += 1
@@ -403,12 +406,14 @@ class Experiment:
         return self.cfg.jobs.strategy is Strategy.DYNAMIC and self.cfg.jobs.pilots is PilotSpan.STUDY
 
     def _balance_pilots(self, snap: dict) -> list[int]:
-        """Pilots that span cycles, as many as the work left needs: a task ID per pilot to add
-        (for :func:`plan`); queued pilots beyond the need are cancelled, newest first.
+        """Pilots that span cycles, as many as the work left needs: a task ID per member slot to add
+        (for :func:`plan`).
 
         The need is the members still to forecast (at least 1 while the analysis is not done), and
         once the next cycle's pilots are due (:attr:`_Cycle.ahead_at`, or the analysis may start)
-        every member of the next cycle too; never more than ``workers`` pilots."""
+        every member of the next cycle too; never more than ``workers`` pilots. In the study's last
+        cycle queued pilots beyond the need are cancelled, newest first; before it they are kept (they
+        hold no CPU, and the next cycle needs them: cancelled now, they would queue again from the back)."""
         c, n = self._cycle, self.cfg.experiment.members
         left = remaining(snap)
         members_left = [t for t in left if t <= n]
@@ -419,14 +424,36 @@ class Experiment:
         want = min(c.res.workers, need)
         live = [j for j in self.pilots if j.state is not JobState.FINISHED]
         queued = [j for j in live if j.state is JobState.PENDING]
-        extra = queued[::-1][:max(0, len(live) - want)]
+        extra: list[_Job] = []
+        surplus = self._slots(live) - want
+        for j in queued[::-1] if c.next_cycle is None else []:  # newest first; never the only one for the analysis
+            if surplus >= self._slots([j]) and (j.cpus < c.res.analysis_cpus or self._analysis_capable(live, but=j)):
+                extra.append(j)
+                surplus -= self._slots([j])
         if extra:
             self.launcher.cancel([j.id for j in extra])
             for j in extra:
                 j.state = JobState.FINISHED
                 self.events.emit("job_cancel", cycle=c.number, job=j.id, role=j.role.value, state=JobState.PENDING.value,
                                  reason="unneeded")
-        return list(range(1, want - len(live) + 1)) if want > len(live) else []
+        have = self._slots(live) - self._slots(extra)
+        return list(range(1, want - have + 1)) if want > have else []
+
+    def _slots(self, jobs: list[_Job]) -> int:
+        """Member slots of ``jobs``: a pilot of k x ``cpus_per_job`` CPUs runs k members side by side."""
+        return sum(max(1, j.cpus // self.cfg.jobs.cpus_per_job) for j in jobs)
+
+    def _analysis_capable(self, jobs: list[_Job], but: _Job | None = None) -> bool:
+        """Whether one of ``jobs`` (other than ``but``) has the CPUs the analysis needs."""
+        return any(j is not but and j.cpus >= self.cfg.jobs.analysis_cpus for j in jobs)
+
+    def _needs_analysis_pilot(self, snap: dict) -> bool:
+        """Whether the next pilots must include one large enough for the analysis: it needs more CPUs
+        than a pilot has, is not done, and no live pilot has them."""
+        analysis = self.cfg.experiment.members + 1
+        live = [j for j in self.jobs + self.pilots if j.state is not JobState.FINISHED]
+        return (self.cfg.jobs.analysis_cpus > self.cfg.jobs.cpus_per_job and analysis not in snap["done"]
+                and not self._analysis_capable(live))
 
     def _end_pilots(self) -> None:
         """The study's end (or failure): the board says so, the pilots that wait on it leave, and
@@ -494,7 +521,7 @@ class Experiment:
             jid = self.launcher.submit(spec)
             if pj.role is JobRole.MEMBER:
                 member_ids.append(jid)
-            (self.pilots if self._study_pilots else self.jobs).append(_Job(jid, pj.role, pj.covers, t))
+            (self.pilots if self._study_pilots else self.jobs).append(_Job(jid, pj.role, pj.covers, t, spec.cpus))
             self.events.emit("job_submit", cycle=cycle, job=jid, role=pj.role.value, strategy=self.cfg.jobs.strategy.value,
                              cpus=spec.cpus, t_submit=t)
 

@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --board: leave after S seconds without a task (default 120)")
     p.add_argument("--threads", type=int, default=1, metavar="N", help="run N tasks side by side (one big job)")
     p.add_argument("--task", type=int, default=None, metavar="ID", help="run only this task ID (one job per member)")
+    p.add_argument("--cpus", type=int, default=None, metavar="N",
+                   help="the job's CPUs: tasks that need more (a parallel analysis) are left to other jobs")
     p.add_argument("--worker-id", default=None, help="name in claims and events (default host-pid)")
 
 
@@ -30,10 +32,12 @@ def start(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if (a.board is None) == (a.cycle_dir is None):
         p.error("give either a cycle directory or --board")
     if a.board is not None:
-        if a.threads != 1 or a.task is not None:
-            p.error("--board runs one task at a time, of any ID (no --threads, no --task)")
-        return run_pilot(a.board, worker_id=a.worker_id, time_limit_s=a.time_limit, idle_timeout_s=a.idle_timeout)
-    return run_worker(a.cycle_dir, worker_id=a.worker_id, threads=a.threads, only=a.task, time_limit_s=a.time_limit)
+        if a.task is not None:
+            p.error("--board runs tasks of any ID (no --task)")
+        return run_pilot(a.board, worker_id=a.worker_id, time_limit_s=a.time_limit, idle_timeout_s=a.idle_timeout,
+                         threads=a.threads, cpus=a.cpus)
+    return run_worker(a.cycle_dir, worker_id=a.worker_id, threads=a.threads, only=a.task, time_limit_s=a.time_limit,
+                      cpus=a.cpus)
 
 
 def main(argv: list[str] | None = None) -> int:

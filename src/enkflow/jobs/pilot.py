@@ -60,7 +60,8 @@ class Board:
 @dataclass
 class Pilot:
     """One pilot job over the study's cycles (see the module's docstring); times in seconds,
-    ``time_limit_s`` counted from construction; ``poll_s``: how often it looks at the board before
+    ``time_limit_s`` counted from construction; ``threads`` tasks side by side, in ``cpus`` CPUs
+    (a task that needs more is left to another pilot); ``poll_s``: how often it looks at the board before
     its first cycle (then the cycle's ``poll_s``)."""
 
     board: Path
@@ -69,6 +70,8 @@ class Pilot:
     time_limit_s: float | None = None
     idle_timeout_s: float = 120.0
     poll_s: float = 0.2
+    threads: int = 1
+    cpus: int | None = None
     durations: TaskDurations = field(default_factory=TaskDurations)
 
     def __post_init__(self) -> None:
@@ -94,7 +97,7 @@ class Pilot:
         remove_dead_segments()
         board = Board.read(self.board)
         events = self._events(board)
-        events.emit("job_start", cycle=board.cycle, job=self.job_id, worker=self.worker_id, threads=1, span="study")
+        events.emit("job_start", cycle=board.cycle, job=self.job_id, worker=self.worker_id, threads=self.threads, span="study")
         idle_since = time.time()
         try:
             while not self.stop.is_set():
@@ -140,7 +143,8 @@ class Pilot:
         if not (cycle_dir / TASKS_FILE).exists():
             return self.worker
         left = None if self.deadline is None else max(0.0, self.deadline - time.time())
-        return Worker(cycle_dir, self.worker_id, job_id=self.job_id, time_limit_s=left, durations=self.durations)
+        return Worker(cycle_dir, self.worker_id, job_id=self.job_id, time_limit_s=left, durations=self.durations,
+                      threads=self.threads, cpus=self.cpus)
 
     def _switch(self, w: Worker, idle_since: float) -> None:
         """Move on to ``w``'s cycle; what the cycles worked so far took is learnt first."""
@@ -192,12 +196,14 @@ class Pilot:
 
 
 def run_pilot(board: str | os.PathLike[str], *, worker_id: str | None = None, job_id: str | None = None,
-              time_limit_s: float | None = None, idle_timeout_s: float = 120.0, poll_s: float = 0.2) -> int:
+              time_limit_s: float | None = None, idle_timeout_s: float = 120.0, poll_s: float = 0.2, threads: int = 1,
+              cpus: int | None = None) -> int:
     """Run a pilot on the study's ``board`` until it leaves (SIGTERM, as SLURM sends at the time
     limit or on ``scancel``, stops the running task and puts it back at the front)."""
     job = job_id or next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), "")
     wid = worker_id or f"{hostname()}-{os.getpid()}"
-    p = Pilot(Path(board), wid, job_id=job, time_limit_s=time_limit_s, idle_timeout_s=idle_timeout_s, poll_s=poll_s)
+    p = Pilot(Path(board), wid, job_id=job, time_limit_s=time_limit_s, idle_timeout_s=idle_timeout_s, poll_s=poll_s,
+              threads=threads, cpus=cpus)
     signal.signal(signal.SIGTERM, lambda signum, frame: p.request_stop(StopReason.SIGTERM))
     signal.signal(signal.SIGINT, lambda signum, frame: p.request_stop(StopReason.SIGINT))
     watch_from_environment(f"pilot {wid}", on_lapse=lambda reason: p.request_stop(StopReason.LEASE))

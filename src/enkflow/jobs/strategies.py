@@ -61,8 +61,8 @@ class Resources:
     """Job sizes and limits, from the ``[jobs]`` configuration.
 
     ``workers``: N_j pilots (dynamic); ``cpus_per_job``: CPUs of a pilot or a
-    member job; ``analysis_cpus``: CPUs of the per-member strategy's analysis
-    job; ``time_limit_s``: wall-clock limit of every job, seconds; ``pilots``:
+    member job; ``analysis_cpus``: CPUs the analysis needs (the per-member
+    strategy's analysis job; dynamic: one pilot is that large); ``time_limit_s``: wall-clock limit of every job, seconds; ``pilots``:
     how long a pilot stays, ``idle_timeout_s`` (seconds) how long one waits
     between cycles.
     """
@@ -77,28 +77,40 @@ class Resources:
 
 
 def worker_argv(cycle_dir: Path, *, time_limit_s: float, threads: int = 1, only: int | None = None,
-                python: str | None = None) -> list[str]:
+                python: str | None = None, cpus: int | None = None) -> list[str]:
     """Command line of a worker on ``cycle_dir``."""
     argv = [python or sys.executable, "-m", "enkflow.jobs", str(cycle_dir), "--time-limit", f"{time_limit_s:g}"]
     if threads != 1:
         argv += ["--threads", str(threads)]
+    if cpus is not None:
+        argv += ["--cpus", str(cpus)]
     if only is not None:
         argv += ["--task", str(only)]
     return argv
 
 
-def pilot_argv(board: Path, *, time_limit_s: float, idle_timeout_s: float, python: str | None = None) -> list[str]:
+def pilot_argv(board: Path, *, time_limit_s: float, idle_timeout_s: float, cpus: int, threads: int = 1,
+               python: str | None = None) -> list[str]:
     """Command line of a pilot that spans cycles, on the study's ``board`` (:mod:`enkflow.jobs.pilot`)."""
     return [python or sys.executable, "-m", "enkflow.jobs", "--board", str(board), "--time-limit", f"{time_limit_s:g}",
-            "--idle-timeout", f"{idle_timeout_s:g}"]
+            "--idle-timeout", f"{idle_timeout_s:g}", "--cpus", str(cpus), "--threads", str(threads)]
+
+
+def analysis_pilot_threads(res: Resources) -> int:
+    """Member slots of the pilot that can run a parallel analysis: ``analysis_cpus`` rounded up to
+    whole pilots of ``cpus_per_job`` (1 when any pilot can run it)."""
+    return max(1, -(-res.analysis_cpus // res.cpus_per_job))
 
 
 def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, todo: list[int], res: Resources,
-         serial: int = 0, python: str | None = None, board: Path | None = None) -> list[PlannedJob]:
+         serial: int = 0, python: str | None = None, board: Path | None = None,
+         analysis_pilot: bool = False) -> list[PlannedJob]:
     """Jobs that together can run the task IDs ``todo`` of one cycle.
 
     ``serial`` numbers the job names so that resubmissions are told apart.
     ``board``: where pilots that span cycles (``res.pilots`` STUDY) look for their next cycle.
+    ``analysis_pilot`` (dynamic): no live pilot has the ``analysis_cpus`` a parallel analysis needs, so
+    the first pilot is that large (it runs as many members side by side in the meantime).
     Member and analysis jobs of the per-member strategy are returned in
     submission order; the analysis job's ``after`` is filled in by the
     driver with the IDs the member jobs got.
@@ -118,13 +130,21 @@ def plan(strategy: Strategy, *, cycle: int, cycle_dir: Path, n_members: int, tod
     if not todo:
         return jobs
     if strategy is Strategy.DYNAMIC:
-        n = max(1, min(res.workers, len(members)))
-        for j in range(n):
+        slots = max(1, min(res.workers, len(members)))
+        sizes = []
+        if analysis_pilot:
+            big = analysis_pilot_threads(res)
+            sizes.append(big)
+            slots -= big
+        sizes += [1] * max(0, slots)
+        for j, threads in enumerate(sizes):
+            cpus = threads * res.cpus_per_job
             if res.pilots is PilotSpan.STUDY and board is not None:
-                argv = pilot_argv(board, time_limit_s=res.time_limit_s, idle_timeout_s=res.idle_timeout_s, python=python)
+                argv = pilot_argv(board, time_limit_s=res.time_limit_s, idle_timeout_s=res.idle_timeout_s, cpus=cpus,
+                                  threads=threads, python=python)
             else:
-                argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, python=python)
-            jobs.append(PlannedJob(spec(f"pilot{serial}.{j}", argv, res.cpus_per_job), JobRole.PILOT, None))
+                argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, threads=threads, python=python, cpus=cpus)
+            jobs.append(PlannedJob(spec(f"pilot{serial}.{j}", argv, cpus), JobRole.PILOT, None))
     elif strategy is Strategy.PER_MEMBER:
         for m in members:
             argv = worker_argv(cycle_dir, time_limit_s=res.time_limit_s, only=m, python=python)

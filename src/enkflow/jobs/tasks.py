@@ -95,6 +95,7 @@ class Task:
     restart_write: RestartWrite = RestartWrite.IN_PLACE  # how the model writes it (protect.py)
     unchanged: Unchanged = Unchanged.WARN  # what a zero exit that left the restart untouched gets
     max_attempts: int | None = None  # overrides the table's limit (the analysis has its own)
+    cpus: int = 1  # CPUs it needs: a pilot with fewer does not take it (a parallel analysis)
 
     @property
     def label(self) -> str:
@@ -108,13 +109,14 @@ class Task:
             "restart_write": self.restart_write.value,
             "unchanged": self.unchanged.value,
             "max_attempts": self.max_attempts,
+            "cpus": self.cpus,
         }
 
     @classmethod
     def from_json(cls, tid: int, d: dict[str, Any]) -> "Task":
         return cls(tid, d.get("member"), [Step.from_json(s) for s in d["steps"]], d.get("restart"),
                    RestartWrite(d.get("restart_write", RestartWrite.IN_PLACE)), Unchanged(d.get("unchanged", Unchanged.WARN)),
-                   d.get("max_attempts"))
+                   d.get("max_attempts"), int(d.get("cpus", 1)))
 
 
 @dataclass(frozen=True)

@@ -138,11 +138,13 @@ class TodoList:
 
     # -- the operations of the scheme ----------------------------------------
 
-    def claim(self, who: Claimant, only: int | None = None) -> int | Take:
-        """Take the first pending task (or task ``only``); :class:`Take` when there is none.
+    def claim(self, who: Claimant, only: int | None = None, skip: frozenset[int] = frozenset()) -> int | Take:
+        """Take the first pending task (or task ``only``) not in ``skip`` (tasks the claimant cannot
+        run: it has too few CPUs); :class:`Take` when there is none.
 
         The analysis is handed out only when every member is in ``done``; while
-        members are still pending or running the answer is ``Take.WAIT``.
+        members are still pending or running the answer is ``Take.WAIT`` (``Take.EMPTY``
+        for a claimant that skips the analysis).
         """
         with self._locked():
             data = self._load()
@@ -151,7 +153,7 @@ class TodoList:
             pending: list[int] = data["pending"]
             analysis = data["analysis"]
             members_done = len(data["done"]) - (analysis in data["done"]) == data["n_members"]
-            candidates = pending if only is None else [t for t in pending if t == only]
+            candidates = [t for t in pending if (only is None or t == only) and t not in skip]
             for task in candidates:
                 if task == analysis and not members_done:
                     continue
@@ -162,7 +164,7 @@ class TodoList:
                 return task
             # Nothing to take now. Only the analysis can be left in `pending` (members
             # are always takeable), so wait for it while members run; otherwise leave.
-            if only is not None and only != analysis:
+            if (only is not None and only != analysis) or analysis in skip:
                 return Take.EMPTY
             return Take.WAIT if analysis in pending else Take.EMPTY
 

@@ -186,6 +186,7 @@ class Worker:
     only: int | None = None
     time_limit_s: float | None = None
     durations: TaskDurations | None = None
+    cpus: int | None = None  # the job's CPUs: tasks that need more are left to others (None: any)
     table: TaskTable = field(init=False)
     todo: TodoList = field(init=False)
     events: EventLog = field(init=False)
@@ -209,6 +210,7 @@ class Worker:
         self.aborted = False
         self.failed = False  # a write of the scheme's own files failed
         self.claimed = 0  # tasks this worker took from the list
+        self._skip = frozenset(t.id for t in self.table.tasks.values() if self.cpus is not None and t.cpus > self.cpus)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -293,7 +295,7 @@ class Worker:
         who = self._claimant(n)
         while not self.stop.is_set():
             requeue_stale(self.todo, self.table, self.events, by=who.worker)
-            got = self.todo.claim(who, only=self.only)
+            got = self.todo.claim(who, only=self.only, skip=self._skip)
             if got is Take.ABORT:
                 self.aborted = True
                 self.stop.set()
@@ -304,7 +306,8 @@ class Worker:
                 self.stop.wait(self.table.poll_s)
                 continue
             task = self.table.tasks[got]
-            self.claimed += 1
+            with self._clock:
+                self.claimed += 1
             if self._too_late(task):
                 self.todo.requeue(task.id, reason=StopReason.TIME_AHEAD)
                 self.events.emit("task_requeue", cycle=self.table.cycle, task=task.id, member=task.member,
@@ -497,7 +500,7 @@ def _tail(path: Path, lines: int = STDERR_TAIL_LINES) -> str:
 
 
 def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = None, job_id: str | None = None,
-               threads: int = 1, only: int | None = None, time_limit_s: float | None = None) -> int:
+               threads: int = 1, only: int | None = None, time_limit_s: float | None = None, cpus: int | None = None) -> int:
     """Run a pilot worker on ``cycle_dir`` until its to-do list is empty.
 
     SIGTERM (as SLURM sends at the time limit or on ``scancel``) stops the
@@ -505,7 +508,7 @@ def run_worker(cycle_dir: str | os.PathLike[str], *, worker_id: str | None = Non
     """
     job = job_id or next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), "")
     wid = worker_id or f"{hostname()}-{os.getpid()}"
-    w = Worker(Path(cycle_dir), wid, job_id=job, threads=threads, only=only, time_limit_s=time_limit_s)
+    w = Worker(Path(cycle_dir), wid, job_id=job, threads=threads, only=only, time_limit_s=time_limit_s, cpus=cpus)
     signal.signal(signal.SIGTERM, lambda signum, frame: w.request_stop(StopReason.SIGTERM))
     signal.signal(signal.SIGINT, lambda signum, frame: w.request_stop(StopReason.SIGINT))
     # A lapsed lease stops the pilot as SLURM's time limit does: its task is put back, resumable.
