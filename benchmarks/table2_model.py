@@ -54,6 +54,7 @@ class Node:
         self.t = 0.0
         self.queue: list[Job] = []
         self.running: list[Job] = []
+        self.used = 0  # CPUs of the running jobs
         self._rank = 0
 
     def submit(self, kind: str, cpus: int, duration: float, limit: float) -> Job:
@@ -63,12 +64,13 @@ class Node:
         return job
 
     def free(self) -> int:
-        return self.cpus - sum(j.cpus for j in self.running)
+        return self.cpus - self.used
 
     def _start(self, job: Job) -> None:
         self.queue.remove(job)
         job.start = self.t
         self.running.append(job)
+        self.used += job.cpus
 
     def schedule(self) -> None:
         self.queue.sort(key=lambda j: j.rank)
@@ -89,15 +91,19 @@ class Node:
                 self._start(job)
 
     def cancel(self, job: Job) -> None:
-        for lst in (self.queue, self.running):
-            if job in lst:
-                lst.remove(job)
+        if job in self.queue:
+            self.queue.remove(job)
+        elif job in self.running:
+            self.running.remove(job)
+            self.used -= job.cpus
 
     def step(self) -> list[Job]:
         self.t += self.dt
         done = [j for j in self.running if self.t - j.start >= j.duration]
-        for j in done:
-            self.running.remove(j)
+        if done:
+            ended = set(done)
+            self.running = [j for j in self.running if j not in ended]
+            self.used -= sum(j.cpus for j in done)
         return done
 
 
@@ -244,6 +250,8 @@ def main() -> int:
     ap.add_argument("--load-seconds", type=float, nargs=2, default=(5.0, 300.0))
     ap.add_argument("--load-distribution", choices=["loguniform", "uniform"], default="loguniform")
     ap.add_argument("--idle-timeout", type=float, default=120.0, help="[jobs] idle_timeout of the pilots, s")
+    ap.add_argument("--member-seconds", type=float, default=6.4, help="one member's forecast, s (as measured on table2.py)")
+    ap.add_argument("--analysis-seconds", type=float, default=1.6, help="the analysis, s")
     ap.add_argument("--dt", type=float, default=DT, help=f"time step, s (default {DT}; 1 for thousands of jobs)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--sweep", action="store_true", help="the load laws compared in the closing note of issue 4")
@@ -256,7 +264,8 @@ def main() -> int:
     for law, seconds, jobs in cases:
         result = simulate(cycles=args.cycles, node_cpus=args.node_cpus, load_jobs=jobs, seconds=seconds, law=law,
                           seed=args.seed, members=args.members, idle_timeout_s=args.idle_timeout,
-                          single_s=9.0 * args.members / 8, dt=args.dt)
+                          member_s=args.member_seconds, analysis_s=args.analysis_seconds,
+                          single_s=args.member_seconds + 2.6, dt=args.dt)
         print(f"{law:10} {seconds[0]:g}-{seconds[1]:g} s, {jobs} jobs: {describe(result)}", flush=True)
     return 0
 

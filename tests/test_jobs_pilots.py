@@ -16,7 +16,7 @@ import pytest
 
 from enkflow.experiment import Experiment, load_experiment
 from enkflow.jobs.events import iter_events
-from enkflow.report import load_report
+from enkflow.report import load_report, render_report
 from jobs_helpers.experiments import make_experiment, restarts
 
 N = 4
@@ -63,6 +63,8 @@ def test_the_same_pilots_work_every_cycle_and_the_restarts_are_those_of_pilots_o
     assert [c.cycle for c in rep.cycles] == [1, 2, 3]
     # The analysis ran inside a pilot while the other waited: the wait is its own term, not queuing.
     assert all(c.pilot_idle > 0.3 for c in rep.cycles[1:])
+    text = render_report(rep)
+    assert "p.idle" in text and "pilots idle between cycles" in text
     for c in rep.cycles[1:]:
         assert c.queuing < 0.2 * c.total and abs(c.queuing + c.running + c.io + c.overhead - c.total) < 1e-6
 

@@ -57,15 +57,17 @@ def render_report(rep: Report, *, members: bool = False) -> str:
              *_failure_lines(rep)]
     if not rep.cycles:
         return "\n".join(lines + ["no finished cycle yet"] + [f"warning: {w}" for w in rep.warnings])
+    idle = any(c.pilot_idle for c in rep.cycles)
     hdr = (f"{'cycle':>5} {'total':>8} {'queuing':>8} {'running':>8} {'I/O':>7} {'overhead':>8} {'memberI/O':>9} "
-           f"{'an.comp':>8} {'an.imbal':>8} {'jobs':>4} {'fail':>4} {'requeue':>7}")
-    lines += ["per cycle, seconds (an.imbal: the analysis ranks' max / mean local-filter CPU seconds):", hdr]
+           f"{'an.comp':>8} {'an.imbal':>8} {'jobs':>4} {'fail':>4} {'requeue':>7}" + (f" {'p.idle':>8}" if idle else ""))
+    lines += ["per cycle, seconds (an.imbal: the analysis ranks' max / mean local-filter CPU seconds"
+              + ("; p.idle: pilot-seconds that pilots spanning cycles waited idle for the cycle" if idle else "") + "):", hdr]
     for c in rep.cycles:
         imbal = c.analysis.get("imbalance_cpu")
         imbal_s = f"{imbal:8.2f}" if isinstance(imbal, float) else f"{'-':>8}"
         lines.append(f"{c.cycle:>5} {_sec(c.total, 8)} {_sec(c.queuing, 8)} {_sec(c.running, 8)} {_sec(c.io, 7)} "
                      f"{_sec(c.overhead, 8)} {_sec(c.member_io, 9)} {_sec(c.analysis_compute, 8)} {imbal_s} {c.jobs:>4} "
-                     f"{c.failures:>4} {c.requeues:>7}")
+                     f"{c.failures:>4} {c.requeues:>7}" + (f" {_sec(c.pilot_idle, 8)}" if idle else ""))
         if members and isinstance(c.analysis.get("rank_cpu_s"), list):
             for r, cpu in enumerate(c.analysis["rank_cpu_s"]):
                 work = c.analysis.get("rank_est_work", [])
@@ -84,9 +86,9 @@ def render_report(rep: Report, *, members: bool = False) -> str:
     for name, label in (("total", "total"), ("queuing", "queuing"), ("running", "running"), ("io", "I/O"), ("overhead", "overhead")):
         f = s[name]
         lines.append(f"{label:10} {_sec(f['mean'], 11)} +- {_sec(f['std'], 6)} {f['pct_mean']:8.1f} +- {f['pct_std']:4.1f}")
-    idle = [c.pilot_idle for c in rep.cycles]
-    if any(idle):
-        lines.append(f"pilots idle between cycles (pilot-seconds, held CPUs): mean {sum(idle) / len(idle):.2f} per cycle")
+    if idle:
+        mean = sum(c.pilot_idle for c in rep.cycles) / len(rep.cycles)
+        lines.append(f"pilots idle between cycles: {mean:.2f} pilot-seconds per cycle (CPUs held, not a share of the total)")
     return "\n".join(lines)
 
 
