@@ -105,22 +105,24 @@ class Pilot:
                 if board.end:
                     self.stop_reason = StopReason.STUDY_END
                     break
-                w = self._worker_for(board)
-                if w is not None and self.worker is not w:
-                    self._switch(w, idle_since)
-                if self.worker is not None and self._has_work(self.worker):
-                    claimed = self.worker.claimed
-                    self.worker.work()
-                    if self.worker.aborted or self.worker.failed or self.worker.stop_reason is not None:
-                        self.stop_reason = self.stop_reason or self.worker.stop_reason
-                        break
-                    if self.worker.claimed > claimed:
-                        idle_since = time.time()
-                    continue
                 why = self._reason_to_leave(idle_since)
                 if why is not None:
                     self.stop_reason = why
                     break
+                w = self._worker_for(board)
+                if w is not None and self.worker is not w:
+                    self._switch(w)
+                if self.worker is not None and self._has_work(self.worker):
+                    w, first = self.worker, self.worker.first_claim_t
+                    w.work(idle_limit_s=self.idle_timeout_s - (time.time() - idle_since))
+                    if first is None and w.first_claim_t is not None:  # joined this cycle: what it waited for it
+                        w.events.emit("pilot_wait", cycle=w.table.cycle, job=self.job_id, worker=self.worker_id,
+                                      idle_s=w.first_claim_t - idle_since, joined=True)
+                    if w.aborted or w.failed or w.stop_reason is not None:
+                        self.stop_reason = self.stop_reason or w.stop_reason
+                        break
+                    idle_since = max(idle_since, w.last_task_end or idle_since)
+                    continue
                 self.stop.wait(self.worker.table.poll_s if self.worker is not None else self.poll_s)
         finally:
             self._leave(events, board, idle_since)
@@ -146,7 +148,7 @@ class Pilot:
         return Worker(cycle_dir, self.worker_id, job_id=self.job_id, time_limit_s=left, durations=self.durations,
                       threads=self.threads, cpus=self.cpus)
 
-    def _switch(self, w: Worker, idle_since: float) -> None:
+    def _switch(self, w: Worker) -> None:
         """Move on to ``w``'s cycle; what the cycles worked so far took is learnt first."""
         if self.worker is not None:
             self.durations.learn(self.worker.cycle_dir)
@@ -154,8 +156,6 @@ class Pilot:
             self.worker = w
             if self.stop.is_set():
                 w.request_stop(self.stop_reason or StopReason.STOPPED)
-        w.events.emit("pilot_wait", cycle=w.table.cycle, job=self.job_id, worker=self.worker_id,
-                      idle_s=time.time() - idle_since, joined=True)
 
     @staticmethod
     def _has_work(w: Worker) -> bool:

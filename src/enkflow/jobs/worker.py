@@ -210,6 +210,8 @@ class Worker:
         self.aborted = False
         self.failed = False  # a write of the scheme's own files failed
         self.claimed = 0  # tasks this worker took from the list
+        self.first_claim_t: float | None = None  # when it took its first
+        self.last_task_end: float | None = None  # when the last task it ran ended (s since the epoch)
         self._skip = frozenset(t.id for t in self.table.tasks.values() if self.cpus is not None and t.cpus > self.cpus)
 
     # -- lifecycle ------------------------------------------------------------
@@ -241,12 +243,14 @@ class Worker:
         """0 after a clean end, 3 when the experiment must stop, 4 when the scheme's own files failed."""
         return 3 if self.aborted else 4 if self.failed else 0
 
-    def work(self) -> None:
-        """Run the claim loops until the list is empty (or a stop), with the heartbeat meanwhile."""
+    def work(self, idle_limit_s: float | None = None) -> None:
+        """Run the claim loops until the list is empty (or a stop), with the heartbeat meanwhile;
+        ``idle_limit_s``: also return once a loop waited this long for the analysis (without a task)."""
         over = threading.Event()
         hb = threading.Thread(target=self._heartbeat, args=(over,), daemon=True)
         hb.start()
-        loops = [threading.Thread(target=self._loop, args=(n,), daemon=True) for n in range(self.threads)]
+        wait_until = None if idle_limit_s is None else time.time() + max(0.0, idle_limit_s)
+        loops = [threading.Thread(target=self._loop, args=(n, wait_until), daemon=True) for n in range(self.threads)]
         for t in loops:
             t.start()
         try:
@@ -291,7 +295,7 @@ class Worker:
         name = self.worker_id if self.threads == 1 else f"{self.worker_id}/{n}"
         return Claimant(worker=name, host=host, pid=pid, pid_ctime=ctime, job=self.job_id)
 
-    def _loop(self, n: int) -> None:
+    def _loop(self, n: int, wait_until: float | None = None) -> None:
         who = self._claimant(n)
         while not self.stop.is_set():
             requeue_stale(self.todo, self.table, self.events, by=who.worker)
@@ -303,11 +307,15 @@ class Worker:
             if got is Take.EMPTY:
                 return
             if got is Take.WAIT:
+                if wait_until is not None and time.time() >= wait_until:
+                    return
                 self.stop.wait(self.table.poll_s)
                 continue
             task = self.table.tasks[got]
             with self._clock:
                 self.claimed += 1
+                if self.first_claim_t is None:
+                    self.first_claim_t = time.time()
             if self._too_late(task):
                 self.todo.requeue(task.id, reason=StopReason.TIME_AHEAD)
                 self.events.emit("task_requeue", cycle=self.table.cycle, task=task.id, member=task.member,
@@ -405,6 +413,7 @@ class Worker:
         self.todo.complete(task.id, who)
         if self.durations is not None:
             self.durations.note(task, run_s)
+        self.last_task_end = t_end
         if prot is not None:
             discard(prot)
         self.events.emit("task_end", **rec)
