@@ -437,6 +437,8 @@ class Experiment:
                 self.events.emit("job_cancel", cycle=c.number, job=j.id, role=j.role.value, state=JobState.PENDING.value,
                                  reason="unneeded")
         have = self._slots(live) - self._slots(extra)
+        if want <= have and self._needs_analysis_pilot(snap):
+            return [1]  # the only pilot large enough for the analysis is gone: plan() makes one
         return list(range(1, want - have + 1)) if want > have else []
 
     def _slots(self, jobs: list[_Job]) -> int:
