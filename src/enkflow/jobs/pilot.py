@@ -32,7 +32,7 @@ from enkflow.jobs.files import hostname, read_json, write_json_atomic
 from enkflow.jobs.launchers import JOB_ID_VARIABLES
 from enkflow.jobs.lease import watch_from_environment
 from enkflow.jobs.tasks import TASKS_FILE
-from enkflow.jobs.worker import StopReason, Worker
+from enkflow.jobs.worker import StopReason, Worker, say
 from enkflow.shm_names import remove_dead_segments
 
 @dataclass(frozen=True)
@@ -115,15 +115,18 @@ class Pilot:
                 if self.worker is not None and self._has_work(self.worker):
                     w, first = self.worker, self.worker.first_claim_t
                     w.work(idle_limit_s=self.idle_timeout_s - (time.time() - idle_since))
-                    if first is None and w.first_claim_t is not None:  # joined this cycle: what it waited for it
-                        w.events.emit("pilot_wait", cycle=w.table.cycle, job=self.job_id, worker=self.worker_id,
-                                      idle_s=w.first_claim_t - idle_since, joined=True)
                     if w.aborted or w.failed or w.stop_reason is not None:
                         self.stop_reason = self.stop_reason or w.stop_reason
                         break
+                    if first is None and w.first_claim_t is not None:  # joined this cycle: what it waited for it
+                        w.events.emit("pilot_wait", cycle=w.table.cycle, job=self.job_id, worker=self.worker_id,
+                                      idle_s=w.first_claim_t - idle_since, joined=True)
                     idle_since = max(idle_since, w.last_task_end or idle_since)
                     continue
                 self.stop.wait(self.worker.table.poll_s if self.worker is not None else self.poll_s)
+        except EnkflowError as exc:  # a write of the study's files failed (disk full...): leave; the driver reports it
+            say(f"enkflow pilot {self.worker_id}: error: {exc}")
+            return 4
         finally:
             self._leave(events, board, idle_since)
         return self.worker.exit_status() if self.worker is not None else 0
@@ -180,15 +183,20 @@ class Pilot:
 
     def _leave(self, events: EventLog, board: Board, idle_since: float) -> None:
         w = self.worker
-        if w is not None:
-            events = w.events
-            if self.stop_reason is not StopReason.STUDY_END:
-                w.events.emit("pilot_wait", cycle=board.cycle, job=self.job_id, worker=self.worker_id,
-                              idle_s=time.time() - idle_since, joined=False)
         reason = self.stop_reason or (w.stop_reason if w is not None else None)
         failed = w is not None and (w.aborted or w.failed)
-        events.emit("job_end", cycle=w.table.cycle if w is not None else board.cycle, job=self.job_id,
-                    worker=self.worker_id, reason=reason or ("error" if failed else "empty"), span="study")
+        try:
+            if w is not None:
+                events = w.events
+                if reason is not StopReason.STUDY_END:
+                    w.events.emit("pilot_wait", cycle=board.cycle, job=self.job_id, worker=self.worker_id,
+                                  idle_s=time.time() - idle_since, joined=False)
+            events.emit("job_end", cycle=w.table.cycle if w is not None else board.cycle, job=self.job_id,
+                        worker=self.worker_id, reason=reason or ("error" if failed else "empty"), span="study")
+        except EnkflowError as exc:  # a full disk: the driver reports it; the pilot still leaves
+            if w is not None:
+                w.failed = True
+            say(f"enkflow pilot {self.worker_id}: error: {exc}")
         if w is not None:
             w.sweep_node()
         else:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -296,6 +297,23 @@ class Worker:
         return Claimant(worker=name, host=host, pid=pid, pid_ctime=ctime, job=self.job_id)
 
     def _loop(self, n: int, wait_until: float | None = None) -> None:
+        """Claim loop ``n``. Any error escaping it ends the worker (a pilot that spans cycles too):
+        a loop that ended alone would leave its claim held by a live process, which nobody requeues."""
+        try:
+            self._claim_loop(n, wait_until)
+        except EnkflowError as exc:  # a write of the scheme's own files failed (disk full...)
+            self._give_up(f"enkflow worker {self.worker_id}: error: {exc}")
+        except Exception:
+            self._give_up(traceback.format_exc())
+
+    def _give_up(self, message: str) -> None:
+        """End this worker for an error of its own, then say why where it can (stderr may be a log
+        on the very disk that is full)."""
+        self.failed = True
+        self.stop.set()
+        say(message)
+
+    def _claim_loop(self, n: int, wait_until: float | None) -> None:
         who = self._claimant(n)
         while not self.stop.is_set():
             requeue_stale(self.todo, self.table, self.events, by=who.worker)
@@ -327,9 +345,7 @@ class Worker:
             except EnkflowError as exc:
                 # A write of the scheme's own files failed (disk full...): the claim stays, so the
                 # driver requeues the task once this worker is gone, and reports the cause itself.
-                print(f"enkflow worker {who.worker}: {task.label}: error: {exc}", file=sys.stderr, flush=True)
-                self.failed = True
-                self.stop.set()
+                self._give_up(f"enkflow worker {who.worker}: {task.label}: error: {exc}")
                 return
             except _Stop as stop:
                 self.todo.requeue(task.id, reason=stop.reason)
@@ -484,6 +500,14 @@ class Worker:
             finally:
                 with self._clock:
                     self._children.pop(task.id, None)
+
+
+def say(message: str) -> None:
+    """``message`` on stderr where it can be written (a job's log may be on the disk that is full)."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _terminate(proc: subprocess.Popen) -> None:
