@@ -6,7 +6,9 @@ A harness, not part of the installed package: ``tests/`` import it as
 
 Starts ``munged`` (if no munge daemon answers), ``slurmctld`` and
 ``slurmd`` from Debian's packages with a configuration under a private
-directory, and stops what it started. The node can claim more CPUs than the
+directory, and stops what it started. Several may run at once (benchmarks
+side by side): they share the one munged, which the last of them to stop
+stops if one of them started it (:class:`MungeUsers`). The node can claim more CPUs than the
 machine has (``SlurmdParameters=config_overrides``), which emulates a larger
 node for jobs that mostly wait. Needs root and the packages
 ``slurmctld slurmd slurm-client munge``; :func:`ensure_installed` installs
@@ -24,6 +26,7 @@ import math
 import os
 import random
 import re
+import fcntl
 import shutil
 import socket
 import subprocess
@@ -151,11 +154,13 @@ class LocalSlurm:
         ])
 
     def _start_munge(self) -> None:
-        if munge_ok():
-            return
-        own(_MUNGE_DIRS)
-        install_key(Path("/etc/munge/munge.key"))
-        self._procs.append(start_munged())
+        with MungeUsers.locked():
+            MungeUsers.join(self)
+            if munge_ok():
+                return
+            own(_MUNGE_DIRS)
+            install_key(Path("/etc/munge/munge.key"))
+            MungeUsers.started(start_munged())
 
     def start(self) -> "LocalSlurm":
         """Start the daemons and wait until the node is idle (at most 60 s)."""
@@ -223,6 +228,7 @@ class LocalSlurm:
                     proc.kill()
                     proc.wait()
         self._procs.clear()
+        MungeUsers.leave(self)
         if self._old_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:
@@ -233,6 +239,70 @@ class LocalSlurm:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class MungeUsers:
+    """The LocalSlurm instances alive on this machine (a file per instance, named by its PID) and the
+    munged one of them started: it stays while any is alive (another process's SLURM authenticates
+    through it) and the last one to leave stops it."""
+
+    DIR = Path("/run/enkflow-localslurm")
+    MUNGED = DIR / "munged.pid"
+
+    @classmethod
+    def locked(cls):
+        cls.DIR.mkdir(parents=True, exist_ok=True)
+        return _FileLock(cls.DIR / "lock")
+
+    @classmethod
+    def _mark(cls, slurm: "LocalSlurm") -> Path:
+        return cls.DIR / f"{os.getpid()}-{id(slurm)}"
+
+    @classmethod
+    def join(cls, slurm: "LocalSlurm") -> None:
+        cls._mark(slurm).touch()
+
+    @classmethod
+    def started(cls, munged: subprocess.Popen) -> None:
+        cls.MUNGED.write_text(f"{_munged_pid(munged)}\n")
+
+    @classmethod
+    def leave(cls, slurm: "LocalSlurm") -> None:
+        with cls.locked():
+            cls._mark(slurm).unlink(missing_ok=True)
+            alive = [m for m in cls.DIR.iterdir() if m.name.split("-")[0].isdigit() and psutil.pid_exists(int(m.name.split("-")[0]))]
+            if alive or not cls.MUNGED.exists():
+                return
+            pid = int(cls.MUNGED.read_text().split()[0])
+            cls.MUNGED.unlink()
+            try:
+                proc = psutil.Process(pid)
+                if proc.name() == "munged":
+                    proc.terminate()
+                    proc.wait(timeout=15)
+            except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+                pass
+
+
+class _FileLock:
+    """An exclusive ``fcntl`` lock on ``path`` while the ``with`` block runs (processes and threads)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> "_FileLock":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
+def _munged_pid(runner: subprocess.Popen) -> int:
+    """The munged that ``runuser`` (``runner``) started: its child."""
+    kids = psutil.Process(runner.pid).children()
+    return kids[0].pid if kids else runner.pid
 
 
 class _Poller:
