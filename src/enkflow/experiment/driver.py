@@ -422,7 +422,7 @@ class Experiment:
         if c.next_cycle is not None and (due or not members_left):
             need += n
         want = min(c.res.workers, need)
-        live = [j for j in self.pilots if j.state is not JobState.FINISHED]
+        live = _live(self.pilots)
         queued = [j for j in live if j.state is JobState.PENDING]
         extra: list[_Job] = []
         surplus = self._slots(live) - want
@@ -453,7 +453,7 @@ class Experiment:
         """Whether the next pilots must include one large enough for the analysis: it needs more CPUs
         than a pilot has, is not done, and no live pilot has them."""
         analysis = self.cfg.experiment.members + 1
-        live = [j for j in self.jobs + self.pilots if j.state is not JobState.FINISHED]
+        live = _live(self.jobs + self.pilots)
         return (self.cfg.jobs.analysis_cpus > self.cfg.jobs.cpus_per_job and analysis not in snap["done"]
                 and not self._analysis_capable(live))
 
@@ -469,7 +469,7 @@ class Experiment:
             if all(j.state is JobState.FINISHED for j in self.pilots):
                 return
             time.sleep(self.cfg.jobs.poll)
-        live = [j for j in self.pilots if j.state is not JobState.FINISHED]
+        live = _live(self.pilots)
         self.launcher.cancel([j.id for j in live])
         for j in live:
             self.events.emit("job_cancel", cycle=self._cycle.number if self._cycle else None, job=j.id, role=j.role.value,
@@ -494,7 +494,7 @@ class Experiment:
             self._say(f"cancelled {len(left)} job(s) of the earlier run still queued or running")
 
     def _refresh(self) -> None:
-        active = [j for j in self.jobs + self.pilots if j.state is not JobState.FINISHED]
+        active = _live(self.jobs + self.pilots)
         if active:
             st = self.launcher.states([j.id for j in active])
             for j in active:
@@ -502,7 +502,7 @@ class Experiment:
 
     def _uncovered(self, snap: dict) -> list[int]:
         """Pending tasks that no pending or running job may run."""
-        active = [j for j in self.jobs + self.pilots if j.state is not JobState.FINISHED]
+        active = _live(self.jobs + self.pilots)
         if any(j.covers is None for j in active):
             return []
         covered: set[int] = set()
@@ -529,7 +529,7 @@ class Experiment:
 
     def _cancel_active(self, cycle: int) -> None:
         self._refresh()
-        active = [j for j in self.jobs if j.state is not JobState.FINISHED]
+        active = _live(self.jobs)
         if active:
             self.launcher.cancel([j.id for j in active])
             for j in active:
@@ -551,6 +551,11 @@ class Experiment:
         if task <= n:
             raise MemberError(msg, member=task, cycle=cycle)
         raise EnkflowError(f"analysis of cycle {cycle}: {msg}")
+
+
+def _live(jobs: list[_Job]) -> list[_Job]:
+    """The jobs of ``jobs`` still queued or running (as last refreshed)."""
+    return [j for j in jobs if j.state is not JobState.FINISHED]
 
 
 def _previous_failure(msg: str) -> str:

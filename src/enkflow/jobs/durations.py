@@ -41,5 +41,9 @@ class TaskDurations:
 
     def expected(self, task: Task) -> float | None:
         """Seconds ``task`` may take: its kind's longest so far, with a margin (None: none seen yet)."""
-        seen = self.analysis_s if task.member is None else self.member_s
+        return self.expected_s(analysis=task.member is None)
+
+    def expected_s(self, *, analysis: bool) -> float | None:
+        """Seconds the analysis (or a member's forecast) may take, as :meth:`expected`."""
+        seen = self.analysis_s if analysis else self.member_s
         return None if seen is None else DURATION_MARGIN * seen

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enkflow.errors import EnkflowError
-from enkflow.jobs.durations import DURATION_MARGIN, TaskDurations
+from enkflow.jobs.durations import TaskDurations
 from enkflow.jobs.events import EventLog
 from enkflow.jobs.files import hostname, read_json, write_json_atomic
 from enkflow.jobs.launchers import JOB_ID_VARIABLES
@@ -176,8 +176,8 @@ class Pilot:
         if self.deadline is not None:
             if now >= self.deadline:
                 return StopReason.TIME_LIMIT
-            need = self.durations.member_s
-            if need is not None and now + DURATION_MARGIN * need > self.deadline:
+            need = self.durations.expected_s(analysis=False)
+            if need is not None and now + need > self.deadline:
                 return StopReason.TIME_AHEAD
         return None
 
