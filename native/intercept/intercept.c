@@ -353,12 +353,14 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     }
     if (f->complete) {  /* a new write of the variable (a model that rewrites its restart) */
         f->complete = 0;
+        f->nonfinite = 0;
         f->elements_written = 0;
         if (S.bitmap[k])
             memset(S.bitmap[k], 0, (S.elements[k] + 7) / 8);
     }
+    int finite;
     if (n == S.elements[k] && f->elements_written == 0) {
-        enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, NULL);  /* the whole variable at once: no bookkeeping */
+        finite = enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, NULL);  /* the whole variable at once: no bookkeeping */
     } else {
         if (!S.bitmap[k] && !(S.bitmap[k] = calloc((S.elements[k] + 7) / 8, 1)))
             return enkflow_fail(NC_ENOMEM, "%s on variable %s: no memory for the write map", fn, f->name);
@@ -367,8 +369,10 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
             return enkflow_fail(NC_EINVAL, "%s on variable %s of %s: element %llu (C order) is written twice; the "
                                 "hyperslabs written must tile the variable, each element once", fn, f->name, S.path,
                                 (unsigned long long)(overlap - 1));
-        enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, S.bitmap[k]);
+        finite = enkflow_box_put(&S.L, (uint32_t)k, st0, ct, mem, S.bitmap[k]);
     }
+    if (!finite)
+        f->nonfinite = 1;
     f->elements_written += n;
     h->touched |= 1ull << k;
     if (f->elements_written == S.elements[k]) {

@@ -41,6 +41,7 @@ typedef struct {
     uint8_t *bits;        /* get: the elements written so far, NULL when all or none were */
     int written;          /* get without bits: every element was written (read it where it was written) */
     uint64_t overlap;     /* first element written twice + 1, 0 if none */
+    int finite;           /* put: every element copied so far is finite */
 } run_arg;
 
 #define BIT(bits, i) ((bits)[(i) >> 3] >> ((i) & 7) & 1)
@@ -62,7 +63,7 @@ static void copy_get(uint64_t off, uint64_t n, void *a) {
 
 static void copy_put(uint64_t off, uint64_t n, void *a) {
     run_arg *r = a;
-    enkflow_layout_put(r->L, r->k, off, n, r->mem);
+    r->finite &= enkflow_layout_put(r->L, r->k, off, n, r->mem);
     r->mem += n * r->es;
     if (r->bits)
         for (uint64_t i = off; i < off + n; i++)
@@ -89,19 +90,20 @@ void enkflow_huge_pages_for(void *mem, size_t bytes) {
 
 void enkflow_box_get(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count, void *mem,
                      const uint8_t *bits, int written) {
-    run_arg r = {L, k, mem, L->esize[k], (uint8_t *)bits, written, 0};
+    run_arg r = {L, k, mem, L->esize[k], (uint8_t *)bits, written, 0, 1};
     runs(&L->f[k], start, count, copy_get, &r);
 }
 
-void enkflow_box_put(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count, const void *mem,
-                     uint8_t *bits) {
-    run_arg r = {L, k, (unsigned char *)mem, L->esize[k], bits, 0, 0};
+int enkflow_box_put(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count, const void *mem,
+                    uint8_t *bits) {
+    run_arg r = {L, k, (unsigned char *)mem, L->esize[k], bits, 0, 0, 1};
     runs(&L->f[k], start, count, copy_put, &r);
+    return r.finite;
 }
 
 uint64_t enkflow_box_overlap(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count,
                              const uint8_t *bits) {
-    run_arg r = {L, k, NULL, L->esize[k], (uint8_t *)bits, 0, 0};
+    run_arg r = {L, k, NULL, L->esize[k], (uint8_t *)bits, 0, 0, 1};
     runs(&L->f[k], start, count, check_bits, &r);
     return r.overlap;
 }

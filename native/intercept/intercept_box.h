@@ -14,8 +14,9 @@
 ENKFLOW_INTERNAL void enkflow_box_get(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count,
                                       void *mem, const uint8_t *bits, int written);
 
-/* ``mem`` to where the box's elements are written; they are set in ``bits`` unless it is NULL. */
-ENKFLOW_INTERNAL void enkflow_box_put(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count,
+/* ``mem`` to where the box's elements are written; they are set in ``bits`` unless it is NULL. 1 when every
+ * element copied is finite (or the field holds integers), else 0. */
+ENKFLOW_INTERNAL int enkflow_box_put(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count,
                                       const void *mem, uint8_t *bits);
 
 /* The first element of the box (C order) set in ``bits``, plus 1; 0 when none is. */

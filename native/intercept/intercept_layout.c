@@ -40,6 +40,7 @@ static int check_fields(enkflow_layout *L, const enkflow_shm_extent *e, char *wh
             n *= (uint64_t)f->shape[d];
         L->elements[k] = n;
         L->esize[k] = type_size(f->nctype);
+        L->check[k] = f->nctype == NC_DOUBLE ? EKF_CHECK_F64 : f->nctype == NC_FLOAT ? EKF_CHECK_F32 : EKF_CHECK_NONE;
         if (n * L->esize[k] != f->nbytes || f->extent0 > h->nextents || f->nextents > h->nextents - f->extent0)
             return why_(why, len, "field %.64s of the segment: %llu bytes in extents %u + %u of %u do not fit", f->name,
                         (unsigned long long)f->nbytes, f->extent0, f->nextents, h->nextents);
@@ -182,14 +183,16 @@ void enkflow_layout_get(const enkflow_layout *L, uint32_t k, uint64_t off, uint6
     }
 }
 
-void enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, const void *mem) {
+int enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, const void *mem) {
     const unsigned char *from = mem;
     size_t es = L->esize[k];
+    int finite = 1;
     for (uint64_t end = off + n; off < end;) {
         const enkflow_place *p = find_place(L, k, off);
         uint64_t m = (p->hi < end ? p->hi : end) - off;
-        memcpy(p->wr + (off - p->lo) * es, from, m * es);
+        finite &= ekf_copy_checked(p->wr + (off - p->lo) * es, from, m, es, L->check[k]);
         from += m * es;
         off += m;
     }
+    return finite;
 }

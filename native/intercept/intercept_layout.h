@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "copy_checked.h"
 #include "intercept_shm.h"
 
 /* The shim's own functions stay out of the model's symbol scope (the shim is preloaded into it). */
@@ -23,6 +24,7 @@ typedef struct {
     enkflow_shm_field *f;
     uint64_t elements[ENKFLOW_SHM_MAX_FIELDS];
     size_t esize[ENKFLOW_SHM_MAX_FIELDS];  /* bytes per element */
+    ekf_check check[ENKFLOW_SHM_MAX_FIELDS];  /* what a put checks of the elements it copies */
     enkflow_place place[ENKFLOW_SHM_MAX_EXTENTS];
 } enkflow_layout;
 
@@ -34,7 +36,8 @@ ENKFLOW_INTERNAL int enkflow_layout_map(int fd, enkflow_layout *L, char *why, si
  * where they are written. */
 ENKFLOW_INTERNAL void enkflow_layout_get(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, void *mem, int written);
 
-/* Copies ``mem`` to where elements [off, off + n) of field ``k`` are written. */
-ENKFLOW_INTERNAL void enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, const void *mem);
+/* Copies ``mem`` to where elements [off, off + n) of field ``k`` are written; 1 when every element copied is
+ * finite (or the field holds integers), else 0. */
+ENKFLOW_INTERNAL int enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, const void *mem);
 
 #endif

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #define ENKFLOW_SHM_MAGIC "ENKFSHM1"
-#define ENKFLOW_SHM_VERSION 2u
+#define ENKFLOW_SHM_VERSION 3u
 #define ENKFLOW_SHM_MAX_DIMS 16
 #define ENKFLOW_SHM_NAME 256
 #define ENKFLOW_SHM_ERROR 4008
@@ -65,7 +65,8 @@ typedef struct {
     uint32_t complete;          /* shim: the current generation covers every element once */
     uint32_t generations;       /* shim: complete writes (a rewrite after a complete one starts a new one) */
     uint32_t assimilated;
-    uint32_t pad;
+    uint32_t nonfinite;         /* shim: 1 once the current generation wrote a NaN or an Inf (0: the wrapper
+                                   tells the server the field's slot holds none, sparing it a read) */
     char reserved[512 - ENKFLOW_SHM_NAME - 8 - 8 * ENKFLOW_SHM_MAX_DIMS - 4 * 8 - 4 * 4];
 } enkflow_shm_field;
 

@@ -276,3 +276,45 @@ def test_the_wrapper_refuses_bad_arguments_before_it_connects(native_build, tmp_
         except SystemExit as exc:  # argparse's usage errors
             rc = exc.code
         assert rc != 0 and message in capsys.readouterr().err, args
+
+
+# 2.4 MB of float64 (the streaming copy) and 0.6 MB of float32 (the cached one), each in two hyperslabs
+@pytest.mark.parametrize("how", ["memfd", "in_place"])
+@pytest.mark.parametrize("var, bad, value, rewrite, finite", [
+    ("x", -1, "nan", 0, True),
+    ("x", 0, "nan", 0, False),
+    ("x", 150 * 1000 + 3, "inf", 0, False),  # the second hyperslab
+    ("x", 300 * 1000 - 1, "-inf", 0, False),  # the very last element
+    ("x", 7, "nan", 1, True),  # a NaN in the first write, then the whole variable written again, finite
+    ("y", -1, "nan", 0, True),
+    ("y", 150 * 1000 - 1, "-inf", 0, False),
+])
+def test_the_shim_tells_whether_the_model_wrote_any_nan_or_inf(native_build, tmp_path, how, var, bad, value, rewrite,
+                                                                finite):
+    """What the wrapper tells the server (PUT_SLOT's finite frame): a field the model wrote whole, every
+    value finite as the shim copied it, is not read again by the server; one with a NaN or an Inf anywhere is."""
+    restart = tmp_path / "restart.nc"
+    with netCDF4.Dataset(restart, "w") as ds:
+        ds.createDimension("i", 300)
+        ds.createDimension("j", 1000)
+        ds.createVariable("x", "f8", ("i", "j"))[:] = 0.0
+        ds.createVariable("y", "f4", ("i", "j"))[:150] = 0.0
+    exe = tmp_path / "intercept_writes"
+    cflags = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True, check=True).stdout.split()
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(DATA / "intercept_writes.c"), *cflags, "-lm"], check=True)
+    fields = [Field("x", "float64", (300, 1000)), Field("y", "float32", (300, 1000))]
+    memory = ShimMemory(fields, how, tmp_path)
+    state = np.arange(300 * 1000.0)
+    memory.set_state(var, state.astype(np.float32 if var == "y" else np.float64))
+    memory.seg.reset(1, 1, 6, 1)
+    r = _under_shim(native_build, [str(exe), str(restart), var, str(bad), value, str(rewrite)], memory.seg, restart)
+    assert r.returncode == 0, r.stderr
+    k = 0 if var == "x" else 1
+    rec = memory.seg.records[k]
+    assert rec["complete"] == 1 and rec["generations"] == 1 + rewrite
+    assert memory.seg.finite_fields() == ({k} if finite else set())
+    want = state + 1
+    if bad >= 0:
+        want[bad] = 0.0 if rewrite else float(value)
+    np.testing.assert_array_equal(memory.forecast(var), want.astype(np.float32 if var == "y" else np.float64))
+    memory.close()

@@ -831,6 +831,35 @@ def test_a_bad_forecast_in_shared_memory_is_refused_as_over_tcp(tmp_path: Path, 
     d.close()
 
 
+@pytest.mark.parametrize("finite, expected", [
+    (b"\x00", "element 7 is nan (NaN or Inf in the forecast)"),  # not vouched for: the server reads the slot
+    (b"\x01\x01", "the finite frame holds 2 bytes for 1 pieces, each 0 or 1 expected"),
+    (b"\x02", "the finite frame holds 1 bytes for 1 pieces, each 0 or 1 expected"),
+    (None, "4 frames after the header of a PUT_SLOT (its index, then at most its finite frame)"),
+])
+def test_a_put_slot_whose_finite_frame_is_malformed_or_says_unchecked_is_refused_or_checked(
+        tmp_path: Path, reference: np.ndarray, finite: bytes | None, expected: str) -> None:
+    study, gate = gated_study(tmp_path)
+    c, (d,), task = join_raw(study)
+    maps = MappedSegments()
+    where = get_slot(c, d, task)
+    slot = maps.view(where["write"], where["at"][0][1], np.dtype(np.float64), N_X, writable=True)
+    slot[...] = model(initial_ensemble()[:, task.member - 1], 1, NSTEPS)
+    slot[7] = np.nan
+    frames = [b"\x00"] * 3 if finite is None else [finite]
+    d.send(d.header(Kind.PUT_SLOT, task=task.task, member=task.member, cycle=1, count=1),
+           encode_index(np.array([[0, 0, N_X]], dtype=np.int64)), *frames)
+    assert expected in d.error()
+    maps.clear()
+    c.send(c.header(Kind.BYE))
+    gate.open()
+    np.testing.assert_array_equal(study.finish(), reference)
+    assert [e["reason"] for e in study.events("task_requeue")] == ["rejected"]
+    assert not own_segments()
+    c.close()
+    d.close()
+
+
 # The victim: its first forecast goes into the slot as garbage, then it stops itself (SIGSTOP) before
 # the real forecast and the PUT_SLOT; the test kills it, or continues it once it was declared lost.
 VICTIM = """

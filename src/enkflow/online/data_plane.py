@@ -13,7 +13,9 @@ A runner on the rank's node exchanges through shared memory instead
 (:mod:`enkflow.online.segments`): GET_SLOT binds a slot to the task
 (:mod:`enkflow.online.slots`) and answers where the member's elements are (the
 store segment) and where the forecast goes (the slot); PUT_SLOT announces the
-pieces written there, which get the same checks on the slot's bytes. The copy
+pieces written there, which get the same checks on the slot's bytes (but for
+the pieces its *finite* frame says the runner found finite while it copied them
+there: those the rank does not read again). The copy
 of an accepted forecast into the member's columns is deferred
 (:meth:`DataPlane.flush`): the rank's loop runs it when nothing else is ready,
 before a GET of that member and before the forecast phase ends.
@@ -36,7 +38,8 @@ from enkflow.online.checkpoint import Checkpointer
 from enkflow.online.slots import Slot, SlotPool
 from enkflow.online.sockets import Incarnation, send_error
 from enkflow.online.store import MemoryStore
-from enkflow.online.wire import NO_SLOT, Header, Kind, ProtocolError, decode_index, encode_index, encode_json
+from enkflow.online.wire import (NO_SLOT, Header, Kind, ProtocolError, decode_finite, decode_index, encode_index,
+                                encode_json)
 
 
 @dataclass(frozen=True)
@@ -254,17 +257,17 @@ class DataPlane:
                                 f"({cnt * f.itemsize} bytes; truncated or oversize, or another dtype)")
         return np.frombuffer(fr.buffer, dtype=f.dtype)
 
-    def _piece(self, member: int, st: Staged, k: int, off: int, cnt: int, a: np.ndarray) -> Piece:
-        """A forecast's piece ``a``, checked: not sent before for the task, finite."""
+    def _piece(self, member: int, st: Staged, k: int, off: int, cnt: int, a: np.ndarray, finite: bool = False) -> Piece:
+        """A forecast's piece ``a``, checked: not sent before for the task, finite (unless the runner found it
+        so while it copied it into the slot: ``finite``)."""
         f = self.fields[k]
         if any(lo < off + cnt and off < hi for lo, hi in st.covered[k]):
             raise ProtocolError(f"field {f.name!r}: elements [{off}, {off + cnt}) were already sent for this task")
-        if f.assimilated or f.dtype.startswith("float"):
-            if not np.isfinite(np.add.reduce(a, dtype=np.float64)):
-                bad = np.flatnonzero(~np.isfinite(a))
-                if bad.size:
-                    raise ProtocolError(f"member {member}, field {f.name!r}: element {off + int(bad[0])} is "
-                                        f"{a[bad[0]]} (NaN or Inf in the forecast)")
+        if not finite and a.dtype.kind == "f":
+            bad = _first_non_finite(a)
+            if bad is not None:
+                raise ProtocolError(f"member {member}, field {f.name!r}: element {off + bad} is {a[bad]} (NaN or Inf "
+                                    "in the forecast)")
         return Piece(k, off, cnt, a)
 
     # -- PUT and GET --------------------------------------------------------------------
@@ -279,16 +282,20 @@ class DataPlane:
 
     def _put_slot(self, identity: bytes, hdr: Header, frames: list[zmq.Frame], slots: SlotPool) -> None:
         def pieces(st: Staged) -> list[Piece]:
-            idx = self._pieces(hdr, frames, with_data=False)
+            if len(frames) > 2:
+                raise ProtocolError(f"{len(frames)} frames after the header of a PUT_SLOT (its index, then at most "
+                                    "its finite frame)")
+            idx = self._pieces(hdr, frames[:1], with_data=False)
+            finite = decode_finite(frames[1].buffer, hdr.count) if len(frames) == 2 else np.zeros(hdr.count, bool)
             slot = slots.bound(hdr.task)
             if slot is None:
                 raise ProtocolError(f"task {hdr.task} (member {hdr.member}) {NO_SLOT} {self.rank}: stale, or its "
                                     "state was never fetched")
             self._check_member(hdr, slot)
             out = []
-            for k, off, cnt in idx.tolist():
+            for (k, off, cnt), ok in zip(idx.tolist(), finite.tolist()):
                 lo = self.store.ranges[k][0]
-                out.append(self._piece(hdr.member, st, k, off, cnt, slot.views[k][off - lo:off - lo + cnt]))
+                out.append(self._piece(hdr.member, st, k, off, cnt, slot.views[k][off - lo:off - lo + cnt], ok))
             return out
 
         self._stage(identity, hdr, pieces)
@@ -363,6 +370,17 @@ class DataPlane:
         idx = self._pieces(hdr, frames, with_data=False)
         self.flush(hdr.member)
         return idx
+
+
+def _first_non_finite(a: np.ndarray) -> int | None:
+    """The index of the first NaN or Inf of the float array ``a`` (1-d), None if there is none. The common
+    case reads ``a`` once: its dot product with itself is finite unless an element is not, or the squares
+    overflow (elements beyond 1e154 in float64); only then is every element looked at."""
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.dot(a, a)):
+            return None
+    bad = np.flatnonzero(~np.isfinite(a))
+    return int(bad[0]) if bad.size else None
 
 
 _SLOT_KINDS = (Kind.GET_SLOT, Kind.PUT_SLOT)

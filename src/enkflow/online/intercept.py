@@ -56,7 +56,7 @@ from enkflow.state import StateLayout
 
 # The segment's layout: native/intercept/intercept_shm.h (change both together, with the version).
 MAGIC = b"ENKFSHM1"
-VERSION = 2
+VERSION = 3
 MAX_DIMS = 16
 MAX_FIELDS, MAX_SEGMENTS, MAX_EXTENTS = 64, 64, 1024
 PATH_BYTES = 256
@@ -72,9 +72,9 @@ _HEADER = np.dtype({
     "itemsize": 4096})
 _FIELD = np.dtype({
     "names": ["name", "nctype", "ndims", "shape", "extent0", "nextents", "nbytes", "elements_read", "elements_written",
-              "complete", "generations", "assimilated"],
-    "formats": ["S256", "<i4", "<i4", ("<i8", (MAX_DIMS,)), "<u4", "<u4", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4"],
-    "offsets": [0, 256, 260, 264, 392, 396, 400, 408, 416, 424, 428, 432],
+              "complete", "generations", "assimilated", "nonfinite"],
+    "formats": ["S256", "<i4", "<i4", ("<i8", (MAX_DIMS,)), "<u4", "<u4", "<u8", "<u8", "<u8", "<u4", "<u4", "<u4", "<u4"],
+    "offsets": [0, 256, 260, 264, 392, 396, 400, 408, 416, 424, 428, 432, 436],
     "itemsize": 512})
 _EXTENT = np.dtype({
     "names": ["elem_lo", "elem_hi", "read_seg", "write_seg", "read_off", "write_off"],
@@ -175,8 +175,13 @@ class Segment:
         h["member"], h["cycle"], h["nsteps"], h["task"] = member, cycle, nsteps, task
         h["opens"] = h["get_ns"] = h["put_ns"] = h["error_set"] = 0
         h["error"] = b""
-        for key in ("elements_read", "elements_written", "complete", "generations"):
+        for key in ("elements_read", "elements_written", "complete", "generations", "nonfinite"):
             self.records[key] = 0
+
+    def finite_fields(self) -> frozenset[int]:
+        """In place, after a forecast: the fields the model wrote whole into the slot, the shim having
+        found every value finite as it copied it (the server need not read them again)."""
+        return frozenset(k for k, rec in enumerate(self.records) if rec["complete"] and not rec["nonfinite"])
 
     def verdict(self, path: str) -> str | None:
         """Why the model's run is no forecast (None: it is one). ``path`` the intercepted restart."""
@@ -315,7 +320,7 @@ class InterceptRunner:
                     seg.keep_unwritten()
                 t0 = time.perf_counter()
                 try:
-                    nsteps = self._exchange(seg)
+                    nsteps = self._exchange(seg, seg.finite_fields() if seg.in_place and not error else frozenset())
                 except ServerError as exc:  # a rejected forecast: the server reschedules it; go on
                     print(f"enkflow intercept: {exc}", file=sys.stderr, flush=True)
                     nsteps = self._exchange(seg)
@@ -325,12 +330,13 @@ class InterceptRunner:
         finally:
             seg.close()
 
-    def _exchange(self, seg: Segment) -> int:
+    def _exchange(self, seg: Segment, finite: frozenset[int] = frozenset()) -> int:
         """The forecast held sent back (through the segment, or in place: the model wrote it into the
-        task's slot) and the next member's state fetched; returns the steps to run (0: stop)."""
+        task's slot, ``finite`` the fields it wrote there without NaN or Inf) and the next member's state
+        fetched; returns the steps to run (0: stop)."""
         if not seg.in_place:
             return self.runner.expose(seg.arrays)[1]
-        extents, nsteps = self.runner.expose_in_place()
+        extents, nsteps = self.runner.expose_in_place(finite)
         if nsteps:
             seg.place(extents)
         return nsteps

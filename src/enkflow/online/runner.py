@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from enum import Enum
 
 import numpy as np
@@ -53,7 +53,8 @@ from enkflow.online.heartbeat import Heartbeat
 from enkflow.online.segments import SLOT_GONE
 from enkflow.transport import Transport
 from enkflow.online.shm_exchange import Extent, ShmExchange, choose_ranks
-from enkflow.online.wire import NO_SLOT, Header, Kind, credential, decode_index, decode_json, encode_index, encode_json
+from enkflow.online.wire import (NO_SLOT, Header, Kind, credential, decode_index, decode_json, encode_finite, encode_index,
+                                encode_json)
 from enkflow.parallel import Comm, SerialComm
 from enkflow.shm_names import remove_dead_segments
 
@@ -104,6 +105,7 @@ class Runner:
         self._hb: Heartbeat | None = None
         self._waited_us = 0
         self._have_state = False
+        self._finite: frozenset[int] = frozenset()  # in place: the fields the next PUT_SLOT vouches finite
         self.task = 0
         self.member = 0
         self.cycle = 0
@@ -195,14 +197,16 @@ class Runner:
         routes = self._routes() if self._own is not None else {}
         return bool(routes) and all(self._shm.over_shm(r) for r in routes)
 
-    def expose_in_place(self) -> tuple[list[Extent], int]:
+    def expose_in_place(self, finite: Collection[int] = ()) -> tuple[list[Extent], int]:
         """:meth:`expose` for a runner whose forecast another process (the model under the netCDF
         interception) wrote into the held task's slot, and which reads the next member's state from the
         segments itself: PUT_SLOT of the held task (if its state was fetched), READY/TASK, GET_SLOT of the
         next task; returns the new task's extents (where its state is, where its forecast goes) and its
-        number of steps (0: stop, no extents). Raises EnkflowError unless :attr:`in_place`."""
+        number of steps (0: stop, no extents). ``finite``: the indices of the fields whose every element
+        in the slot the writer found finite as it wrote it (the server then does not read them again).
+        Raises EnkflowError unless :attr:`in_place`."""
         self._check_in_place()
-        return self._exchange(None)
+        return self._exchange(None, frozenset(finite))
 
     def _check_in_place(self) -> None:
         if not self.in_place:
@@ -210,11 +214,13 @@ class Runner:
                                f"(transport {self.transport.value}; a server rank on another node, or one without "
                                "shared memory, is reached over TCP): use expose")
 
-    def _exchange(self, arrays: list[np.ndarray] | None) -> tuple[list[Extent], int]:
+    def _exchange(self, arrays: list[np.ndarray] | None, finite: frozenset[int] = frozenset()) -> tuple[list[Extent], int]:
         """PUT of the held task's forecast, READY/TASK, GET of the next (``arrays`` None: in place, no
-        copies); the new task's shared-memory extents and its steps."""
+        copies, and ``finite`` the fields found finite in the slot); the new task's shared-memory extents
+        and its steps."""
         if self.task and self._have_state:
             t0 = time.perf_counter()
+            self._finite = finite
             self._put(arrays)
             self._exchanged(Exchange.PUT, t0)
         elif self.task:
@@ -336,8 +342,10 @@ class Runner:
                     raise (ServerError if kind == "err" else ServerLost)(msg)
 
     def _put(self, arrays: list[np.ndarray] | None) -> None:
-        """The held task's forecast to the server ranks (``arrays`` None: already in its slots)."""
-        task, member, cycle = self.task, self.member, self.cycle
+        """The held task's forecast to the server ranks (``arrays`` None: already in its slots, and
+        ``self._finite`` the fields found finite there)."""
+        task, member, cycle, finite = self.task, self.member, self.cycle, self._finite
+        self._finite = frozenset()
         starts = [off for off, _ in self._slices]
 
         def put() -> None:
@@ -349,6 +357,8 @@ class Runner:
                                                epoch=self._epoch).pack(), encode_index(idx)]
                 if kind is Kind.PUT_SLOT and arrays is not None:
                     self._shm.write(self._shm.extents[r], arrays, starts)
+                elif kind is Kind.PUT_SLOT and finite:
+                    frames.append(encode_finite([k in finite for k, _, _ in pieces]))
                 elif arrays is not None:
                     frames.extend(arrays[k][off - starts[k]:off - starts[k] + cnt] for k, off, cnt in pieces)
                 self._data[r].send(frames)

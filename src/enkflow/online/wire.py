@@ -18,8 +18,9 @@ Every message is a multipart ZeroMQ message whose first frame is a
 Then, by kind: a UTF-8 JSON frame (HELLO, WELCOME, ERROR: metadata only,
 never pickle), or a piece index (``count`` x 3 int64: field, offset, element
 count) followed by ``count`` raw array frames, sent and received without copies.
-GET_SLOT and PUT_SLOT carry the index alone: the bytes are in shared memory
-(:mod:`enkflow.online.segments`); SLOT echoes the index, then a JSON frame
+GET_SLOT and PUT_SLOT carry the index, not the bytes, which are in shared memory
+(:mod:`enkflow.online.segments`); PUT_SLOT may add a *finite* frame, a byte per
+piece (:func:`encode_finite`); SLOT echoes the index, then a JSON frame
 ``{"read": PATH, "write": PATH, "at": [[read_byte_offset, write_byte_offset], ...]}``
 (one pair per piece, in the index's order).
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 from enkflow import tokens
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
@@ -139,6 +141,21 @@ def decode_json(frame: bytes | memoryview, what: str) -> dict:
 def encode_index(pieces: np.ndarray) -> bytes:
     """Piece index ``(k, 3)`` int64 rows (field, offset, count) as bytes."""
     return np.ascontiguousarray(pieces, dtype="<i8").tobytes()
+
+
+def encode_finite(flags: Sequence[bool]) -> bytes:
+    """PUT_SLOT's finite frame: a byte per piece, 1 when the runner, copying the piece into the slot, found
+    every element finite (the server then does not read it again), 0 when it did not check or found one
+    that is not (the server checks the piece)."""
+    return bytes(1 if f else 0 for f in flags)
+
+
+def decode_finite(frame: bytes | memoryview, count: int) -> np.ndarray:
+    """The finite frame of a PUT_SLOT of ``count`` pieces, a bool per piece (ProtocolError if malformed)."""
+    b = np.frombuffer(memoryview(frame), dtype=np.uint8)
+    if b.size != count or (b > 1).any():
+        raise ProtocolError(f"the finite frame holds {b.size} bytes for {count} pieces, each 0 or 1 expected")
+    return b.astype(bool)
 
 
 def decode_index(frame: bytes | memoryview, count: int) -> np.ndarray:
