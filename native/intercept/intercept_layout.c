@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netcdf.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -67,12 +69,60 @@ typedef struct {
     const char *path;
 } opened;
 
-/* ``bytes`` at ``off`` of segment ``s``, mapped; the memfd (``s`` 0) is mapped already, at ``base``. A writable
- * mapping is populated at once: one page fault per 4 KiB page written would cost about twice the copy. A
- * read-only one is not: the kernel maps 16 pages of the segment's memory per read fault, cheaper than
- * setting up every page table entry here. */
-static unsigned char *map_range(const opened *seg, uint32_t s, unsigned char *base, uint64_t off, uint64_t bytes,
-                                int prot, char *why, size_t len) {
+/* Page tables. The segments are new to this process (a model runs per task), and the kernel sets up an entry
+ * per 4 KiB page of each mapping. A read-only mapping faults as the model reads it, 16 pages per fault, cheaper
+ * than populating it first. A written one would fault page by page, about twice the copy: for 52 MB, populating
+ * it takes 3-4 ms. A helper thread populates the written mappings (MADV_POPULATE_WRITE, Linux 5.14) while the
+ * model reads its state (enkflow_layout_prefault, at the first get), so its put rarely waits for an entry: the
+ * same work, off the model's path when a core is free. Not earlier: a populating thread holds the address
+ * space's lock, and nc_open's own mappings would wait for it. Where the kernel lacks the advice, the mapping is
+ * populated at once (MAP_POPULATE). The populating changes no byte, so it may run beside the model's copies. */
+#ifndef MADV_POPULATE_WRITE /* headers older than the kernel: the Linux ABI's value (the probe below decides) */
+#define MADV_POPULATE_WRITE 23
+#endif
+
+static int can_prefault(void) {
+    static int known = -1;
+    if (known < 0) {
+        long page = sysconf(_SC_PAGESIZE);
+        void *p = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        known = p != MAP_FAILED && madvise(p, (size_t)page, MADV_POPULATE_WRITE) == 0;
+        if (p != MAP_FAILED)
+            munmap(p, (size_t)page);
+    }
+    return known;
+}
+
+static void *prefault_all(void *arg) {
+    const enkflow_layout *L = arg;
+    for (uint32_t i = 0; i < L->nprefault; i++)
+        madvise(L->prefault[i].at, L->prefault[i].bytes, MADV_POPULATE_WRITE);  /* a failure only costs faults */
+    return NULL;
+}
+
+/* The helper thread, detached, every signal blocked (the model's handlers run in its own threads); once. */
+void enkflow_layout_prefault(enkflow_layout *L) {
+    if (!L->nprefault || L->prefaulting)
+        return;
+    L->prefaulting = 1;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, prefault_all, L) != 0)
+            prefault_all(L);
+        pthread_attr_destroy(&attr);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* ``bytes`` at ``off`` of segment ``s``, mapped (its page tables to be set up by the helper, or at once); the
+ * memfd (``s`` 0) is mapped already, at ``base``. */
+static unsigned char *map_range(enkflow_layout *L, const opened *seg, uint32_t s, unsigned char *base, uint64_t off,
+                                uint64_t bytes, int prot, char *why, size_t len) {
     if (off > seg[s].size || bytes > seg[s].size - off || (s == 0 && off < ENKFLOW_SHM_DATA_AT)) {
         why_(why, len, "%llu bytes at %llu are outside segment %u (%s, %zu bytes)", (unsigned long long)bytes,
              (unsigned long long)off, s, s ? seg[s].path : "the memfd", seg[s].size);
@@ -81,12 +131,14 @@ static unsigned char *map_range(const opened *seg, uint32_t s, unsigned char *ba
     if (s == 0)
         return base + off;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), at = off / page * page;
-    int populate = prot & PROT_WRITE ? MAP_POPULATE : 0;
+    int later = can_prefault(), populate = prot & PROT_WRITE && !later ? MAP_POPULATE : 0;
     void *p = mmap(NULL, off + bytes - at, prot, MAP_SHARED | populate, seg[s].fd, (off_t)at);
     if (p == MAP_FAILED) {
         why_(why, len, "cannot map %llu bytes of %s: %s", (unsigned long long)bytes, seg[s].path, strerror(errno));
         return NULL;
     }
+    if (later && prot & PROT_WRITE)
+        L->prefault[L->nprefault++] = (enkflow_prefault){p, off + bytes - at};
     return (unsigned char *)p + (off - at);
 }
 
@@ -120,8 +172,9 @@ static int map_extents(enkflow_layout *L, unsigned char *base, size_t size, cons
             enkflow_place *p = &L->place[i];
             p->lo = e[i].elem_lo;
             p->hi = e[i].elem_hi;
-            p->rd = map_range(seg, e[i].read_seg, base, e[i].read_off, bytes, PROT_READ, why, len);
-            p->wr = p->rd ? map_range(seg, e[i].write_seg, base, e[i].write_off, bytes, PROT_READ | PROT_WRITE, why, len) : NULL;
+            p->rd = map_range(L, seg, e[i].read_seg, base, e[i].read_off, bytes, PROT_READ, why, len);
+            p->wr = p->rd ? map_range(L, seg, e[i].write_seg, base, e[i].write_off, bytes, PROT_READ | PROT_WRITE, why,
+                                      len) : NULL;
             rc = p->wr ? 0 : -1;
         }
     for (uint32_t s = 1; s < h->nsegments; s++)

@@ -19,6 +19,12 @@ typedef struct {
     unsigned char *wr;
 } enkflow_place;
 
+/* A written mapping whose page tables a helper thread sets up while the model reads (intercept_layout.c). */
+typedef struct {
+    void *at;
+    size_t bytes;
+} enkflow_prefault;
+
 typedef struct {
     enkflow_shm_header *hdr;   /* set once the memfd's header checks out (errors can then be recorded in it) */
     enkflow_shm_field *f;
@@ -26,11 +32,18 @@ typedef struct {
     size_t esize[ENKFLOW_SHM_MAX_FIELDS];  /* bytes per element */
     ekf_check check[ENKFLOW_SHM_MAX_FIELDS];  /* what a put checks of the elements it copies */
     enkflow_place place[ENKFLOW_SHM_MAX_EXTENTS];
+    enkflow_prefault prefault[ENKFLOW_SHM_MAX_EXTENTS];
+    uint32_t nprefault;
+    int prefaulting;  /* the helper was started */
 } enkflow_layout;
 
 /* Maps the memfd ``fd`` and the segments it names into ``L``. 0 on success; otherwise -1 with the reason in
  * ``why`` (``len`` bytes). */
 ENKFLOW_INTERNAL int enkflow_layout_map(int fd, enkflow_layout *L, char *why, size_t len);
+
+/* Starts setting up the page tables of the written mappings in a helper thread (once; the model is about to
+ * read its state, and will write its forecast later). */
+ENKFLOW_INTERNAL void enkflow_layout_prefault(enkflow_layout *L);
 
 /* Copies elements [off, off + n) of field ``k`` to ``mem``: from where they are read, or (``written``) from
  * where they are written. */
