@@ -338,8 +338,7 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     if (S.trace)
         fprintf(stderr, "enkflow intercept: %s %s (%llu elements)\n", fn, f->name, (unsigned long long)n);
     if (op == GET) {
-        enkflow_layout_prefault(&S.L);
-        enkflow_huge_pages_for(mem, n * S.L.esize[k]);
+        enkflow_prepare_buffer(mem, n * S.L.esize[k]);
         int written = f->generations > 0;  /* else the first write may be under way: its bitmap says */
         enkflow_box_get(&S.L, (uint32_t)k, st0, ct, mem, written || !f->elements_written ? NULL : S.bitmap[k], written);
         f->elements_read += n;
@@ -352,6 +351,7 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
         S.hdr->put_ns += now_ns() - t0;
         return NC_NOERR;
     }
+    enkflow_layout_prefault(&S.L, 1);  /* unless under way since the model closed what it read */
     if (f->complete) {  /* a new write of the variable (a model that rewrites its restart) */
         f->complete = 0;
         f->nonfinite = 0;
@@ -465,6 +465,14 @@ int enkflow_closing(int ncid) {
         forget(ncid);
     }
     return bad;
+}
+
+void enkflow_closed(void) {
+    int read = 0;
+    for (uint32_t k = 0; S.state == ACTIVE && k < S.hdr->nfields; k++)
+        read |= S.f[k].elements_read > 0;
+    if (read)  /* the model has its state: where its forecast goes is readied while it runs */
+        enkflow_layout_prefault(&S.L, 0);
 }
 
 void enkflow_aborting(int ncid) {

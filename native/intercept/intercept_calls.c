@@ -88,6 +88,7 @@ int nc_close(int ncid) {
         return NC_ENOTNC;
     int bad = enkflow_closing(ncid);
     int st = real(ncid);
+    enkflow_closed();
     return bad ? bad : st;
 }
 

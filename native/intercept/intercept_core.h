@@ -31,6 +31,10 @@ ENKFLOW_INTERNAL int enkflow_created(int ncid);
 /* Before the real nc_close of ``ncid``: the handle forgotten; a status (a field written only in part). */
 ENKFLOW_INTERNAL int enkflow_closing(int ncid);
 
+/* After the real nc_close of a handle: once the model has read a field, the page tables of where its forecast
+ * goes are set up in the background (intercept_layout.c). */
+ENKFLOW_INTERNAL void enkflow_closed(void);
+
 /* Before the real nc_abort of ``ncid``: the handle forgotten. */
 ENKFLOW_INTERNAL void enkflow_aborting(int ncid);
 

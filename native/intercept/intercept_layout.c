@@ -72,16 +72,17 @@ typedef struct {
 /* Page tables. The segments are new to this process (a model runs per task), and the kernel sets up an entry
  * per 4 KiB page of each mapping. A read-only mapping faults as the model reads it, 16 pages per fault, cheaper
  * than populating it first. A written one would fault page by page, about twice the copy: for 52 MB, populating
- * it takes 3-4 ms. A helper thread populates the written mappings (MADV_POPULATE_WRITE, Linux 5.14) while the
- * model reads its state (enkflow_layout_prefault, at the first get), so its put rarely waits for an entry: the
- * same work, off the model's path when a core is free. Not earlier: a populating thread holds the address
- * space's lock, and nc_open's own mappings would wait for it. Where the kernel lacks the advice, the mapping is
- * populated at once (MAP_POPULATE). The populating changes no byte, so it may run beside the model's copies. */
+ * it takes 3-4 ms. A helper thread populates the written mappings (MADV_POPULATE_WRITE, Linux 5.14) once the
+ * model has closed the file it read its state from (enkflow_layout_prefault): while it runs, so that its put
+ * finds the entries made. Not while it reads: the populating holds the address space's lock, and the mappings
+ * nc_open and nc_close make and drop would wait for it. A put that comes first (the model writes through the
+ * handle it read with) populates them itself. Where the kernel lacks the advice, the mapping is populated at
+ * once (MAP_POPULATE). The populating changes no byte, so it may run beside the model's copies. */
 #ifndef MADV_POPULATE_WRITE /* headers older than the kernel: the Linux ABI's value (the probe below decides) */
 #define MADV_POPULATE_WRITE 23
 #endif
 
-static int can_prefault(void) {
+int enkflow_can_populate(void) {
     static int known = -1;
     if (known < 0) {
         long page = sysconf(_SC_PAGESIZE);
@@ -100,23 +101,28 @@ static void *prefault_all(void *arg) {
     return NULL;
 }
 
-/* The helper thread, detached, every signal blocked (the model's handlers run in its own threads); once. */
-void enkflow_layout_prefault(enkflow_layout *L) {
-    if (!L->nprefault || L->prefaulting)
-        return;
-    L->prefaulting = 1;
+int enkflow_in_background(void *(*fn)(void *), void *arg) {
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_attr_t attr;
     pthread_t t;
-    if (pthread_attr_init(&attr) == 0) {
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0) {
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, prefault_all, L) != 0)
-            prefault_all(L);
+        rc = pthread_create(&t, &attr, fn, arg);
         pthread_attr_destroy(&attr);
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+void enkflow_layout_prefault(enkflow_layout *L, int now) {
+    if (!L->nprefault || L->prefaulting)
+        return;
+    L->prefaulting = 1;
+    if (now || enkflow_in_background(prefault_all, L) != 0)
+        prefault_all(L);
 }
 
 /* ``bytes`` at ``off`` of segment ``s``, mapped (its page tables to be set up by the helper, or at once); the
@@ -131,7 +137,7 @@ static unsigned char *map_range(enkflow_layout *L, const opened *seg, uint32_t s
     if (s == 0)
         return base + off;
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), at = off / page * page;
-    int later = can_prefault(), populate = prot & PROT_WRITE && !later ? MAP_POPULATE : 0;
+    int later = enkflow_can_populate(), populate = prot & PROT_WRITE && !later ? MAP_POPULATE : 0;
     void *p = mmap(NULL, off + bytes - at, prot, MAP_SHARED | populate, seg[s].fd, (off_t)at);
     if (p == MAP_FAILED) {
         why_(why, len, "cannot map %llu bytes of %s: %s", (unsigned long long)bytes, seg[s].path, strerror(errno));

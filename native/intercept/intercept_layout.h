@@ -41,9 +41,15 @@ typedef struct {
  * ``why`` (``len`` bytes). */
 ENKFLOW_INTERNAL int enkflow_layout_map(int fd, enkflow_layout *L, char *why, size_t len);
 
-/* Starts setting up the page tables of the written mappings in a helper thread (once; the model is about to
- * read its state, and will write its forecast later). */
-ENKFLOW_INTERNAL void enkflow_layout_prefault(enkflow_layout *L);
+/* Whether this kernel populates page tables on request (MADV_POPULATE_WRITE, Linux 5.14). */
+ENKFLOW_INTERNAL int enkflow_can_populate(void);
+
+/* Runs fn(arg) in a new detached thread with every signal blocked (the model's handlers run in its own
+ * threads); 0, or the error of pthread_create (nothing started). */
+ENKFLOW_INTERNAL int enkflow_in_background(void *(*fn)(void *), void *arg);
+
+/* Sets up the page tables of the written mappings, once: in a helper thread, or (``now``) before it returns. */
+ENKFLOW_INTERNAL void enkflow_layout_prefault(enkflow_layout *L, int now);
 
 /* Copies elements [off, off + n) of field ``k`` to ``mem``: from where they are read, or (``written``) from
  * where they are written. */

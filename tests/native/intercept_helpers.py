@@ -41,7 +41,7 @@ def make_problem(directory: Path, members: int = 4, cycles: int = 3) -> Path:
 def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Path | None = None, *,
                runners: int = 2, steps: int | None = None, model_steps: int | None = 6, heartbeat_timeout: float = 10.0,
                max_failures: int = 3, online_model: str | None = None, wrapper_args: str = "",
-               transport: str = "auto") -> Path:
+               transport: str = "auto", min_runners: int = 1) -> Path:
     """A copy of the problem in ``template`` at ``directory`` whose model is the binary ``model``: offline
     as ``[model] command``, online as the intercepted runner (the command ``online_model``, default
     ``model``; ``transport`` the ``[online]`` key: shm, in place, or tcp). Returns the TOML path."""
@@ -57,7 +57,7 @@ def experiment(template: Path, directory: Path, model: Path, mode: str, shim: Pa
         text += (f'\n[online]\nrunner = "{sys.executable} -m enkflow.online.intercept --address {{address}} '
                  f'--token-file {{token_file}} --expdir {{expdir}} --shim {shim} {check}-- {online_model or model} {{{{restart}}}} '
                  f'--forcing {forcing} --length {{length}} --cycle {{{{cycle}}}}"\n'
-                 f'runners = {runners}\ntransport = "{transport}"\nheartbeat = 0.5\n'
+                 f'runners = {runners}\nmin_runners = {min_runners}\ntransport = "{transport}"\nheartbeat = 0.5\n'
                  f"heartbeat_timeout = {heartbeat_timeout}\nmax_failures = {max_failures}\n"
                  + (f"steps = {steps}\n" if steps else ""))
     toml.write_text(text)
