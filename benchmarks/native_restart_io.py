@@ -32,7 +32,11 @@ API runner) and ``--transport`` of the server (:mod:`enkflow.bench.online_server
 through shared memory (the server's node is the runner's), ``tcp`` over loopback TCP, ``auto`` (the
 default) as the runners choose by themselves; run twice to see TCP beside shared memory.
 
-Per member, ``io`` is read + write (+ exchange) for each way (``files`` with and without fsync). The
+Per member, ``io`` is read + write (+ exchange) for each way (``files`` with and without fsync). A way's
+figure is the median over its members (``--stat mean``: the mean). On a virtual machine an occasional member
+takes 5-20 times as long as the others (its fresh memory, returned to the host, is faulted in again there:
+every way allocates some), and the mean then says more about those hiccups than about the way; the JSON
+names the statistic. The
 online ways run two cycles and are timed in the second, as a study sees them once its runners are
 going: a long-lived runner (the C API) has then mapped the server's store (page tables once per runner,
 not per member), while an intercepted model is a new process per task in every cycle and pays its
@@ -54,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from enum import Enum
 from pathlib import Path
 
 import netCDF4
@@ -105,16 +110,26 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def files_way(exe: Path, restarts: list[Path], d: Path) -> dict[str, float]:
+class Stat(Enum):
+    """How a way's per-member seconds are summed up: the median over the members, or their mean."""
+
+    MEDIAN = "median"
+    MEAN = "mean"
+
+    def of(self, values: list[float]) -> float:
+        return float(np.median(values) if self is Stat.MEDIAN else np.mean(values))
+
+
+def files_way(exe: Path, restarts: list[Path], d: Path, stat: Stat) -> dict[str, float]:
     out = d / "files.jsonl"
     env = dict(os.environ, IO_TIMINGS=str(out))
     for p in restarts:
         subprocess.run([str(exe), str(p), "--fsync"], env=env, check=True)
     t = _lines(out)
-    mean = {k: float(np.mean([r[k] for r in t])) for k in ("read_s", "write_s", "fsync_s")}
-    mean["io_s"] = mean["read_s"] + mean["write_s"] + mean["fsync_s"]
-    mean["io_nofsync_s"] = mean["read_s"] + mean["write_s"]
-    return mean
+    res = {k: stat.of([r[k] for r in t]) for k in ("read_s", "write_s", "fsync_s")}
+    res["io_s"] = stat.of([r["read_s"] + r["write_s"] + r["fsync_s"] for r in t])
+    res["io_nofsync_s"] = stat.of([r["read_s"] + r["write_s"] for r in t])
+    return res
 
 
 class BenchServer:
@@ -154,7 +169,7 @@ def runner_env(transport: str, **extra: str) -> dict[str, str]:
 
 
 def intercept_way(exe: Path, shim: Path, template: Path, n: int, members: int, d: Path,
-                  transport: str) -> dict[str, float]:
+                  transport: str, stat: Stat) -> dict[str, float]:
     server = BenchServer(d, n, members, transport)
     model_t, runner_t = d / "model.jsonl", d / "runner.jsonl"
     argv = [sys.executable, "-m", "enkflow.online.intercept", "--address", server.address, "--token-file",
@@ -169,24 +184,23 @@ def intercept_way(exe: Path, shim: Path, template: Path, n: int, members: int, d
     assert len(m) == len(r) == CYCLES * members, (len(m), len(r), members)
     # Task k's exchange sends its forecast and fetches the next state: the last of each cycle waits
     # for the analysis (and at the end for STOP).
-    mean = _intercept_means(m[members:2 * members - 1], r[members:2 * members - 1])
-    first = _intercept_means(m[:members - 1], r[:members - 1])
-    mean["io_first_cycle_s"] = first["io_s"]
-    return mean
+    res = _intercept_summary(m[members:2 * members - 1], r[members:2 * members - 1], stat)
+    res["io_first_cycle_s"] = _intercept_summary(m[:members - 1], r[:members - 1], stat)["io_s"]
+    return res
 
 
-def _intercept_means(m: list[dict], r: list[dict]) -> dict[str, float]:
-    """Mean seconds of the model's read and write and of the wrapper's exchange over the records ``m`` and ``r``."""
-    mean = {"read_s": float(np.mean([t["read_s"] for t in m])),
-            "write_s": float(np.mean([t["write_s"] for t in m])),
-            "exchange_s": float(np.mean([t["exchange_s"] for t in r])),
-            "shim_get_s": float(np.mean([t["get_s"] for t in r])),
-            "shim_put_s": float(np.mean([t["put_s"] for t in r]))}
-    mean["io_s"] = mean["read_s"] + mean["write_s"] + mean["exchange_s"]
-    return mean
+def _intercept_summary(m: list[dict], r: list[dict], stat: Stat) -> dict[str, float]:
+    """Seconds of the model's read and write and of the wrapper's exchange over the records ``m`` and ``r``
+    (a member each), and of their sum per member (``io_s``)."""
+    return {"read_s": stat.of([t["read_s"] for t in m]),
+            "write_s": stat.of([t["write_s"] for t in m]),
+            "exchange_s": stat.of([t["exchange_s"] for t in r]),
+            "shim_get_s": stat.of([t["get_s"] for t in r]),
+            "shim_put_s": stat.of([t["put_s"] for t in r]),
+            "io_s": stat.of([a["read_s"] + a["write_s"] + b["exchange_s"] for a, b in zip(m, r)])}
 
 
-def capi_way(exe: Path, n: int, members: int, d: Path, transport: str) -> dict[str, float]:
+def capi_way(exe: Path, n: int, members: int, d: Path, transport: str, stat: Stat) -> dict[str, float]:
     server = BenchServer(d, n, members, transport)
     out = d / "capi.json"
     with open(d / "runner.log", "wb") as log:
@@ -199,8 +213,8 @@ def capi_way(exe: Path, n: int, members: int, d: Path, transport: str) -> dict[s
     assert len(times) == CYCLES * members + 1, (len(times), members)
     # Expose 0 only fetches; expose N sends the last forecast of cycle 1, waits for the analysis and
     # fetches the first state of cycle 2; the last one sends the last forecast and gets STOP.
-    steady = float(np.mean(times[members + 1:2 * members]))
-    return {"exchange_s": steady, "io_s": steady, "io_first_cycle_s": float(np.mean(times[1:members]))}
+    steady = stat.of(times[members + 1:2 * members])
+    return {"exchange_s": steady, "io_s": steady, "io_first_cycle_s": stat.of(times[1:members])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build", type=Path, default=None, help="an existing CMake build of native/ (default: build one)")
     p.add_argument("--transport", choices=["auto", "shm", "tcp"], default="auto",
                    help="ENKFLOW_TRANSPORT of the runners and the server's transport (default: auto)")
+    p.add_argument("--stat", choices=[s.value for s in Stat], default=Stat.MEDIAN.value,
+                   help="a way's per-member figure: the median over the members (default) or the mean")
     a = p.parse_args(argv)
+    stat = Stat(a.stat)
     if min(a.members) < 3:
         p.error("--members must be >= 3 (the first and last exchange of a run are left out)")
     n = math.ceil(a.mb * 1e6 / 8)
@@ -222,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     a.dir.mkdir(parents=True, exist_ok=True)
     try:
         exes = build(a.dir, a.build)
-        result: dict = {"state_mb": n * 8 / 1e6, "n": n, "transport": a.transport, "members": {}}
+        result: dict = {"state_mb": n * 8 / 1e6, "n": n, "transport": a.transport, "stat": stat.value, "members": {}}
         for members in a.members:
             d = a.dir / f"m{members}"
             shutil.rmtree(d, ignore_errors=True)
@@ -232,13 +249,14 @@ def main(argv: list[str] | None = None) -> int:
             limit = memcpy_limit(n)
             copy = {"copy_s": limit.seconds, "gbps": limit.gbps, "repeats": limit.repeats}
             print(f"  memcpy    {copy['copy_s']:.4f} s ({copy['gbps']:.1f} GB/s, best of {COPY_REPEATS})", flush=True)
-            files = files_way(exes["io_model"], restarts, d)
+            files = files_way(exes["io_model"], restarts, d, stat)
             print(f"  files     read {files['read_s']:.4f} s  write {files['write_s']:.4f} s  fsync {files['fsync_s']:.4f} s",
                   flush=True)
-            inter = intercept_way(exes["io_model"], exes["shim"], restarts[0], n, members, d / "intercept", a.transport)
+            inter = intercept_way(exes["io_model"], exes["shim"], restarts[0], n, members, d / "intercept", a.transport,
+                                  stat)
             print(f"  intercept read {inter['read_s']:.4f} s  write {inter['write_s']:.4f} s  exchange {inter['exchange_s']:.4f} s"
                   f"  (io in cycle 1: {inter['io_first_cycle_s']:.4f} s)", flush=True)
-            capi = capi_way(exes["capi_model"], n, members, d / "capi", a.transport)
+            capi = capi_way(exes["capi_model"], n, members, d / "capi", a.transport, stat)
             print(f"  C API     exchange {capi['exchange_s']:.4f} s  (in cycle 1: {capi['io_first_cycle_s']:.4f} s)", flush=True)
             shutil.rmtree(d / "restarts", ignore_errors=True)
             result["members"][str(members)] = {
@@ -253,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                    (("files", files["io_s"]), ("files_nofsync", files["io_nofsync_s"]), ("intercept", inter["io_s"]),
                     ("capi", capi["io_s"]))}}
         print()
-        print(f"restart read + write per member, state {n * 8 / 1e6:.1f} MB, runners' transport {a.transport} "
+        print(f"restart read + write per member ({stat.value} over the members), state {n * 8 / 1e6:.1f} MB, runners' "
+              f"transport {a.transport} "
               "(seconds; files/way = files' time / way's; way/2c = way's time / two memory copies)")
         print(f"{'members':>8} {'files':>8} {'files*':>8} {'intercept':>10} {'C API':>8} {'2 copies':>9} {'files/int':>10} "
               f"{'files/C':>8} {'int/C':>6} {'files/2c':>9} {'int/2c':>7} {'C/2c':>6}")
