@@ -19,7 +19,7 @@ typedef struct {
     unsigned char *wr;
 } enkflow_place;
 
-/* A written mapping whose page tables a helper thread sets up while the model reads (intercept_layout.c). */
+/* A written mapping whose page tables a helper thread sets up while the model runs (intercept_layout.c). */
 typedef struct {
     void *at;
     size_t bytes;
