@@ -338,7 +338,7 @@ static int access_field(int op, const char *fn, handle *h, int k, nc_type memtyp
     if (S.trace)
         fprintf(stderr, "enkflow intercept: %s %s (%llu elements)\n", fn, f->name, (unsigned long long)n);
     if (op == GET) {
-        enkflow_prepare_buffer(mem, n * S.L.esize[k]);
+        enkflow_huge_pages_for(mem, n * S.L.esize[k]);
         int written = f->generations > 0;  /* else the first write may be under way: its bitmap says */
         enkflow_box_get(&S.L, (uint32_t)k, st0, ct, mem, written || !f->elements_written ? NULL : S.bitmap[k], written);
         f->elements_read += n;

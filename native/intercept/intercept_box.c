@@ -2,12 +2,7 @@
 #define _GNU_SOURCE
 #include "intercept_box.h"
 
-#include <stdlib.h>
 #include <sys/mman.h>
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 /* Calls ``fn(offset, n, arg)`` for each contiguous run (C order) of the box start/count of field ``f``. */
 static void runs(const enkflow_shm_field *f, const size_t *start, const size_t *count,
@@ -85,35 +80,13 @@ static void check_bits(uint64_t off, uint64_t n, void *a) {
 /* A large get fills the model's buffer: the first touch of each 4 KiB page of fresh memory (a buffer just
  * allocated, as a model that reads its restart at start has) is a page fault, which costs several times the
  * copy of the page. Asking for huge pages where the buffer spans them makes that one fault per 2 MiB. Only a
- * hint: memory the kernel cannot back so (not anonymous, or huge pages off) is left as it is. The kernel
- * still clears each page at its first touch, which costs about as much as the copy: a helper thread has the
- * back half of a large buffer's pages made (MADV_POPULATE_WRITE, which changes no byte already there) while
- * the model's thread clears and fills the front half, so that it finds the back half ready. */
-typedef struct {
-    void *at;
-    size_t bytes;
-} span;
-
-static void *populate(void *arg) {
-    span *s = arg;
-    madvise(s->at, s->bytes, MADV_POPULATE_WRITE);  /* a failure only leaves the faults to the copy */
-    free(s);
-    return NULL;
-}
-
-void enkflow_prepare_buffer(void *mem, size_t bytes) {
+ * hint: memory the kernel cannot back so (not anonymous, or huge pages off) is left as it is. (The kernel
+ * still clears each page it makes: enkflow_layout_get shares that with a helper thread.) */
+void enkflow_huge_pages_for(void *mem, size_t bytes) {
     const uintptr_t huge = (uintptr_t)2 << 20;
     uintptr_t lo = ((uintptr_t)mem + huge - 1) & ~(huge - 1), hi = ((uintptr_t)mem + bytes) & ~(huge - 1);
-    if (hi <= lo)
-        return;
-    madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    uintptr_t mid = (lo + (hi - lo) / 2) & ~(huge - 1);
-    span *s;
-    if (hi - mid < 4 * huge || !enkflow_can_populate() || !(s = malloc(sizeof *s)))
-        return;
-    *s = (span){(void *)mid, hi - mid};
-    if (enkflow_in_background(populate, s) != 0)
-        free(s);
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
 }
 
 void enkflow_box_get(const enkflow_layout *L, uint32_t k, const size_t *start, const size_t *count, void *mem,

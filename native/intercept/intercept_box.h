@@ -23,8 +23,7 @@ ENKFLOW_INTERNAL int enkflow_box_put(const enkflow_layout *L, uint32_t k, const 
 ENKFLOW_INTERNAL uint64_t enkflow_box_overlap(const enkflow_layout *L, uint32_t k, const size_t *start,
                                               const size_t *count, const uint8_t *bits);
 
-/* The model's buffer of a large get, ``bytes`` at ``mem``, readied for the copy: huge pages asked for where it
- * spans them, the back half's pages made by a helper thread (see intercept_box.c). */
-ENKFLOW_INTERNAL void enkflow_prepare_buffer(void *mem, size_t bytes);
+/* Huge pages asked for where ``bytes`` at ``mem`` span them (see intercept_box.c). */
+ENKFLOW_INTERNAL void enkflow_huge_pages_for(void *mem, size_t bytes);
 
 #endif

@@ -280,34 +280,41 @@ def test_the_wrapper_refuses_bad_arguments_before_it_connects(native_build, tmp_
         assert rc != 0 and message in capsys.readouterr().err, args
 
 
-# 2.4 MB of float64 (the streaming copy) and 0.6 MB of float32 (the cached one), each in two hyperslabs
+# 19.2 MB of float64 and 9.6 MB of float32, each read whole and written in two hyperslabs: large enough for
+# the streaming copy and for the copies the shim splits with a helper thread (and, with helpers off, not split)
 @pytest.mark.parametrize("how", ["memfd", "in_place"])
-@pytest.mark.parametrize("var, bad, value, rewrite, finite", [
-    ("x", -1, "nan", 0, True),
-    ("x", 0, "nan", 0, False),
-    ("x", 150 * 1000 + 3, "inf", 0, False),  # the second hyperslab
-    ("x", 300 * 1000 - 1, "-inf", 0, False),  # the very last element
-    ("x", 7, "nan", 1, True),  # a NaN in the first write, then the whole variable written again, finite
-    ("y", -1, "nan", 0, True),
-    ("y", 150 * 1000 - 1, "-inf", 0, False),
+@pytest.mark.parametrize("var, bad, value, rewrite, finite, helpers", [
+    ("x", -1, "nan", 0, True, "1"),
+    ("x", -1, "nan", 0, True, "0"),
+    ("x", 0, "nan", 0, False, "1"),
+    ("x", 1200 * 1000 + 3, "inf", 0, False, "1"),  # the second hyperslab
+    ("x", 2400 * 1000 - 1, "-inf", 0, False, "1"),  # the very last element
+    ("x", 2400 * 1000 - 1, "-inf", 0, False, "0"),
+    ("x", 7, "nan", 1, True, "1"),  # a NaN in the first write, then the whole variable written again, finite
+    ("y", -1, "nan", 0, True, "1"),
+    ("y", 1200 * 1000 - 1, "-inf", 0, False, "1"),  # the last element of the first hyperslab
 ])
 def test_the_shim_tells_whether_the_model_wrote_any_nan_or_inf(native_build, tmp_path, how, var, bad, value, rewrite,
-                                                                finite):
+                                                                finite, helpers, monkeypatch):
     """What the wrapper tells the server (PUT_SLOT's finite frame): a field the model wrote whole, every
-    value finite as the shim copied it, is not read again by the server; one with a NaN or an Inf anywhere is."""
+    value finite as the shim copied it, is not read again by the server; one with a NaN or an Inf anywhere is.
+    The model's state and forecast are exact, whether the shim splits its copies with a helper or not."""
+    monkeypatch.setenv("ENKFLOW_INTERCEPT_HELPERS", helpers)
+    shape = (2400, 1000)
     restart = tmp_path / "restart.nc"
     with netCDF4.Dataset(restart, "w") as ds:
-        ds.createDimension("i", 300)
-        ds.createDimension("j", 1000)
-        ds.createVariable("x", "f8", ("i", "j"))[:] = 0.0
-        ds.createVariable("y", "f4", ("i", "j"))[:150] = 0.0
+        ds.createDimension("i", shape[0])
+        ds.createDimension("j", shape[1])
+        ds.createVariable("x", "f8", ("i", "j"))
+        ds.createVariable("y", "f4", ("i", "j"))
     exe = tmp_path / "intercept_writes"
     cflags = subprocess.run(["pkg-config", "--cflags", "--libs", "netcdf"], capture_output=True, text=True, check=True).stdout.split()
     subprocess.run(["cc", "-O1", "-o", str(exe), str(DATA / "intercept_writes.c"), *cflags, "-lm"], check=True)
-    fields = [Field("x", "float64", (300, 1000)), Field("y", "float32", (300, 1000))]
+    fields = [Field("x", "float64", shape), Field("y", "float32", shape)]
     memory = ShimMemory(fields, how, tmp_path)
-    state = np.arange(300 * 1000.0)
-    memory.set_state(var, state.astype(np.float32 if var == "y" else np.float64))
+    dtype = np.float32 if var == "y" else np.float64
+    state = (np.arange(shape[0] * shape[1]) % 1000003).astype(dtype)
+    memory.set_state(var, state)
     memory.seg.reset(1, 1, 6, 1)
     r = _under_shim(native_build, [str(exe), str(restart), var, str(bad), value, str(rewrite)], memory.seg, restart)
     assert r.returncode == 0, r.stderr
@@ -315,8 +322,8 @@ def test_the_shim_tells_whether_the_model_wrote_any_nan_or_inf(native_build, tmp
     rec = memory.seg.records[k]
     assert rec["complete"] == 1 and rec["generations"] == 1 + rewrite
     assert memory.seg.finite_fields() == ({k} if finite else set())
-    want = state + 1
+    want = state + dtype(1)
     if bad >= 0:
         want[bad] = 0.0 if rewrite else float(value)
-    np.testing.assert_array_equal(memory.forecast(var), want.astype(np.float32 if var == "y" else np.float64))
+    np.testing.assert_array_equal(memory.forecast(var), want)
     memory.close()
