@@ -1,15 +1,13 @@
 /* The memfd's layout checked, and the segments it names mapped (intercept_layout.h). */
 #define _GNU_SOURCE
 #include "intercept_layout.h"
+#include "split_copy.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <netcdf.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -79,10 +77,6 @@ typedef struct {
  * nc_open and nc_close make and drop would wait for it. A put that comes first (the model writes through the
  * handle it read with) populates them itself. Where the kernel lacks the advice, the mapping is populated at
  * once (MAP_POPULATE). The populating changes no byte, so it may run beside the model's copies. */
-#ifndef MADV_POPULATE_WRITE /* headers older than the kernel: the Linux ABI's value (the probe below decides) */
-#define MADV_POPULATE_WRITE 23
-#endif
-
 int enkflow_can_populate(void) {
     static int known = -1;
     if (known < 0) {
@@ -102,34 +96,11 @@ static void *prefault_all(void *arg) {
     return NULL;
 }
 
-/* A new thread running fn(arg), every signal blocked in it (the model's handlers run in its own threads);
- * detached unless `t` is given. 0, or the error of pthread_create (nothing started). */
-static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg) {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_t own;
-    int rc = pthread_attr_init(&attr);
-    if (rc == 0) {
-        if (!t)
-            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        rc = pthread_create(t ? t : &own, &attr, fn, arg);
-        pthread_attr_destroy(&attr);
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return rc;
-}
-
-int enkflow_in_background_joinable(pthread_t *t, void *(*fn)(void *), void *arg) {
-    return start_thread(t, fn, arg);
-}
-
 void enkflow_layout_prefault(enkflow_layout *L, int now) {
     if (!L->nprefault || L->prefaulting)
         return;
     L->prefaulting = 1;
-    if (now || !enkflow_helpers() || start_thread(NULL, prefault_all, L) != 0)
+    if (now || !ekf_helpers() || ekf_start_thread(NULL, prefault_all, L) != 0)
         prefault_all(L);
 }
 
@@ -238,67 +209,13 @@ static const enkflow_place *find_place(const enkflow_layout *L, uint32_t k, uint
     return &L->place[a];
 }
 
-/* Large copies are split between the model's thread and a helper: one thread's copy does not use all of
- * the memory's bandwidth (52 MB into a slot, 2-core development machine: 6-7 ms on one thread, 3.2-3.8 ms on
- * two). A get into fresh memory also pays the kernel's clearing of every page, about a copy: there the
- * helper first has the pages of the back two thirds made (MADV_POPULATE_WRITE, which changes no byte already
- * there), then copies the last third, while the model's thread clears and fills the first third and copies
- * the middle one; each does about one third's clearing and two thirds' copying. */
-typedef struct {
-    unsigned char *to;
-    const unsigned char *from;
-    size_t bytes;        /* copied from `from` to `to` */
-    unsigned char *made; /* the pages of [made, to + bytes) are made first (get), unless NULL */
-    size_t es;
-    ekf_check check;
-    int finite;
-} copy_job;
-
-static void *run_copy(void *arg) {
-    copy_job *j = arg;
-    if (j->made) {
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t lo = ((uintptr_t)j->made + page - 1) & ~(page - 1), hi = ((uintptr_t)j->to + j->bytes) & ~(page - 1);
-        if (hi > lo)
-            madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);  /* a failure leaves the faults to the copy */
-    }
-    j->finite = ekf_copy_checked(j->to, j->from, j->bytes / j->es, j->es, j->check);
-    return NULL;
-}
-
-#define SPLIT_BYTES ((size_t)8 << 20)
-
-int enkflow_helpers(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("ENKFLOW_INTERCEPT_HELPERS");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
-}
-
-/* n elements of es bytes from `from` to `to`, checked as `check` says (a get: EKF_CHECK_NONE, into the
- * model's buffer, whose pages may be new); 1 when every element is finite. */
-static int split_copy(unsigned char *to, const unsigned char *from, size_t n, size_t es, ekf_check check, int get) {
-    size_t third = n / 3, half = n / 2;
-    size_t mine = get ? 2 * third : half; /* the elements the model's thread copies, from the first on */
-    copy_job back = {to + mine * es, from + mine * es, (n - mine) * es, get ? to + third * es : NULL, es, check, 1};
-    pthread_t t;
-    if (n * es < SPLIT_BYTES || !enkflow_helpers() || (get && !enkflow_can_populate()) ||
-        enkflow_in_background_joinable(&t, run_copy, &back) != 0)
-        return ekf_copy_checked(to, from, n, es, check);
-    int finite = ekf_copy_checked(to, from, mine, es, check);
-    pthread_join(t, NULL);
-    return finite & back.finite;
-}
-
 void enkflow_layout_get(const enkflow_layout *L, uint32_t k, uint64_t off, uint64_t n, void *mem, int written) {
     unsigned char *to = mem;
     size_t es = L->esize[k];
     for (uint64_t end = off + n; off < end;) {
         const enkflow_place *p = find_place(L, k, off);
         uint64_t m = (p->hi < end ? p->hi : end) - off;
-        split_copy(to, (written ? p->wr : p->rd) + (off - p->lo) * es, m, es, EKF_CHECK_NONE, 1);
+        ekf_split_copy(to, (written ? p->wr : p->rd) + (off - p->lo) * es, m, es, EKF_CHECK_NONE, 1);
         to += m * es;
         off += m;
     }
@@ -311,7 +228,7 @@ int enkflow_layout_put(const enkflow_layout *L, uint32_t k, uint64_t off, uint64
     for (uint64_t end = off + n; off < end;) {
         const enkflow_place *p = find_place(L, k, off);
         uint64_t m = (p->hi < end ? p->hi : end) - off;
-        finite &= split_copy(p->wr + (off - p->lo) * es, from, m, es, L->check[k], 0);
+        finite &= ekf_split_copy(p->wr + (off - p->lo) * es, from, m, es, L->check[k], 0);
         from += m * es;
         off += m;
     }

@@ -3,7 +3,6 @@
 #ifndef ENKFLOW_INTERCEPT_LAYOUT_H
 #define ENKFLOW_INTERCEPT_LAYOUT_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,14 +43,6 @@ ENKFLOW_INTERNAL int enkflow_layout_map(int fd, enkflow_layout *L, char *why, si
 
 /* Whether this kernel populates page tables on request (MADV_POPULATE_WRITE, Linux 5.14). */
 ENKFLOW_INTERNAL int enkflow_can_populate(void);
-
-/* Runs fn(arg) in a new thread (to be joined through ``t``) with every signal blocked (the model's handlers
- * run in its own threads); 0, or the error of pthread_create (nothing started). */
-ENKFLOW_INTERNAL int enkflow_in_background_joinable(pthread_t *t, void *(*fn)(void *), void *arg);
-
-/* Whether the shim may use helper threads (unless ENKFLOW_INTERCEPT_HELPERS=0): for large copies, and to set up
- * page tables while the model runs. */
-ENKFLOW_INTERNAL int enkflow_helpers(void);
 
 /* Sets up the page tables of the written mappings, once: in a helper thread, or (``now``) before it returns. */
 ENKFLOW_INTERNAL void enkflow_layout_prefault(enkflow_layout *L, int now);

@@ -299,7 +299,7 @@ def test_the_shim_tells_whether_the_model_wrote_any_nan_or_inf(native_build, tmp
     """What the wrapper tells the server (PUT_SLOT's finite frame): a field the model wrote whole, every
     value finite as the shim copied it, is not read again by the server; one with a NaN or an Inf anywhere is.
     The model's state and forecast are exact, whether the shim splits its copies with a helper or not."""
-    monkeypatch.setenv("ENKFLOW_INTERCEPT_HELPERS", helpers)
+    monkeypatch.setenv("ENKFLOW_COPY_HELPERS", helpers)
     shape = (2400, 1000)
     restart = tmp_path / "restart.nc"
     with netCDF4.Dataset(restart, "w") as ds:
