@@ -3,13 +3,12 @@
  * (GET_SLOT/SLOT, PUT_SLOT: the runner copies the state from the rank's segment into the bound arrays and
  * the forecast from them into the task's slot; the messages carry only where). */
 #define _POSIX_C_SOURCE 200809L
-#define _DEFAULT_SOURCE /* madvise (split_copy.h) */
 #include <ctype.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <string.h>
 
-#include "split_copy.h"
+#include "copy_checked.h"
 #include "runner_state.h"
 
 #define ERRSIZE EKF_ERRSIZE
@@ -198,7 +197,7 @@ static int put_slot(enkflow_runner *r, int s, const unsigned char *idx, size_t n
         size_t bytes;
         field *f = piece(r, idx, p, &at, &bytes);
         size_t es = ekf_itemsize(f->dtype);
-        finite[p] = (unsigned char)ekf_split_copy(l->slot->base + l->write_at[p], at, bytes / es, es, check_of(f->dtype), 0);
+        finite[p] = (unsigned char)ekf_copy_checked(l->slot->base + l->write_at[p], at, bytes / es, es, check_of(f->dtype));
     }
     frames[2] = finite;
     sizes[2] = n;
@@ -333,8 +332,7 @@ static int take_where(enkflow_runner *r, int s, const ekf_json *w, const unsigne
         if (!within(&pair->items[0], bytes, src) || !within(&pair->items[1], bytes, dst))
             return ekf_rerr(r, ENKFLOW_EPROTOCOL, "server rank %d: its SLOT reply places the %zu bytes of field '%s' "
                             "outside the segments (%s, %s)", s, bytes, f->name, rd->str, wr->str);
-        size_t es = ekf_itemsize(f->dtype);
-        ekf_split_copy(to, src->base + pair->items[0].i64, bytes / es, es, EKF_CHECK_NONE, 0);
+        memcpy(to, src->base + pair->items[0].i64, bytes);
         l->write_at[p] = pair->items[1].i64;
     }
     l->slot = dst;
