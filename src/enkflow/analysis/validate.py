@@ -9,10 +9,15 @@ from enkflow.analysis.obsset import ObsSet
 
 
 def first_bad(a: np.ndarray) -> tuple[int, ...] | None:
-    """Index of the first NaN/Inf in ``a`` or None (cheap when all are finite)."""
-    if np.isfinite(a).all():
-        return None
-    return tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+    """Index of the first NaN/Inf in ``a`` or None. The common case reads ``a`` once: the sum of its squares
+    is finite unless an element is not, or the squares overflow (elements beyond 1e154 in float64); only then
+    is every element looked at."""
+    flat = a.ravel(order="K")  # a view of any contiguous array, in memory order
+    with np.errstate(all="ignore"):
+        if np.isfinite(np.dot(flat, flat)):
+            return None
+    bad = np.argwhere(~np.isfinite(a))
+    return tuple(int(i) for i in bad[0]) if bad.size else None
 
 
 def check_ensemble(X: np.ndarray, name: str = "ensemble") -> None:

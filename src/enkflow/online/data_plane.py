@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
+from enkflow.analysis.validate import first_bad
 from enkflow.errors import EnkflowError
 from enkflow.jobs.events import EventLog
 from enkflow.online.bus import BusMessage, BusOp
@@ -264,10 +265,10 @@ class DataPlane:
         if any(lo < off + cnt and off < hi for lo, hi in st.covered[k]):
             raise ProtocolError(f"field {f.name!r}: elements [{off}, {off + cnt}) were already sent for this task")
         if not finite and a.dtype.kind == "f":
-            bad = _first_non_finite(a)
+            bad = first_bad(a)
             if bad is not None:
-                raise ProtocolError(f"member {member}, field {f.name!r}: element {off + bad} is {a[bad]} (NaN or Inf "
-                                    "in the forecast)")
+                raise ProtocolError(f"member {member}, field {f.name!r}: element {off + bad[0]} is {a[bad]} (NaN or "
+                                    "Inf in the forecast)")
         return Piece(k, off, cnt, a)
 
     # -- PUT and GET --------------------------------------------------------------------
@@ -370,17 +371,6 @@ class DataPlane:
         idx = self._pieces(hdr, frames, with_data=False)
         self.flush(hdr.member)
         return idx
-
-
-def _first_non_finite(a: np.ndarray) -> int | None:
-    """The index of the first NaN or Inf of the float array ``a`` (1-d), None if there is none. The common
-    case reads ``a`` once: its dot product with itself is finite unless an element is not, or the squares
-    overflow (elements beyond 1e154 in float64); only then is every element looked at."""
-    with np.errstate(all="ignore"):
-        if np.isfinite(np.dot(a, a)):
-            return None
-    bad = np.flatnonzero(~np.isfinite(a))
-    return int(bad[0]) if bad.size else None
 
 
 _SLOT_KINDS = (Kind.GET_SLOT, Kind.PUT_SLOT)

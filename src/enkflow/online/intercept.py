@@ -320,7 +320,7 @@ class InterceptRunner:
                     seg.keep_unwritten()
                 t0 = time.perf_counter()
                 try:
-                    nsteps = self._exchange(seg, seg.finite_fields() if seg.in_place and not error else frozenset())
+                    nsteps = self._exchange(seg)
                 except ServerError as exc:  # a rejected forecast: the server reschedules it; go on
                     print(f"enkflow intercept: {exc}", file=sys.stderr, flush=True)
                     nsteps = self._exchange(seg)
@@ -330,13 +330,13 @@ class InterceptRunner:
         finally:
             seg.close()
 
-    def _exchange(self, seg: Segment, finite: frozenset[int] = frozenset()) -> int:
+    def _exchange(self, seg: Segment) -> int:
         """The forecast held sent back (through the segment, or in place: the model wrote it into the
-        task's slot, ``finite`` the fields it wrote there without NaN or Inf) and the next member's state
+        task's slot, vouching for the fields it wrote there without NaN or Inf) and the next member's state
         fetched; returns the steps to run (0: stop)."""
         if not seg.in_place:
             return self.runner.expose(seg.arrays)[1]
-        extents, nsteps = self.runner.expose_in_place(finite)
+        extents, nsteps = self.runner.expose_in_place(seg.finite_fields())
         if nsteps:
             seg.place(extents)
         return nsteps

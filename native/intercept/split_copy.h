@@ -1,7 +1,7 @@
 /* Large copies between a model's memory and the server's shared memory, split between the calling thread and
  * a helper thread: one thread's copy does not use all of the memory's bandwidth (52 MB into a slot on the
- * 2-core development machine: 6-7 ms on one thread, 3.2-3.8 ms on two). Used by the netCDF shim's gets and
- * puts (the runner library's copies, into arrays a runner keeps, showed no gain from it).
+ * 2-core development machine: 6-7 ms on one thread, 3.2-3.8 ms on two). The netCDF shim's gets and puts use
+ * it; the runner library's copies, into arrays a runner keeps, showed no gain from it.
  *
  * A copy into fresh memory (a model process that reads its restart) also pays the kernel's clearing of every
  * page it makes, about a copy: there the helper first has the pages of the back two thirds made
